@@ -1,1 +1,37 @@
-fn main() {}
+//! `softrdma`: the command-line tools of softrdma.
+//!
+//! Each subcommand lives in its own module under `cmd/`; this file only
+//! parses the command line and dispatches.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+#[derive(Parser)]
+#[command(name = "softrdma", version, about = "RDMA in software: RoCEv2 tools")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Decode the RoCEv2 packets of a pcap file, one line each.
+    Decode(cmd::decode::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Decode(a) => cmd::decode::run(a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("softrdma: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

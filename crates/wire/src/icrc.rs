@@ -37,7 +37,7 @@
 //! * What this costs: a corrupted packet from such a sender passes only if
 //!   its error pattern happens to equal an ID/DF change, a chance of about
 //!   2^-15 for random corruption instead of 2^-32 (the tests measure it on a
-//!   real rxe packet: 1 in ~11 000 single-bit errors). Ethernet's FCS
+//!   real rxe packet: 1 of 8440 single-bit errors). Ethernet's FCS
 //!   protects every hop as well, and for IPv4 with a non-zero UDP checksum
 //!   the kernel has verified that already.
 //! * So recovery is a per-sender decision the IO layer makes, not a default:

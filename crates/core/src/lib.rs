@@ -1,9 +1,51 @@
 //! The softrdma transport core: a sans-IO implementation of the InfiniBand
-//! transport (RC, UC, UD) as carried by RoCEv2.
+//! transport (RC, UC, UD) as RoCEv2 carries it.
 //!
-//! It owns no sockets, threads or clocks: packets come in through `handle_*`
-//! methods, go out through `poll_transmit`, and time is passed in as an
-//! argument, so the same code runs in the real stack and in deterministic
-//! tests on virtual time.
+//! It owns no sockets, threads or clocks. An IO layer (or the simulator)
+//! drives one [`Endpoint`] — the transport half of a soft RNIC — through four
+//! kinds of call, after quinn-proto's shape:
+//!
+//! * **commands** from the verbs layer: `create_*`, `modify_qp`, `post_send`,
+//!   `post_recv`, `poll_cq`;
+//! * **`handle_packet`**: a received RoCEv2 datagram whose ICRC the IO layer
+//!   has verified (it is the layer that sees the IP header the ICRC covers);
+//! * **`poll_transmit`**: the next packet to send, headers written into the
+//!   caller's buffer and payload described as memory segments;
+//! * **`poll_timeout` / `handle_timeout`**: time is a `u64` of nanoseconds
+//!   passed in by the caller, never read from a clock.
+//!
+//! Memory is reached only through the [`mr::Memory`] trait at addresses the
+//! core has validated against its region table, so this crate contains no
+//! `unsafe`.
+//!
+//! Inside, each queue pair is one owner ([`qp::Qp`]) of three pieces that
+//! hand work to each other by return values: the requester turns send work
+//! requests into packets, the completer turns ACKs, NAKs, read responses and
+//! timeouts into completions and retransmissions, and the responder executes
+//! inbound requests and queues its responses in PSN order.
 
+#![forbid(unsafe_code)]
+
+pub mod cq;
+pub mod endpoint;
+pub mod error;
+pub mod mr;
 pub mod qp;
+pub mod stats;
+pub mod transmit;
+pub mod wc;
+pub mod wr;
+
+pub use endpoint::{Endpoint, EndpointConfig, Event, QpInit, RxMeta};
+pub use error::Error;
+pub use transmit::Transmit;
+
+/// Virtual or real time, in nanoseconds from an origin the caller picks.
+pub type Nanos = u64;
+
+/// Most scatter/gather entries per work request.
+pub const MAX_SGE: usize = 32;
+/// Most bytes of inline data per send work request.
+pub const MAX_INLINE: usize = 256;
+/// Largest message (IBA allows 2^31).
+pub const MAX_MSG_SIZE: u64 = 1 << 31;

@@ -41,6 +41,15 @@ impl<T: AsRef<[u8]>> Packet<T> {
                 payload: body,
             });
         }
+        // An opcode without payload (ACK, READ request, atomics, CNP) ends at
+        // its ICRC: trailing bytes would parse into a repr that fails
+        // `PacketRepr::validate` and cannot be emitted again.
+        if body > 0 && !info.has(Flags::PAYLOAD) {
+            return Err(Error::BadField {
+                what: "payload length for an opcode without payload",
+                value: body as u64,
+            });
+        }
         Ok(Packet { buf, info })
     }
 

@@ -1,5 +1,231 @@
-//! Queue pairs: the IBA state machine, attributes, and (in sibling modules)
-//! the requester, responder and completer that one QP owns.
+//! Queue pairs: the IBA state machine, attributes, and the three pieces one
+//! QP owns — requester, completer, responder — each in its own module as an
+//! `impl Qp` block over its own state struct.
 
 pub mod attr;
+mod completer;
+pub(crate) mod queue;
+mod requester;
+mod responder;
 pub mod state;
+
+use softrdma_wire::Psn;
+
+use crate::cq::CqId;
+use crate::endpoint::Ctx;
+use crate::mr::PdId;
+use crate::wc::{Completion, WcOpcode, WcStatus};
+use crate::Nanos;
+use attr::{AccessFlags, AttrMask, QpAttr};
+use queue::{RecvQueue, SendQueue};
+use state::{QpState, QpType};
+
+pub(crate) use completer::Completer;
+pub(crate) use requester::Requester;
+pub(crate) use responder::Responder;
+
+/// Capacities a QP is created with (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCap {
+    fn default() -> Self {
+        QpCap {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+        }
+    }
+}
+
+/// Most PSNs a requester keeps unacknowledged (its window).
+pub const MAX_UNACKED_PSNS: u32 = 256;
+/// Request an ACK at least every this many packets inside a long message.
+pub const ACK_REQ_EVERY: u32 = 64;
+
+/// One queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub pd: PdId,
+    pub state: QpState,
+    pub attr: QpAttr,
+    pub send_cq: CqId,
+    pub recv_cq: CqId,
+    pub srq: Option<u32>,
+    pub sq_sig_all: bool,
+    pub cap: QpCap,
+    pub(crate) sq: SendQueue,
+    pub(crate) rq: RecvQueue,
+    pub(crate) req: Requester,
+    pub(crate) comp: Completer,
+    pub(crate) resp: Responder,
+}
+
+impl Qp {
+    pub(crate) fn new(qpn: u32, init: &crate::endpoint::QpInit) -> Qp {
+        let cap = init.cap;
+        Qp {
+            qpn,
+            qp_type: init.qp_type,
+            pd: init.pd,
+            state: QpState::Reset,
+            attr: QpAttr::default(),
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            sq_sig_all: init.sq_sig_all,
+            cap,
+            sq: SendQueue::new(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data),
+            rq: RecvQueue::new(cap.max_recv_wr.max(1), cap.max_recv_sge.max(1)),
+            req: Requester::default(),
+            comp: Completer::default(),
+            resp: Responder::new(1),
+        }
+    }
+
+    pub fn mtu(&self) -> u32 {
+        self.attr.path_mtu.bytes()
+    }
+
+    /// Apply a modify whose mask and values the caller has validated.
+    pub(crate) fn apply(&mut self, a: &QpAttr, mask: AttrMask, next: QpState, ctx: &mut Ctx<'_>) {
+        let m = |b| mask.contains(b);
+        if m(AttrMask::ACCESS_FLAGS) {
+            self.attr.qp_access_flags = a.qp_access_flags;
+        }
+        if m(AttrMask::PKEY_INDEX) {
+            self.attr.pkey_index = a.pkey_index;
+        }
+        if m(AttrMask::PORT) {
+            self.attr.port_num = a.port_num;
+        }
+        if m(AttrMask::QKEY) {
+            self.attr.qkey = a.qkey;
+        }
+        if m(AttrMask::AV) {
+            self.attr.av = a.av;
+        }
+        if m(AttrMask::PATH_MTU) {
+            self.attr.path_mtu = a.path_mtu;
+        }
+        if m(AttrMask::TIMEOUT) {
+            self.attr.timeout = a.timeout;
+        }
+        if m(AttrMask::RETRY_CNT) {
+            self.attr.retry_cnt = a.retry_cnt;
+        }
+        if m(AttrMask::RNR_RETRY) {
+            self.attr.rnr_retry = a.rnr_retry;
+        }
+        if m(AttrMask::RQ_PSN) {
+            self.attr.rq_psn = a.rq_psn;
+            self.resp.reset_psn(Psn::new(a.rq_psn));
+        }
+        if m(AttrMask::MAX_QP_RD_ATOMIC) {
+            self.attr.max_rd_atomic = a.max_rd_atomic;
+        }
+        if m(AttrMask::MIN_RNR_TIMER) {
+            self.attr.min_rnr_timer = a.min_rnr_timer;
+        }
+        if m(AttrMask::SQ_PSN) {
+            self.attr.sq_psn = a.sq_psn;
+            self.req.reset_psn(Psn::new(a.sq_psn));
+            self.comp.reset_psn(Psn::new(a.sq_psn));
+        }
+        if m(AttrMask::MAX_DEST_RD_ATOMIC) {
+            self.attr.max_dest_rd_atomic = a.max_dest_rd_atomic;
+            self.resp
+                .set_resources(a.max_dest_rd_atomic.max(1) as usize);
+        }
+        if m(AttrMask::DEST_QPN) {
+            self.attr.dest_qp_num = a.dest_qp_num;
+        }
+        let prev = self.state;
+        self.state = next;
+        self.attr.qp_state = next;
+        if m(AttrMask::RETRY_CNT) || (prev != QpState::Rts && next == QpState::Rts) {
+            self.comp.retry_left = self.attr.retry_cnt;
+            self.comp.rnr_left = self.attr.rnr_retry;
+        }
+        match next {
+            QpState::Reset => self.reset(),
+            QpState::Err if prev != QpState::Err => self.flush(ctx),
+            _ => {}
+        }
+    }
+
+    /// RESET: forget every queued request without completions, as IBA says.
+    fn reset(&mut self) {
+        let cap = self.cap;
+        self.sq = SendQueue::new(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data);
+        self.rq = RecvQueue::new(cap.max_recv_wr.max(1), cap.max_recv_sge.max(1));
+        self.req = Requester::default();
+        self.comp = Completer::default();
+        self.resp = Responder::new(1);
+        self.attr = QpAttr::default();
+    }
+
+    /// Enter ERR and complete every outstanding work request with a flush
+    /// error, in order (send queue, then the QP's own receive queue).
+    pub(crate) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
+        if self.state == QpState::Err {
+            return;
+        }
+        self.state = QpState::Err;
+        self.attr.qp_state = QpState::Err;
+        self.flush(ctx);
+    }
+
+    pub(crate) fn flush(&mut self, ctx: &mut Ctx<'_>) {
+        while let Some(w) = self.sq.pop_tail() {
+            let mut c =
+                Completion::new(w.wr_id, WcStatus::WrFlushErr, wc_opcode_of(&w.op), self.qpn);
+            c.byte_len = 0;
+            ctx.complete(self.send_cq, c, false);
+        }
+        self.sq.send = self.sq.tail;
+        let mut sges = [crate::transmit::Seg::default(); crate::MAX_SGE];
+        if self.srq.is_none() {
+            while let Some(w) = self.rq.pop(&mut sges) {
+                let c = Completion::new(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+                ctx.complete(self.recv_cq, c, false);
+            }
+        } else {
+            ctx.push_event(crate::Event::QpLastWqeReached(self.qpn));
+        }
+        self.resp.clear_output();
+        self.comp.stop_timers();
+    }
+
+    /// The earliest timer this QP has armed.
+    pub(crate) fn next_timeout(&self) -> Option<Nanos> {
+        self.comp.next_timeout()
+    }
+
+    /// Whether the QP's send-side attributes allow remote `need`.
+    pub(crate) fn allows(&self, need: AccessFlags) -> bool {
+        self.attr.qp_access_flags.contains(need)
+    }
+}
+
+/// The completion opcode a send operation reports.
+pub(crate) fn wc_opcode_of(op: &crate::wr::SendOp) -> WcOpcode {
+    use crate::wr::SendOp::*;
+    match op {
+        Send | SendWithImm { .. } | SendWithInv { .. } => WcOpcode::Send,
+        Write { .. } | WriteWithImm { .. } => WcOpcode::RdmaWrite,
+        Read { .. } => WcOpcode::RdmaRead,
+        CompareSwap { .. } => WcOpcode::CompSwap,
+        FetchAdd { .. } => WcOpcode::FetchAdd,
+    }
+}

@@ -1,0 +1,763 @@
+//! The endpoint: one soft RNIC's transport state — protection domains,
+//! memory regions, completion queues, shared receive queues and queue pairs —
+//! and the sans-IO surface an IO layer drives.
+
+use std::collections::VecDeque;
+
+use softrdma_wire::opcode::{Flags, Transport};
+use softrdma_wire::{Packet, PacketRepr};
+
+use crate::cq::{Armed, Cq, CqId};
+use crate::mr::{Memory, MrTable, PdId};
+use crate::qp::attr::{AccessFlags, AttrLimits, AttrMask, Mtu, QpAttr};
+use crate::qp::queue::{RecvQueue, RecvWqe, SendState, SendWqe};
+use crate::qp::state::{check_modify, QpState, QpType};
+use crate::qp::{Qp, QpCap};
+use crate::stats::Stats;
+use crate::transmit::{Seg, Transmit};
+use crate::wc::Completion;
+use crate::wr::{RecvWr, SendOp, SendWr};
+use crate::{Error, Nanos, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE};
+
+/// Asynchronous events (`ibv_get_async_event`) and completion notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// An armed CQ got a completion: signal its completion channel.
+    CompNotify(CqId),
+    /// A CQ overflowed and lost completions.
+    CqErr(CqId),
+    /// The responder saw an invalid request and moved the QP to ERR
+    /// (`IBV_EVENT_QP_REQ_ERR`).
+    QpReqErr(u32),
+    /// The responder saw an access violation (`IBV_EVENT_QP_ACCESS_ERR`).
+    QpAccessErr(u32),
+    /// A QP attached to an SRQ entered ERR (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    QpLastWqeReached(u32),
+}
+
+/// How an endpoint is set up.
+#[derive(Debug, Clone)]
+pub struct EndpointConfig {
+    /// Seeds the key generator (the core reads no randomness of its own).
+    pub seed: u64,
+    /// QP numbers are `qpn_base + index`; several processes sharing one
+    /// address pick disjoint ranges.
+    pub qpn_base: u32,
+    pub max_qp: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_qp_wr: u32,
+    /// `max_qp_rd_atom` / `max_qp_init_rd_atom`.
+    pub max_rd_atom: u8,
+    pub port_mtu: Mtu,
+    pub max_events: usize,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        EndpointConfig {
+            seed: 0x5eed,
+            qpn_base: 0x11,
+            max_qp: 1024,
+            max_cq: 1024,
+            max_cqe: 1 << 16,
+            max_qp_wr: 1 << 14,
+            max_rd_atom: 16,
+            port_mtu: Mtu::B4096,
+            max_events: 4096,
+        }
+    }
+}
+
+/// Everything `create_qp` needs (`struct ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy)]
+pub struct QpInit {
+    pub qp_type: QpType,
+    pub pd: PdId,
+    pub send_cq: CqId,
+    pub recv_cq: CqId,
+    pub srq: Option<u32>,
+    pub cap: QpCap,
+    pub sq_sig_all: bool,
+}
+
+/// What the IO layer knows about a received datagram beyond its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RxMeta {
+    /// Source and destination GIDs (IPv6, or IPv4-mapped `::ffff:a.b.c.d`).
+    pub sgid: [u8; 16],
+    pub dgid: [u8; 16],
+    pub traffic_class: u8,
+    pub hop_limit: u8,
+}
+
+impl RxMeta {
+    fn is_v4(g: &[u8; 16]) -> bool {
+        g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff
+    }
+
+    /// The 40-byte GRH a UD receive buffer starts with: for RoCEv2 over
+    /// IPv4, 20 undefined (zero) bytes then the IPv4 header; over IPv6, the
+    /// IPv6 header. `roce_len` is the UDP payload length.
+    pub fn grh(&self, roce_len: usize) -> [u8; 40] {
+        let mut g = [0u8; 40];
+        let udp_len = (roce_len + 8) as u16;
+        if Self::is_v4(&self.sgid) {
+            let mut ip = softrdma_wire::frame::Ipv4Repr {
+                tos: self.traffic_class,
+                total_len: udp_len + 20,
+                ident: 0,
+                flags_frag: softrdma_wire::frame::Ipv4Repr::DF,
+                ttl: self.hop_limit,
+                protocol: softrdma_wire::frame::IPPROTO_UDP,
+                checksum: 0,
+                src: self.sgid[12..].try_into().expect("4 bytes"),
+                dst: self.dgid[12..].try_into().expect("4 bytes"),
+            };
+            ip.checksum = ip.compute_checksum();
+            ip.emit(&mut g[20..]);
+        } else {
+            softrdma_wire::frame::Ipv6Repr {
+                traffic_class: self.traffic_class,
+                flow_label: 0,
+                payload_len: udp_len,
+                next_header: softrdma_wire::frame::IPPROTO_UDP,
+                hop_limit: self.hop_limit,
+                src: self.sgid,
+                dst: self.dgid,
+            }
+            .emit(&mut g);
+        }
+        g
+    }
+}
+
+/// The resources QPs share; handed to a QP's pieces as their context.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub mrs: MrTable,
+    pub cqs: Vec<Option<Cq>>,
+    pub srqs: Vec<Option<(PdId, RecvQueue)>>,
+    pub stats: Stats,
+    pub events: VecDeque<Event>,
+    pub max_events: usize,
+}
+
+/// What a QP's requester, completer and responder may touch besides the QP.
+pub(crate) type Ctx<'a> = Shared;
+
+impl Shared {
+    /// Deliver a completion to a CQ, raising the notification or overflow
+    /// event it calls for.
+    pub fn complete(&mut self, cq: CqId, c: Completion, solicited: bool) {
+        let Some(Some(q)) = self.cqs.get_mut(cq.0 as usize) else {
+            return;
+        };
+        let (ok, notify) = q.push(c, solicited);
+        if !ok {
+            self.stats.cq_overflows += 1;
+            self.push_event(Event::CqErr(cq));
+        } else if notify {
+            self.push_event(Event::CompNotify(cq));
+        }
+    }
+
+    pub fn push_event(&mut self, e: Event) {
+        if self.events.contains(&e) {
+            return; // an undelivered identical event says it already
+        }
+        if self.events.len() < self.max_events {
+            self.events.push_back(e);
+        }
+    }
+
+    pub fn srq_pop(&mut self, srq: u32, out: &mut [Seg; MAX_SGE]) -> Option<RecvWqe> {
+        self.srqs.get_mut(srq as usize)?.as_mut()?.1.pop(out)
+    }
+}
+
+/// One soft RNIC's transport.
+#[derive(Debug)]
+pub struct Endpoint {
+    cfg: EndpointConfig,
+    qps: Vec<Option<Qp>>,
+    shared: Shared,
+    next_pd: u32,
+    /// Round-robin position for `poll_transmit`.
+    cursor: usize,
+}
+
+impl Endpoint {
+    pub fn new(cfg: EndpointConfig) -> Endpoint {
+        Endpoint {
+            shared: Shared {
+                mrs: MrTable::new(cfg.seed),
+                cqs: Vec::new(),
+                srqs: Vec::new(),
+                stats: Stats::default(),
+                events: VecDeque::with_capacity(cfg.max_events.min(1024)),
+                max_events: cfg.max_events,
+            },
+            qps: Vec::new(),
+            next_pd: 1,
+            cursor: 0,
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &EndpointConfig {
+        &self.cfg
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    pub fn alloc_pd(&mut self) -> PdId {
+        let pd = PdId(self.next_pd);
+        self.next_pd += 1;
+        pd
+    }
+
+    /// Register `len` bytes at `host_addr`, visible remotely at `iova`.
+    pub fn reg_mr(
+        &mut self,
+        pd: PdId,
+        iova: u64,
+        host_addr: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> Result<(u32, u32), Error> {
+        self.shared.mrs.register(pd, iova, host_addr, len, access)
+    }
+
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), Error> {
+        self.shared.mrs.deregister(lkey).map(|_| ())
+    }
+
+    pub fn mrs(&self) -> &MrTable {
+        &self.shared.mrs
+    }
+
+    pub fn create_cq(&mut self, depth: u32) -> Result<CqId, Error> {
+        if depth == 0 || depth > self.cfg.max_cqe {
+            return Err(Error::InvalidArgument("CQ depth must be 1..=max_cqe"));
+        }
+        let slot = match self.shared.cqs.iter().position(|c| c.is_none()) {
+            Some(i) => i,
+            None if self.shared.cqs.len() < self.cfg.max_cq as usize => {
+                self.shared.cqs.push(None);
+                self.shared.cqs.len() - 1
+            }
+            None => return Err(Error::OutOfResources("completion queues")),
+        };
+        self.shared.cqs[slot] = Some(Cq::new(depth as usize));
+        Ok(CqId(slot as u32))
+    }
+
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), Error> {
+        let c = self.cq_mut(cq)?;
+        if c.users > 0 {
+            return Err(Error::Busy("completion queue"));
+        }
+        self.shared.cqs[cq.0 as usize] = None;
+        Ok(())
+    }
+
+    fn cq_mut(&mut self, cq: CqId) -> Result<&mut Cq, Error> {
+        self.shared
+            .cqs
+            .get_mut(cq.0 as usize)
+            .and_then(|c| c.as_mut())
+            .ok_or(Error::NoSuchCq(cq.0))
+    }
+
+    /// Move up to `out.len()` completions out of a CQ; returns how many.
+    pub fn poll_cq(&mut self, cq: CqId, out: &mut [Completion]) -> Result<usize, Error> {
+        let c = self.cq_mut(cq)?;
+        let n = out.len().min(c.ring.len());
+        for (slot, wc) in out.iter_mut().zip(c.ring.drain(..n)) {
+            *slot = wc;
+        }
+        Ok(n)
+    }
+
+    /// Arm a CQ's notification (`ibv_req_notify_cq`). If completions are
+    /// already waiting, the notification fires at once.
+    pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<(), Error> {
+        let c = self.cq_mut(cq)?;
+        c.armed = if solicited_only {
+            Armed::Solicited
+        } else {
+            Armed::Any
+        };
+        Ok(())
+    }
+
+    pub fn create_srq(&mut self, pd: PdId, depth: u32, max_sge: u32) -> Result<u32, Error> {
+        if depth == 0 || depth > self.cfg.max_qp_wr || max_sge == 0 || max_sge as usize > MAX_SGE {
+            return Err(Error::InvalidArgument("SRQ depth or max_sge out of range"));
+        }
+        let slot = self
+            .shared
+            .srqs
+            .iter()
+            .position(|s| s.is_none())
+            .unwrap_or_else(|| {
+                self.shared.srqs.push(None);
+                self.shared.srqs.len() - 1
+            });
+        self.shared.srqs[slot] = Some((pd, RecvQueue::new(depth, max_sge)));
+        Ok(slot as u32)
+    }
+
+    pub fn destroy_srq(&mut self, srq: u32) -> Result<(), Error> {
+        if self.qps.iter().flatten().any(|q| q.srq == Some(srq)) {
+            return Err(Error::Busy("shared receive queue"));
+        }
+        match self.shared.srqs.get_mut(srq as usize) {
+            Some(s @ Some(_)) => {
+                *s = None;
+                Ok(())
+            }
+            _ => Err(Error::NoSuchSrq(srq)),
+        }
+    }
+
+    fn translate_recv(
+        &self,
+        pd: PdId,
+        wr: &RecvWr<'_>,
+        max_sge: u32,
+        out: &mut [Seg; MAX_SGE],
+    ) -> Result<usize, Error> {
+        if wr.sgl.len() > max_sge as usize {
+            return Err(Error::TooManySge {
+                got: wr.sgl.len(),
+                max: max_sge,
+            });
+        }
+        for (o, s) in out.iter_mut().zip(wr.sgl) {
+            let addr = self
+                .shared
+                .mrs
+                .check_local(
+                    pd,
+                    s.lkey,
+                    s.addr,
+                    s.length as u64,
+                    AccessFlags::LOCAL_WRITE,
+                )
+                .map_err(|_| {
+                    Error::InvalidArgument(
+                        "receive SGE not covered by a local-writable MR of the QP's PD",
+                    )
+                })?;
+            *o = Seg {
+                addr,
+                len: s.length,
+            };
+        }
+        Ok(wr.sgl.len())
+    }
+
+    pub fn post_srq_recv(&mut self, srq: u32, wr: &RecvWr<'_>) -> Result<(), Error> {
+        let (pd, max_sge, full, depth) = match self.shared.srqs.get(srq as usize) {
+            Some(Some((pd, q))) => (*pd, q.max_sge, q.is_full(), q.depth),
+            _ => return Err(Error::NoSuchSrq(srq)),
+        };
+        if full {
+            return Err(Error::QueueFull {
+                queue: "shared receive queue",
+                depth,
+            });
+        }
+        let mut segs = [Seg::default(); MAX_SGE];
+        let n = self.translate_recv(pd, wr, max_sge, &mut segs)?;
+        self.shared.srqs[srq as usize]
+            .as_mut()
+            .expect("checked")
+            .1
+            .push(wr.wr_id, &segs[..n]);
+        Ok(())
+    }
+
+    pub fn create_qp(&mut self, init: QpInit) -> Result<u32, Error> {
+        let c = init.cap;
+        if c.max_send_wr == 0
+            || c.max_send_wr > self.cfg.max_qp_wr
+            || c.max_recv_wr > self.cfg.max_qp_wr
+        {
+            return Err(Error::InvalidArgument(
+                "max_send_wr/max_recv_wr out of range",
+            ));
+        }
+        if c.max_send_sge as usize > MAX_SGE || c.max_recv_sge as usize > MAX_SGE {
+            return Err(Error::TooManySge {
+                got: c.max_send_sge.max(c.max_recv_sge) as usize,
+                max: MAX_SGE as u32,
+            });
+        }
+        if c.max_inline_data as usize > MAX_INLINE {
+            return Err(Error::InlineTooLong {
+                got: c.max_inline_data as usize,
+                max: MAX_INLINE as u32,
+            });
+        }
+        self.cq_mut(init.send_cq)?;
+        self.cq_mut(init.recv_cq)?;
+        if let Some(s) = init.srq {
+            if !matches!(self.shared.srqs.get(s as usize), Some(Some(_))) {
+                return Err(Error::NoSuchSrq(s));
+            }
+        }
+        let slot = match self.qps.iter().position(|q| q.is_none()) {
+            Some(i) => i,
+            None if self.qps.len() < self.cfg.max_qp as usize => {
+                self.qps.push(None);
+                self.qps.len() - 1
+            }
+            None => return Err(Error::OutOfResources("queue pairs")),
+        };
+        let qpn = self.cfg.qpn_base + slot as u32;
+        let mut qp = Qp::new(qpn, &init);
+        if init.qp_type == QpType::Ud {
+            qp.attr.path_mtu = self.cfg.port_mtu;
+        }
+        self.cq_mut(init.send_cq)?.users += 1;
+        self.cq_mut(init.recv_cq)?.users += 1;
+        self.qps[slot] = Some(qp);
+        Ok(qpn)
+    }
+
+    fn slot(&self, qpn: u32) -> Option<usize> {
+        let s = qpn.checked_sub(self.cfg.qpn_base)? as usize;
+        (s < self.qps.len() && self.qps[s].is_some()).then_some(s)
+    }
+
+    pub fn qp(&self, qpn: u32) -> Result<&Qp, Error> {
+        self.slot(qpn)
+            .and_then(|s| self.qps[s].as_ref())
+            .ok_or(Error::NoSuchQp(qpn))
+    }
+
+    /// `ibv_modify_qp`: check the transition and the values, then apply.
+    pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), Error> {
+        let limits = AttrLimits {
+            max_qp_rd_atom: self.cfg.max_rd_atom,
+            max_qp_init_rd_atom: self.cfg.max_rd_atom,
+            active_mtu: self.cfg.port_mtu,
+            gid_table_len: 16,
+        };
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        let qp = self.qps[s].as_mut().expect("slot checked");
+        let next = check_modify(
+            qp.state,
+            qp.qp_type,
+            mask,
+            mask.contains(AttrMask::STATE).then_some(attr.qp_state),
+        )?;
+        attr.validate(mask, &limits)?;
+        qp.apply(attr, mask, next, &mut self.shared);
+        Ok(())
+    }
+
+    /// Destroy a QP. Outstanding work is flushed to its CQs first, so the
+    /// application sees every work request end.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), Error> {
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        let mut qp = self.qps[s].take().expect("slot checked");
+        if qp.state != QpState::Reset {
+            qp.enter_error(&mut self.shared);
+        }
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(Some(c)) = self.shared.cqs.get_mut(cq.0 as usize) {
+                c.users = c.users.saturating_sub(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_send`: validate and queue one work request.
+    pub fn post_send(&mut self, qpn: u32, wr: &SendWr<'_>, mem: &impl Memory) -> Result<(), Error> {
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        let qp = self.qps[s].as_mut().expect("slot checked");
+        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(Error::InvalidState {
+                what: "post a send work request",
+                state: qp.state,
+            });
+        }
+        let tname = qp.qp_type.name();
+        let ok_op = match qp.qp_type {
+            QpType::Rc => true,
+            QpType::Uc => matches!(
+                wr.op,
+                SendOp::Send
+                    | SendOp::SendWithImm { .. }
+                    | SendOp::Write { .. }
+                    | SendOp::WriteWithImm { .. }
+            ),
+            QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
+        };
+        if !ok_op {
+            return Err(Error::UnsupportedOp {
+                op: wr.op.name(),
+                qp_type: tname,
+            });
+        }
+        if qp.qp_type == QpType::Ud && wr.ud.is_none() {
+            return Err(Error::InvalidArgument("UD send without an address handle"));
+        }
+        if qp.sq.is_full() {
+            return Err(Error::QueueFull {
+                queue: "send queue",
+                depth: qp.sq.depth,
+            });
+        }
+        if wr.sgl.len() > qp.cap.max_send_sge as usize {
+            return Err(Error::TooManySge {
+                got: wr.sgl.len(),
+                max: qp.cap.max_send_sge,
+            });
+        }
+        let length: u64 = wr.sgl.iter().map(|s| s.length as u64).sum();
+        if length > MAX_MSG_SIZE {
+            return Err(Error::InvalidArgument("message longer than 2 GiB"));
+        }
+        if qp.qp_type == QpType::Ud && length > qp.mtu() as u64 {
+            return Err(Error::InvalidArgument(
+                "UD message longer than the path MTU",
+            ));
+        }
+        if wr.op.is_atomic() && (wr.sgl.len() != 1 || length != 8) {
+            return Err(Error::InvalidArgument(
+                "an atomic needs one 8-byte SGE for the result",
+            ));
+        }
+        if let SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } =
+            wr.op
+        {
+            if !remote_addr.is_multiple_of(8) {
+                return Err(Error::InvalidArgument(
+                    "atomic target address is not 8-byte aligned",
+                ));
+            }
+        }
+        let inline = wr.flags.contains(crate::wr::SendFlags::INLINE) && !wr.op.is_read_or_atomic();
+        if inline && length > qp.cap.max_inline_data as u64 {
+            return Err(Error::InlineTooLong {
+                got: length as usize,
+                max: qp.cap.max_inline_data,
+            });
+        }
+        let mut segs = [Seg::default(); MAX_SGE];
+        let mut ibuf = [0u8; MAX_INLINE];
+        let mut ilen = 0usize;
+        let need = if matches!(wr.op, SendOp::Read { .. }) || wr.op.is_atomic() {
+            AccessFlags::LOCAL_WRITE
+        } else {
+            AccessFlags::EMPTY
+        };
+        for (i, sge) in wr.sgl.iter().enumerate() {
+            if inline {
+                // Inline data is copied now; no key is checked (verbs semantics).
+                mem.read(sge.addr, &mut ibuf[ilen..ilen + sge.length as usize]);
+                ilen += sge.length as usize;
+                continue;
+            }
+            let addr = self
+                .shared
+                .mrs
+                .check_local(qp.pd, sge.lkey, sge.addr, sge.length as u64, need)
+                .map_err(|e| match e {
+                    crate::mr::LocalAccessError::BadLkey => {
+                        Error::InvalidArgument("SGE lkey matches no memory region")
+                    }
+                    crate::mr::LocalAccessError::WrongPd => {
+                        Error::InvalidArgument("SGE memory region is in another protection domain")
+                    }
+                    crate::mr::LocalAccessError::OutOfBounds => {
+                        Error::InvalidArgument("SGE is not inside its memory region")
+                    }
+                    crate::mr::LocalAccessError::AccessDenied => Error::InvalidArgument(
+                        "SGE memory region lacks LOCAL_WRITE for a READ/atomic result",
+                    ),
+                })?;
+            segs[i] = Seg {
+                addr,
+                len: sge.length,
+            };
+        }
+        let nsge = if inline { 0 } else { wr.sgl.len() };
+        let signaled = qp.sq_sig_all || wr.flags.contains(crate::wr::SendFlags::SIGNALED);
+        qp.sq.push(
+            SendWqe {
+                wr_id: wr.wr_id,
+                op: wr.op,
+                flags: wr.flags,
+                ud: wr.ud,
+                nsge: nsge as u8,
+                inline_len: ilen as u16,
+                length: length as u32,
+                state: SendState::Posted,
+                first_psn: Default::default(),
+                npkts: 0,
+                signaled,
+            },
+            &segs[..nsge],
+            &ibuf[..ilen],
+        );
+        if qp.state == QpState::Err {
+            qp.flush(&mut self.shared);
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, qpn: u32, wr: &RecvWr<'_>) -> Result<(), Error> {
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        let (pd, max_sge, srq, state) = {
+            let q = self.qps[s].as_ref().expect("slot checked");
+            (q.pd, q.cap.max_recv_sge, q.srq, q.state)
+        };
+        if srq.is_some() {
+            return Err(Error::InvalidArgument(
+                "QP uses a shared receive queue; post to the SRQ",
+            ));
+        }
+        if state == QpState::Reset {
+            return Err(Error::InvalidState {
+                what: "post a receive work request",
+                state,
+            });
+        }
+        let mut segs = [Seg::default(); MAX_SGE];
+        let n = self.translate_recv(pd, wr, max_sge, &mut segs)?;
+        let qp = self.qps[s].as_mut().expect("slot checked");
+        if qp.rq.is_full() {
+            return Err(Error::QueueFull {
+                queue: "receive queue",
+                depth: qp.rq.depth,
+            });
+        }
+        qp.rq.push(wr.wr_id, &segs[..n]);
+        if qp.state == QpState::Err {
+            qp.flush(&mut self.shared);
+        }
+        Ok(())
+    }
+
+    /// A received RoCEv2 datagram (UDP payload, ICRC included and already
+    /// verified by the caller). Anything malformed is counted and dropped.
+    pub fn handle_packet(
+        &mut self,
+        now: Nanos,
+        meta: &RxMeta,
+        bytes: &[u8],
+        mem: &mut impl Memory,
+    ) {
+        let st = &mut self.shared.stats;
+        st.rx_packets += 1;
+        st.rx_bytes += bytes.len() as u64;
+        let Ok(pkt) = Packet::new_checked(bytes) else {
+            st.malformed += 1;
+            return;
+        };
+        let Ok(repr) = PacketRepr::parse(&pkt) else {
+            st.malformed += 1;
+            return;
+        };
+        let info = pkt.info();
+        if info.transport == Transport::Cnp {
+            return; // congestion control is not wired in yet
+        }
+        if repr.bth.pkey & 0x7fff != 0x7fff {
+            st.malformed += 1;
+            return;
+        }
+        let Some(s) = self.slot(repr.bth.dest_qp) else {
+            self.shared.stats.dropped_no_qp += 1;
+            return;
+        };
+        let qp = self.qps[s].as_mut().expect("slot checked");
+        let want = match qp.qp_type {
+            QpType::Rc => Transport::Rc,
+            QpType::Uc => Transport::Uc,
+            QpType::Ud => Transport::Ud,
+        };
+        if info.transport != want {
+            self.shared.stats.malformed += 1;
+            return;
+        }
+        if qp.qp_type != QpType::Ud && meta.sgid != qp.attr.av.dgid {
+            self.shared.stats.dropped_no_qp += 1; // not from the connected peer
+            return;
+        }
+        if info.has(Flags::RESPONSE) {
+            if matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
+                qp.handle_response(now, &pkt, &repr, &mut self.shared, mem);
+            } else {
+                self.shared.stats.dropped_no_qp += 1;
+            }
+        } else if matches!(
+            qp.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
+            qp.handle_request(meta, &pkt, &repr, &mut self.shared, mem);
+        } else {
+            self.shared.stats.dropped_no_qp += 1;
+        }
+    }
+
+    /// The next packet to send: headers (and inline payload) are written
+    /// into `buf`, which must hold at least 4096 + 128 bytes.
+    pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
+        assert!(
+            buf.len() >= 4096 + 128,
+            "poll_transmit needs a 4224-byte buffer"
+        );
+        let n = self.qps.len();
+        for i in 0..n {
+            let s = (self.cursor + i) % n;
+            let Some(qp) = self.qps[s].as_mut() else {
+                continue;
+            };
+            let t = if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Err) {
+                None
+            } else {
+                qp.poll_response(buf, &mut self.shared)
+                    .or_else(|| qp.poll_request(now, buf, &mut self.shared))
+            };
+            if let Some(t) = t {
+                self.cursor = (s + 1) % n;
+                self.shared.stats.tx_packets += 1;
+                self.shared.stats.tx_bytes += t.wire_len() as u64;
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// The earliest time `handle_timeout` should be called.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        self.qps
+            .iter()
+            .flatten()
+            .filter_map(|q| q.next_timeout())
+            .min()
+    }
+
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        for qp in self.qps.iter_mut().flatten() {
+            if qp.next_timeout().is_some_and(|t| t <= now) {
+                qp.handle_timeout(now, &mut self.shared);
+            }
+        }
+    }
+
+    /// The next asynchronous event or completion notification.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.shared.events.pop_front()
+    }
+}

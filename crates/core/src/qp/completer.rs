@@ -1,0 +1,370 @@
+//! The completer: turns ACKs, NAKs, read responses, atomic acknowledgements
+//! and timer expiries into completions, retransmissions and error states.
+//!
+//! Responses arrive in PSN order from a correct responder, so everything is
+//! measured against `psn`, the oldest PSN not yet acknowledged: a response
+//! behind it is stale, one at it makes progress, one beyond it implicitly
+//! acknowledges what lies between — unless a READ or atomic sits there,
+//! whose own response was then lost (an implied NAK).
+
+use softrdma_wire::ext::{NakCode, Syndrome};
+use softrdma_wire::opcode::Flags;
+use softrdma_wire::{Packet, PacketRepr, Psn};
+
+use super::attr::{local_ack_timeout_ns, rnr_timer_ns};
+use super::queue::{scatter, SendState};
+use super::Qp;
+use crate::endpoint::Ctx;
+use crate::mr::Memory;
+use crate::wc::{Completion, WcStatus};
+use crate::wr::SendOp;
+use crate::Nanos;
+
+#[derive(Debug, Default)]
+pub(crate) struct Completer {
+    /// Oldest PSN not yet acknowledged.
+    pub psn: Psn,
+    pub retry_left: u8,
+    pub rnr_left: u8,
+    /// Retransmission deadline, armed while PSNs are outstanding.
+    timer: Option<Nanos>,
+    /// End of an RNR back-off; the requester is paused until then.
+    rnr_until: Option<Nanos>,
+    rnr_psn: Psn,
+}
+
+impl Completer {
+    pub fn reset_psn(&mut self, psn: Psn) {
+        self.psn = psn;
+    }
+
+    pub fn rnr_waiting(&self) -> bool {
+        self.rnr_until.is_some()
+    }
+
+    pub fn next_timeout(&self) -> Option<Nanos> {
+        match (self.timer, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub fn stop_timers(&mut self) {
+        self.timer = None;
+        self.rnr_until = None;
+    }
+
+    /// Arm the retransmission timer if it is not running.
+    pub fn arm_timer(&mut self, now: Nanos, timeout: u8) {
+        if self.timer.is_none() {
+            self.timer = local_ack_timeout_ns(timeout).map(|t| now + t);
+        }
+    }
+}
+
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl Qp {
+    /// A response packet (ACK, NAK, read response, atomic ACK) for this QP.
+    pub(crate) fn handle_response(
+        &mut self,
+        now: Nanos,
+        pkt: &Packet<&[u8]>,
+        repr: &PacketRepr,
+        ctx: &mut Ctx<'_>,
+        mem: &mut impl Memory,
+    ) {
+        let psn = repr.bth.psn;
+        if !psn.before(self.req.hwm) {
+            ctx.stats.ghost_acks += 1;
+            return;
+        }
+        if psn.before(self.comp.psn) {
+            return; // stale: already acknowledged
+        }
+        let info = pkt.info();
+        let syndrome = repr.ext.aeth.map(|a| a.kind());
+        match syndrome {
+            Some(Syndrome::Nak(code)) => {
+                if let Flow::Continue = self.ack_before(now, psn, ctx) {
+                    self.on_nak(now, psn, code, ctx);
+                }
+                return;
+            }
+            Some(Syndrome::RnrNak { timer }) => {
+                if let Flow::Continue = self.ack_before(now, psn, ctx) {
+                    ctx.stats.rnr_naks_rcvd += 1;
+                    self.on_rnr(now, psn, timer, ctx);
+                }
+                return;
+            }
+            Some(Syndrome::Reserved(_)) => {
+                ctx.stats.malformed += 1;
+                return;
+            }
+            _ => {}
+        }
+        if info.has(Flags::READ_RESPONSE) {
+            if let Flow::Continue = self.ack_before(now, psn, ctx) {
+                self.on_read_response(now, psn, pkt, repr, ctx, mem);
+            }
+        } else if info.has(Flags::ATOMIC_ACK_ETH) {
+            if let Flow::Continue = self.ack_before(now, psn, ctx) {
+                self.on_atomic_ack(now, psn, repr, ctx, mem);
+            }
+        } else {
+            // A plain ACK covers its own PSN too.
+            self.ack_before(now, psn.next(), ctx);
+        }
+    }
+
+    /// Everything before `upto` is acknowledged: complete SEND/WRITE WQEs that
+    /// end before it. A READ or atomic found there lost its response: go back
+    /// to it (implied NAK) and stop processing this packet.
+    fn ack_before(&mut self, now: Nanos, upto: Psn, ctx: &mut Ctx<'_>) -> Flow {
+        let mut progressed = false;
+        while let Some(w) = self.sq.get(self.sq.tail).copied() {
+            if w.state != SendState::Sent || !w.last_psn().before(upto) {
+                // Partial progress inside a multi-packet SEND/WRITE.
+                if w.state == SendState::Sent
+                    && !w.op.is_read_or_atomic()
+                    && upto.after(self.comp.psn)
+                    && !upto.after(w.last_psn())
+                {
+                    self.comp.psn = upto;
+                    progressed = true;
+                }
+                break;
+            }
+            if w.op.is_read_or_atomic() {
+                if progressed {
+                    self.progress(now);
+                }
+                self.retry(now, ctx, false);
+                return Flow::Stop;
+            }
+            self.sq.pop_tail();
+            self.comp.psn = w.last_psn().next();
+            progressed = true;
+            if w.signaled {
+                let mut c = Completion::new(
+                    w.wr_id,
+                    WcStatus::Success,
+                    super::wc_opcode_of(&w.op),
+                    self.qpn,
+                );
+                c.byte_len = w.length;
+                ctx.complete(self.send_cq, c, false);
+            }
+        }
+        if progressed {
+            self.progress(now);
+        }
+        Flow::Continue
+    }
+
+    /// Forward progress: refill the retry budgets and restart the timer.
+    fn progress(&mut self, now: Nanos) {
+        self.comp.retry_left = self.attr.retry_cnt;
+        self.comp.rnr_left = self.attr.rnr_retry;
+        self.comp.timer = None;
+        if self.comp.psn.before(self.req.hwm) {
+            self.comp.arm_timer(now, self.attr.timeout);
+        }
+    }
+
+    fn on_read_response(
+        &mut self,
+        now: Nanos,
+        psn: Psn,
+        pkt: &Packet<&[u8]>,
+        _repr: &PacketRepr,
+        ctx: &mut Ctx<'_>,
+        mem: &mut impl Memory,
+    ) {
+        let Some(w) = self.sq.get(self.sq.tail).copied() else {
+            return;
+        };
+        let SendOp::Read { .. } = w.op else {
+            ctx.stats.malformed += 1; // a read response for no READ
+            return;
+        };
+        if w.state != SendState::Sent || psn.before(w.first_psn) || psn.after(w.last_psn()) {
+            ctx.stats.malformed += 1;
+            return;
+        }
+        if psn != self.comp.psn {
+            // Responses between comp.psn and psn were lost.
+            if psn.after(self.comp.psn) {
+                self.retry(now, ctx, false);
+            }
+            return;
+        }
+        let mtu = self.mtu() as u64;
+        let off = w.first_psn.distance_to(psn) as u64 * mtu;
+        let data = pkt.payload();
+        let ends = pkt.info().ends_message();
+        let end = off + data.len() as u64;
+        let bad = data.len() as u64 > mtu
+            || end > w.length as u64
+            || (!ends && data.len() as u64 != mtu)
+            || (ends && end != w.length as u64);
+        if bad {
+            self.fail_tail(WcStatus::BadRespErr, ctx);
+            return;
+        }
+        scatter(self.sq.sges(self.sq.tail), off, data, mem);
+        self.comp.psn = psn.next();
+        if ends {
+            self.complete_tail(w.length, ctx);
+        }
+        self.progress(now);
+    }
+
+    fn on_atomic_ack(
+        &mut self,
+        now: Nanos,
+        psn: Psn,
+        repr: &PacketRepr,
+        ctx: &mut Ctx<'_>,
+        mem: &mut impl Memory,
+    ) {
+        let Some(w) = self.sq.get(self.sq.tail).copied() else {
+            return;
+        };
+        if !w.op.is_atomic() || w.state != SendState::Sent || w.first_psn != psn {
+            ctx.stats.malformed += 1;
+            return;
+        }
+        let Some(ack) = repr.ext.atomic_ack_eth else {
+            return;
+        };
+        scatter(self.sq.sges(self.sq.tail), 0, &ack.orig.to_ne_bytes(), mem);
+        self.comp.psn = psn.next();
+        self.complete_tail(8, ctx);
+        self.progress(now);
+    }
+
+    /// Complete the READ/atomic at the tail successfully.
+    fn complete_tail(&mut self, byte_len: u32, ctx: &mut Ctx<'_>) {
+        let w = self.sq.pop_tail().expect("tail present");
+        if w.op.is_read_or_atomic() {
+            self.req.rd_atomic_inflight -= 1;
+        }
+        if w.signaled {
+            let mut c = Completion::new(
+                w.wr_id,
+                WcStatus::Success,
+                super::wc_opcode_of(&w.op),
+                self.qpn,
+            );
+            c.byte_len = byte_len;
+            ctx.complete(self.send_cq, c, false);
+        }
+    }
+
+    /// Complete the tail WQE with an error and move the QP to ERR, flushing
+    /// the rest in order.
+    fn fail_tail(&mut self, status: WcStatus, ctx: &mut Ctx<'_>) {
+        if let Some(w) = self.sq.pop_tail() {
+            if w.op.is_read_or_atomic() && w.state == SendState::Sent {
+                self.req.rd_atomic_inflight -= 1;
+            }
+            let c = Completion::new(w.wr_id, status, super::wc_opcode_of(&w.op), self.qpn);
+            ctx.complete(self.send_cq, c, false);
+        }
+        self.req.rd_atomic_inflight = 0;
+        self.enter_error(ctx);
+    }
+
+    fn on_nak(&mut self, now: Nanos, psn: Psn, code: NakCode, ctx: &mut Ctx<'_>) {
+        let status = match code {
+            NakCode::PsnSequenceError => {
+                ctx.stats.seq_naks_rcvd += 1;
+                self.comp.psn = psn;
+                self.retry_from(now, psn, ctx, false);
+                return;
+            }
+            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+            NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+            NakCode::InvalidRdRequest | NakCode::Reserved(_) => WcStatus::RemInvRdReqErr,
+        };
+        self.fail_tail(status, ctx);
+    }
+
+    fn on_rnr(&mut self, now: Nanos, psn: Psn, timer: u8, ctx: &mut Ctx<'_>) {
+        if self.comp.rnr_left == 0 {
+            self.fail_tail(WcStatus::RnrRetryExcErr, ctx);
+            return;
+        }
+        if self.comp.rnr_left != 7 {
+            self.comp.rnr_left -= 1;
+        }
+        self.comp.psn = psn;
+        self.comp.timer = None;
+        self.comp.rnr_until = Some(now + rnr_timer_ns(timer));
+        self.comp.rnr_psn = psn;
+    }
+
+    /// Go back to the oldest unacknowledged PSN (timeout, implied NAK).
+    fn retry(&mut self, now: Nanos, ctx: &mut Ctx<'_>, timeout: bool) {
+        let p = self.comp.psn;
+        self.retry_from(now, p, ctx, timeout);
+    }
+
+    /// Spend one retry and rewind the requester to `p`, or fail the QP when
+    /// the budget is gone.
+    fn retry_from(&mut self, _now: Nanos, p: Psn, ctx: &mut Ctx<'_>, _timeout: bool) {
+        if self.comp.retry_left == 0 {
+            self.fail_tail(WcStatus::RetryExcErr, ctx);
+            return;
+        }
+        self.comp.retry_left -= 1;
+        self.comp.timer = None;
+        self.rewind(p);
+    }
+
+    /// Point the requester at PSN `p`: the WQE that holds it, at the packet
+    /// that carries it.
+    pub(crate) fn rewind(&mut self, p: Psn) {
+        let mut idx = self.sq.tail;
+        while let Some(w) = self.sq.get(idx).copied() {
+            if w.state == SendState::Posted {
+                break;
+            }
+            if !p.after(w.last_psn()) {
+                let k = w.first_psn.distance_to(p).min(w.npkts - 1);
+                self.sq.send = idx;
+                self.req.pkt_idx = if p.before(w.first_psn) { 0 } else { k };
+                return;
+            }
+            idx += 1;
+        }
+        self.sq.send = idx;
+        self.req.pkt_idx = 0;
+    }
+
+    /// Timer expiry: RNR back-off over, or the retransmission timeout.
+    pub(crate) fn handle_timeout(&mut self, now: Nanos, ctx: &mut Ctx<'_>) {
+        if let Some(t) = self.comp.rnr_until {
+            if t <= now {
+                self.comp.rnr_until = None;
+                let p = self.comp.rnr_psn;
+                self.rewind(p);
+            }
+        }
+        if let Some(t) = self.comp.timer {
+            if t <= now {
+                self.comp.timer = None;
+                if self.comp.psn.before(self.req.hwm) {
+                    ctx.stats.timeouts += 1;
+                    self.retry(now, ctx, true);
+                }
+            }
+        }
+    }
+}

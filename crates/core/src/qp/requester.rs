@@ -1,0 +1,338 @@
+//! The requester: turns send work requests into request packets.
+//!
+//! It walks the send queue from `sq.send`, packet by packet. PSNs are a pure
+//! function of queue order (each WQE starts where the previous one ended), so
+//! go-back-N is just moving `sq.send` and `pkt_idx` back: a resent packet gets
+//! exactly the PSN, opcode and payload it had the first time, and a resumed
+//! READ asks only for the responses still missing.
+
+use softrdma_wire::bth::{BthRepr, DEFAULT_PKEY};
+use softrdma_wire::ext::*;
+use softrdma_wire::packet::{ExtRepr, PacketRepr};
+use softrdma_wire::{Opcode, Psn};
+
+use super::queue::{gather, SendState};
+use super::state::{QpState, QpType};
+use super::{Qp, ACK_REQ_EVERY, MAX_UNACKED_PSNS};
+use crate::endpoint::Ctx;
+use crate::transmit::{Segs, Transmit};
+use crate::wc::{Completion, WcStatus};
+use crate::wr::SendOp;
+use crate::Nanos;
+
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// Next packet to send within the WQE at `sq.send`.
+    pub pkt_idx: u32,
+    /// PSN of the next WQE to be started (one past the last PSN assigned).
+    pub next_psn: Psn,
+    /// One past the highest PSN ever sent: responses at or beyond it answer
+    /// nothing we sent.
+    pub hwm: Psn,
+    /// Packets since the last one that requested an ACK.
+    pub noack: u32,
+    /// READ and atomic WQEs sent and not yet completed.
+    pub rd_atomic_inflight: u32,
+}
+
+impl Requester {
+    pub fn reset_psn(&mut self, psn: Psn) {
+        self.next_psn = psn;
+        self.hwm = psn;
+        self.pkt_idx = 0;
+    }
+}
+
+/// Position of a packet within its message.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pos {
+    First,
+    Middle,
+    Last,
+    Only,
+}
+
+fn pos(idx: u32, n: u32) -> Pos {
+    match (idx, n) {
+        (_, 1) => Pos::Only,
+        (0, _) => Pos::First,
+        (i, n) if i + 1 == n => Pos::Last,
+        _ => Pos::Middle,
+    }
+}
+
+/// The BTH opcode for an operation at a position. Returns `None` for
+/// combinations IBA does not define (validated away at post time).
+fn opcode(t: QpType, op: &SendOp, p: Pos) -> Option<Opcode> {
+    use SendOp::*;
+    let base = match t {
+        QpType::Rc => 0x00,
+        QpType::Uc => 0x20,
+        QpType::Ud => {
+            return match op {
+                Send => Some(Opcode::UD_SEND_ONLY),
+                SendWithImm { .. } => Some(Opcode::UD_SEND_ONLY_WITH_IMMEDIATE),
+                _ => None,
+            }
+        }
+    };
+    let off = match (op, p) {
+        (Send | SendWithImm { .. } | SendWithInv { .. }, Pos::First) => 0x00,
+        (Send | SendWithImm { .. } | SendWithInv { .. }, Pos::Middle) => 0x01,
+        (Send, Pos::Last) => 0x02,
+        (SendWithImm { .. }, Pos::Last) => 0x03,
+        (Send, Pos::Only) => 0x04,
+        (SendWithImm { .. }, Pos::Only) => 0x05,
+        (SendWithInv { .. }, Pos::Last) if t == QpType::Rc => 0x16,
+        (SendWithInv { .. }, Pos::Only) if t == QpType::Rc => 0x17,
+        (Write { .. } | WriteWithImm { .. }, Pos::First) => 0x06,
+        (Write { .. } | WriteWithImm { .. }, Pos::Middle) => 0x07,
+        (Write { .. }, Pos::Last) => 0x08,
+        (WriteWithImm { .. }, Pos::Last) => 0x09,
+        (Write { .. }, Pos::Only) => 0x0a,
+        (WriteWithImm { .. }, Pos::Only) => 0x0b,
+        (Read { .. }, _) if t == QpType::Rc => 0x0c,
+        (CompareSwap { .. }, _) if t == QpType::Rc => 0x13,
+        (FetchAdd { .. }, _) if t == QpType::Rc => 0x14,
+        _ => return None,
+    };
+    Some(Opcode(base + off))
+}
+
+/// PSNs a message occupies.
+pub(crate) fn packets_for(op: &SendOp, length: u32, mtu: u32) -> u32 {
+    if op.is_atomic() {
+        1
+    } else {
+        length.div_ceil(mtu).max(1)
+    }
+}
+
+impl Qp {
+    /// Build the next request packet, if the send queue has one to send now.
+    pub(crate) fn poll_request(
+        &mut self,
+        now: Nanos,
+        buf: &mut [u8],
+        ctx: &mut Ctx<'_>,
+    ) -> Option<Transmit> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.comp.rnr_waiting() {
+            return None;
+        }
+        let idx = self.sq.send;
+        let wqe = *self.sq.get(idx)?;
+        let mtu = self.mtu();
+        let rc = self.qp_type == QpType::Rc;
+        if wqe.state == SendState::Posted {
+            if self.state == QpState::Sqd {
+                return None; // draining: start nothing new
+            }
+            if rc {
+                let fence = wqe.flags.contains(crate::wr::SendFlags::FENCE);
+                if fence && self.req.rd_atomic_inflight > 0 {
+                    return None;
+                }
+                if wqe.op.is_read_or_atomic()
+                    && self.req.rd_atomic_inflight >= (self.attr.max_rd_atomic as u32).max(1)
+                {
+                    return None;
+                }
+            }
+        }
+        let first_psn = if wqe.state == SendState::Posted {
+            self.req.next_psn
+        } else {
+            wqe.first_psn
+        };
+        let npkts = packets_for(&wqe.op, wqe.length, mtu);
+        let k = self.req.pkt_idx;
+        let psn = first_psn.add(k);
+        if rc && self.comp.psn.distance_to(psn) >= MAX_UNACKED_PSNS {
+            return None; // window full
+        }
+
+        let is_read = matches!(wqe.op, SendOp::Read { .. });
+        let p = if is_read || wqe.op.is_atomic() {
+            Pos::Only
+        } else {
+            pos(k, npkts)
+        };
+        let op = opcode(self.qp_type, &wqe.op, p).expect("validated at post");
+        let info = op.info().expect("table");
+        let off = k as u64 * mtu as u64;
+        let mut ext = ExtRepr::default();
+        let mut payload_len = 0usize;
+        let mut segs = Segs::default();
+        match wqe.op {
+            SendOp::Read { remote_addr, rkey } => {
+                ext.reth = Some(RethRepr {
+                    va: remote_addr + off,
+                    rkey,
+                    dma_len: (wqe.length as u64 - off.min(wqe.length as u64)) as u32,
+                });
+            }
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                ext.atomic_eth = Some(AtomicEthRepr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+            }
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                ext.atomic_eth = Some(AtomicEthRepr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+            }
+            _ => {
+                payload_len = (wqe.length as u64 - off).min(mtu as u64) as usize;
+                match wqe.op {
+                    SendOp::Write { remote_addr, rkey }
+                    | SendOp::WriteWithImm {
+                        remote_addr, rkey, ..
+                    } if matches!(p, Pos::First | Pos::Only) => {
+                        ext.reth = Some(RethRepr {
+                            va: remote_addr,
+                            rkey,
+                            dma_len: wqe.length,
+                        });
+                    }
+                    _ => {}
+                }
+                if info.has(softrdma_wire::opcode::Flags::IMMDT) {
+                    if let SendOp::SendWithImm { imm } | SendOp::WriteWithImm { imm, .. } = wqe.op {
+                        ext.immdt = Some(ImmDtRepr { imm });
+                    }
+                }
+                if let (SendOp::SendWithInv { rkey }, true) =
+                    (wqe.op, info.has(softrdma_wire::opcode::Flags::IETH))
+                {
+                    ext.ieth = Some(IethRepr { rkey });
+                }
+            }
+        }
+        let (dest_qp, dgid) = match (self.qp_type, wqe.ud) {
+            (QpType::Ud, Some(ud)) => {
+                let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
+                    self.attr.qkey
+                } else {
+                    ud.remote_qkey
+                };
+                ext.deth = Some(DethRepr {
+                    qkey,
+                    src_qp: self.qpn,
+                });
+                (ud.remote_qpn, ud.gid)
+            }
+            _ => (self.attr.dest_qp_num, self.attr.av.dgid),
+        };
+        let ends = matches!(p, Pos::Last | Pos::Only);
+        let ack_req = rc
+            && (ends
+                || self.req.noack + 1 >= ACK_REQ_EVERY
+                || self.comp.psn.distance_to(psn) + 1 >= MAX_UNACKED_PSNS);
+        let solicited = ends
+            && wqe.flags.contains(crate::wr::SendFlags::SOLICITED)
+            && matches!(
+                wqe.op,
+                SendOp::Send
+                    | SendOp::SendWithImm { .. }
+                    | SendOp::SendWithInv { .. }
+                    | SendOp::WriteWithImm { .. }
+            );
+        let repr = PacketRepr {
+            bth: BthRepr {
+                opcode: op,
+                solicited,
+                migreq: false,
+                pad: 0,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qp,
+                ack_req,
+                psn,
+            },
+            ext,
+            payload_len,
+        };
+        repr.emit_headers(buf);
+        let mut head_len = repr.header_len();
+        if payload_len > 0 {
+            if wqe.inline_len > 0 {
+                let data = &self.sq.inline(idx)[off as usize..off as usize + payload_len];
+                buf[head_len..head_len + payload_len].copy_from_slice(data);
+                head_len += payload_len;
+            } else {
+                gather(self.sq.sges(idx), off, payload_len as u64, &mut segs);
+            }
+        }
+
+        // Advance.
+        if wqe.state == SendState::Posted {
+            let w = self.sq.get_mut(idx).expect("present");
+            w.state = SendState::Sent;
+            w.first_psn = first_psn;
+            w.npkts = npkts;
+            self.req.next_psn = first_psn.add(npkts);
+            if wqe.op.is_read_or_atomic() {
+                self.req.rd_atomic_inflight += 1;
+            }
+        }
+        let consumed = if is_read { npkts - k } else { 1 };
+        let after = psn.add(consumed);
+        if psn.before(self.req.hwm) {
+            ctx.stats.retransmits += 1;
+        }
+        if after.after(self.req.hwm) {
+            self.req.hwm = after;
+        }
+        if ack_req {
+            self.req.noack = 0;
+        } else {
+            self.req.noack += 1;
+        }
+        if is_read || wqe.op.is_atomic() || k + 1 >= npkts {
+            self.sq.send = idx + 1;
+            self.req.pkt_idx = 0;
+        } else {
+            self.req.pkt_idx = k + 1;
+        }
+        if rc {
+            self.comp.arm_timer(now, self.attr.timeout);
+        } else if ends {
+            // UC and UD complete once the last packet is on its way.
+            let w = self.sq.pop_tail().expect("tail is the WQE just sent");
+            if w.signaled {
+                let mut c = Completion::new(
+                    w.wr_id,
+                    WcStatus::Success,
+                    super::wc_opcode_of(&w.op),
+                    self.qpn,
+                );
+                c.byte_len = w.length;
+                ctx.complete(self.send_cq, c, false);
+            }
+        }
+        let pad = repr.pad_len() as u8;
+        Some(Transmit {
+            dgid,
+            src_qpn: self.qpn,
+            head_len,
+            segs,
+            pad,
+        })
+    }
+}

@@ -1,0 +1,753 @@
+//! The responder: executes inbound requests and queues its responses.
+//!
+//! Responses leave in PSN order through one bounded queue: a READ's response
+//! stream, an atomic's acknowledgement and plain ACKs/NAKs. Consecutive ACKs
+//! coalesce into the newest (an ACK for PSN n acknowledges everything before
+//! it), so a burst of requests costs one ACK. READ and atomic requests are
+//! remembered in a small ring (`max_dest_rd_atomic` entries) so that a
+//! duplicate is answered again — a READ re-read, an atomic from its cached
+//! result, never executed twice.
+
+use std::collections::VecDeque;
+
+use softrdma_wire::bth::{BthRepr, DEFAULT_PKEY};
+use softrdma_wire::ext::*;
+use softrdma_wire::opcode::Flags;
+use softrdma_wire::packet::{ExtRepr, PacketRepr};
+use softrdma_wire::{Opcode, Packet, Psn};
+
+use super::attr::AccessFlags;
+use super::state::QpType;
+use super::Qp;
+use crate::endpoint::{Ctx, RxMeta};
+use crate::mr::{Memory, RemoteAccessError};
+use crate::transmit::{Seg, Segs, Transmit};
+use crate::wc::{wc_flags, Completion, WcOpcode, WcStatus};
+use crate::Event;
+
+/// A response waiting to be sent.
+#[derive(Debug, Clone, Copy)]
+enum Resp {
+    Ack {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+    /// A READ response stream: `idx` of `npkts` packets sent so far.
+    Read {
+        psn: Psn,
+        addr: u64,
+        len: u64,
+        idx: u32,
+        npkts: u32,
+        msn: u32,
+    },
+}
+
+/// A remembered READ or atomic, for duplicates.
+#[derive(Debug, Clone, Copy)]
+enum Res {
+    Read { first: Psn, npkts: u32 },
+    Atomic { psn: Psn, orig: u64 },
+}
+
+/// The message being received, for multi-packet SEND and WRITE.
+#[derive(Debug, Clone, Copy, Default)]
+enum Cur {
+    #[default]
+    Idle,
+    Send {
+        wr_id: u64,
+        nsge: u8,
+        capacity: u64,
+        offset: u64,
+    },
+    Write {
+        addr: u64,
+        remaining: u64,
+        total: u64,
+    },
+    /// UC: the rest of a message is being dropped.
+    Dropping,
+}
+
+/// What went wrong with a request, and what the requester will be told.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// Drop silently (UC/UD).
+    Drop,
+    Nak(NakCode, Event),
+}
+
+#[derive(Debug)]
+pub(crate) struct Responder {
+    pub epsn: Psn,
+    pub msn: u32,
+    /// A NAK (sequence or RNR) for `epsn` went out; stay quiet until it arrives.
+    nak_sent: bool,
+    cur: Cur,
+    sges: [Seg; crate::MAX_SGE],
+    /// UC: a receive WQE taken for a message that was then dropped, reused
+    /// by the next message.
+    spare: Option<(u64, u8, u64)>,
+    res: Vec<Option<Res>>,
+    res_next: usize,
+    out: VecDeque<Resp>,
+    out_cap: usize,
+    /// After this many responses leave, the QP goes to ERR (a fatal NAK).
+    fatal: Option<(usize, Event)>,
+}
+
+impl Responder {
+    pub fn new(resources: usize) -> Responder {
+        let out_cap = resources + 8;
+        Responder {
+            epsn: Psn::new(0),
+            msn: 0,
+            nak_sent: false,
+            cur: Cur::Idle,
+            sges: [Seg::default(); crate::MAX_SGE],
+            spare: None,
+            res: vec![None; resources],
+            res_next: 0,
+            out: VecDeque::with_capacity(out_cap),
+            out_cap,
+            fatal: None,
+        }
+    }
+
+    pub fn reset_psn(&mut self, psn: Psn) {
+        self.epsn = psn;
+    }
+
+    pub fn set_resources(&mut self, n: usize) {
+        self.res = vec![None; n];
+        self.res_next = 0;
+        self.out_cap = n + 8;
+        self.out.reserve(self.out_cap);
+    }
+
+    pub fn clear_output(&mut self) {
+        self.out.clear();
+    }
+
+    fn has_room(&self) -> bool {
+        self.out.len() < self.out_cap
+    }
+
+    fn push_ack(&mut self, psn: Psn, msn: u32) {
+        if let Some(Resp::Ack {
+            syndrome: Syndrome::Ack { .. },
+            ..
+        }) = self.out.back()
+        {
+            self.out.pop_back();
+        }
+        self.out.push_back(Resp::Ack {
+            psn,
+            syndrome: Syndrome::ACK_UNLIMITED,
+            msn,
+        });
+    }
+
+    fn remember(&mut self, r: Res) {
+        let n = self.res.len();
+        self.res[self.res_next] = Some(r);
+        self.res_next = (self.res_next + 1) % n;
+    }
+
+    fn reads_and_atomics_queued(&self) -> usize {
+        self.out
+            .iter()
+            .filter(|r| matches!(r, Resp::Read { .. } | Resp::Atomic { .. }))
+            .count()
+    }
+}
+
+/// Every kind of remote access fault is one NAK on the wire.
+fn nak_for(_: RemoteAccessError) -> Fault {
+    Fault::Nak(NakCode::RemoteAccessError, Event::QpAccessErr(0))
+}
+
+impl Qp {
+    /// A request packet for this QP (the responder side).
+    pub(crate) fn handle_request(
+        &mut self,
+        meta: &RxMeta,
+        pkt: &Packet<&[u8]>,
+        repr: &PacketRepr,
+        ctx: &mut Ctx<'_>,
+        mem: &mut impl Memory,
+    ) {
+        match self.qp_type {
+            QpType::Rc => self.request_rc(pkt, repr, ctx, mem),
+            QpType::Uc => self.request_uc(pkt, repr, ctx, mem),
+            QpType::Ud => self.request_ud(meta, pkt, repr, ctx, mem),
+        }
+    }
+
+    fn request_rc(
+        &mut self,
+        pkt: &Packet<&[u8]>,
+        repr: &PacketRepr,
+        ctx: &mut Ctx<'_>,
+        mem: &mut impl Memory,
+    ) {
+        if self.resp.fatal.is_some() {
+            return;
+        }
+        let psn = repr.bth.psn;
+        let d = psn.diff(self.resp.epsn);
+        if d > 0 {
+            ctx.stats.out_of_sequence += 1;
+            if !self.resp.nak_sent && self.resp.has_room() {
+                self.resp.nak_sent = true;
+                ctx.stats.seq_naks_sent += 1;
+                let (epsn, msn) = (self.resp.epsn, self.resp.msn);
+                self.resp.out.push_back(Resp::Ack {
+                    psn: epsn,
+                    syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
+                    msn,
+                });
+            }
+            return;
+        }
+        if d < 0 {
+            ctx.stats.duplicates += 1;
+            self.duplicate(pkt, repr, ctx);
+            return;
+        }
+        if !self.resp.has_room() {
+            return; // back-pressure: the requester will resend
+        }
+        match self.execute(pkt, repr, ctx, mem) {
+            Ok(true) => {
+                self.resp.nak_sent = false;
+                if pkt.info().has(Flags::READ) {
+                    // epsn advanced by the READ itself
+                } else {
+                    self.resp.epsn = psn.next();
+                }
+                if repr.bth.ack_req && !pkt.info().flags.intersects(Flags::READ | Flags::ATOMIC) {
+                    let msn = self.resp.msn;
+                    self.resp.push_ack(psn, msn);
+                }
+            }
+            Ok(false) => {} // RNR NAK queued; epsn unchanged
+            Err(Fault::Drop) => {}
+            Err(Fault::Nak(code, ev)) => {
+                let msn = self.resp.msn;
+                self.resp.out.push_back(Resp::Ack {
+                    psn,
+                    syndrome: Syndrome::Nak(code),
+                    msn,
+                });
+                let ev = match ev {
+                    Event::QpAccessErr(_) => Event::QpAccessErr(self.qpn),
+                    _ => Event::QpReqErr(self.qpn),
+                };
+                self.resp.fatal = Some((self.resp.out.len(), ev));
+            }
+        }
+    }
+
+    /// Execute an in-sequence request. `Ok(true)`: done, advance; `Ok(false)`:
+    /// receiver not ready (an RNR NAK is queued).
+    fn execute(
+        &mut self,
+        pkt: &Packet<&[u8]>,
+        repr: &PacketRepr,
+        ctx: &mut Ctx<'_>,
+        mem: &mut impl Memory,
+    ) -> Result<bool, Fault> {
+        let info = pkt.info();
+        let rc = self.qp_type == QpType::Rc;
+        let invalid = if rc {
+            Fault::Nak(NakCode::InvalidRequest, Event::QpReqErr(0))
+        } else {
+            Fault::Drop
+        };
+        // Opcode sequence: a message in progress continues, otherwise one starts.
+        let starts = info.starts_message() || info.flags.intersects(Flags::READ | Flags::ATOMIC);
+        let seq_ok = match self.resp.cur {
+            Cur::Send { .. } => info.has(Flags::SEND) && !starts,
+            Cur::Write { .. } => info.has(Flags::WRITE) && !starts,
+            _ => starts,
+        };
+        if !seq_ok {
+            return Err(invalid);
+        }
+        let mtu = self.mtu() as usize;
+        let data = pkt.payload();
+        let ends = info.ends_message();
+        if info.flags.intersects(Flags::SEND | Flags::WRITE) {
+            let full = info.flags.intersects(Flags::FIRST | Flags::MIDDLE);
+            if data.len() > mtu || (full && data.len() != mtu) {
+                return Err(invalid);
+            }
+        }
+        if info.has(Flags::SEND) {
+            if info.starts_message() {
+                let Some((wr_id, nsge, cap)) = self.take_recv(ctx) else {
+                    return self.not_ready(repr.bth.psn, ctx);
+                };
+                self.resp.cur = Cur::Send {
+                    wr_id,
+                    nsge,
+                    capacity: cap,
+                    offset: 0,
+                };
+            }
+            let Cur::Send {
+                wr_id,
+                nsge,
+                capacity,
+                offset,
+            } = self.resp.cur
+            else {
+                unreachable!("checked by the sequence test")
+            };
+            let end = offset + data.len() as u64;
+            if end > capacity {
+                // The receive buffer is too small: its WQE completes in error.
+                let c = Completion::new(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.qpn);
+                ctx.complete(self.recv_cq, c, false);
+                self.resp.cur = Cur::Idle;
+                return Err(invalid);
+            }
+            super::queue::scatter(&self.resp.sges[..nsge as usize], offset, data, mem);
+            self.resp.cur = Cur::Send {
+                wr_id,
+                nsge,
+                capacity,
+                offset: end,
+            };
+            if ends {
+                let mut c = Completion::new(wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+                c.byte_len = end as u32;
+                if let Some(i) = repr.ext.immdt {
+                    c.wc_flags |= wc_flags::WITH_IMM;
+                    c.imm_or_inv = i.imm;
+                }
+                if let Some(i) = repr.ext.ieth {
+                    if !ctx.mrs.invalidate_rkey(self.pd, i.rkey) {
+                        self.resp.cur = Cur::Idle;
+                        let c = Completion::new(
+                            wr_id,
+                            WcStatus::RemInvReqErr,
+                            WcOpcode::Recv,
+                            self.qpn,
+                        );
+                        ctx.complete(self.recv_cq, c, false);
+                        return Err(invalid);
+                    }
+                    c.wc_flags |= wc_flags::WITH_INV;
+                    c.imm_or_inv = i.rkey;
+                }
+                ctx.complete(self.recv_cq, c, repr.bth.solicited);
+                self.resp.cur = Cur::Idle;
+                self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+            }
+            return Ok(true);
+        }
+        if info.has(Flags::WRITE) {
+            if let Some(reth) = repr.ext.reth {
+                if !self.allows(AccessFlags::REMOTE_WRITE) {
+                    return Err(self.access_fault());
+                }
+                let len = reth.dma_len as u64;
+                let addr = ctx
+                    .mrs
+                    .check_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_WRITE)
+                    .map_err(|e| if rc { nak_for(e) } else { Fault::Drop })?;
+                self.resp.cur = Cur::Write {
+                    addr,
+                    remaining: len,
+                    total: len,
+                };
+            }
+            let Cur::Write {
+                addr,
+                remaining,
+                total,
+            } = self.resp.cur
+            else {
+                unreachable!("checked by the sequence test")
+            };
+            let n = data.len() as u64;
+            if n > remaining || (ends && n != remaining) {
+                self.resp.cur = Cur::Idle;
+                return Err(invalid);
+            }
+            let mut imm_wqe = None;
+            if ends && info.has(Flags::IMMDT) {
+                match self.take_recv(ctx) {
+                    Some(w) => imm_wqe = Some(w),
+                    None => return self.not_ready(repr.bth.psn, ctx),
+                }
+            }
+            mem.write(addr, data);
+            self.resp.cur = Cur::Write {
+                addr: addr + n,
+                remaining: remaining - n,
+                total,
+            };
+            if ends {
+                self.resp.cur = Cur::Idle;
+                self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+                if let Some((wr_id, _, _)) = imm_wqe {
+                    let mut c = Completion::new(
+                        wr_id,
+                        WcStatus::Success,
+                        WcOpcode::RecvRdmaWithImm,
+                        self.qpn,
+                    );
+                    c.byte_len = total as u32;
+                    c.wc_flags |= wc_flags::WITH_IMM;
+                    c.imm_or_inv = repr.ext.immdt.map_or(0, |i| i.imm);
+                    ctx.complete(self.recv_cq, c, repr.bth.solicited);
+                }
+            }
+            return Ok(true);
+        }
+        if info.has(Flags::READ) {
+            let reth = repr.ext.reth.expect("table: READ has RETH");
+            if !self.allows(AccessFlags::REMOTE_READ) {
+                return Err(self.access_fault());
+            }
+            if self.resp.reads_and_atomics_queued() >= self.resp.res.len() {
+                return Err(invalid);
+            }
+            let len = reth.dma_len as u64;
+            let addr = ctx
+                .mrs
+                .check_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)
+                .map_err(nak_for)?;
+            let npkts = (len.div_ceil(mtu as u64)).max(1) as u32;
+            let psn = repr.bth.psn;
+            self.resp.remember(Res::Read { first: psn, npkts });
+            self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+            let msn = self.resp.msn;
+            self.resp.out.push_back(Resp::Read {
+                psn,
+                addr,
+                len,
+                idx: 0,
+                npkts,
+                msn,
+            });
+            self.resp.epsn = psn.add(npkts);
+            return Ok(true);
+        }
+        if info.has(Flags::ATOMIC) {
+            let a = repr.ext.atomic_eth.expect("table: atomics have AtomicETH");
+            if !self.allows(AccessFlags::REMOTE_ATOMIC) {
+                return Err(self.access_fault());
+            }
+            if self.resp.reads_and_atomics_queued() >= self.resp.res.len() {
+                return Err(invalid);
+            }
+            if !a.va.is_multiple_of(8) {
+                return Err(invalid);
+            }
+            let addr = ctx
+                .mrs
+                .check_remote(self.pd, a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+                .map_err(nak_for)?;
+            let orig = if repr.bth.opcode == Opcode::RC_COMPARE_SWAP {
+                mem.compare_swap(addr, a.compare, a.swap_add)
+            } else {
+                mem.fetch_add(addr, a.swap_add)
+            };
+            let psn = repr.bth.psn;
+            self.resp.remember(Res::Atomic { psn, orig });
+            self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+            let msn = self.resp.msn;
+            self.resp.out.push_back(Resp::Atomic { psn, orig, msn });
+            return Ok(true);
+        }
+        Err(invalid)
+    }
+
+    fn access_fault(&self) -> Fault {
+        if self.qp_type == QpType::Rc {
+            Fault::Nak(NakCode::RemoteAccessError, Event::QpAccessErr(0))
+        } else {
+            Fault::Drop
+        }
+    }
+
+    /// No receive WQE: RNR NAK (RC) or drop the message (UC).
+    fn not_ready(&mut self, psn: Psn, ctx: &mut Ctx<'_>) -> Result<bool, Fault> {
+        if self.qp_type != QpType::Rc {
+            ctx.stats.dropped_messages += 1;
+            self.resp.cur = Cur::Dropping;
+            return Err(Fault::Drop);
+        }
+        ctx.stats.rnr_naks_sent += 1;
+        self.resp.nak_sent = true;
+        let msn = self.resp.msn;
+        let timer = self.attr.min_rnr_timer;
+        self.resp.out.push_back(Resp::Ack {
+            psn,
+            syndrome: Syndrome::RnrNak { timer },
+            msn,
+        });
+        Ok(false)
+    }
+
+    /// Take a receive WQE (the spare one, the SRQ's, or the QP's own),
+    /// loading its SGEs into the responder.
+    fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> Option<(u64, u8, u64)> {
+        if let Some(s) = self.resp.spare.take() {
+            return Some(s);
+        }
+        let w = match self.srq {
+            Some(srq) => ctx.srq_pop(srq, &mut self.resp.sges)?,
+            None => self.rq.pop(&mut self.resp.sges)?,
+        };
+        Some((w.wr_id, w.nsge, w.length))
+    }
+
+    /// A request behind `epsn`: answer it again without executing it twice.
+    fn duplicate(&mut self, pkt: &Packet<&[u8]>, repr: &PacketRepr, ctx: &mut Ctx<'_>) {
+        if !self.resp.has_room() {
+            return;
+        }
+        let psn = repr.bth.psn;
+        let info = pkt.info();
+        let msn = self.resp.msn;
+        if info.has(Flags::READ) {
+            let Some(reth) = repr.ext.reth else { return };
+            let found =
+                self.resp.res.iter().flatten().any(
+                    |r| matches!(*r, Res::Read { first, npkts } if psn.in_window(first, npkts)),
+                );
+            if !found {
+                return;
+            }
+            let len = reth.dma_len as u64;
+            let Ok(addr) =
+                ctx.mrs
+                    .check_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)
+            else {
+                return;
+            };
+            let npkts = (len.div_ceil(self.mtu() as u64)).max(1) as u32;
+            self.resp.out.push_back(Resp::Read {
+                psn,
+                addr,
+                len,
+                idx: 0,
+                npkts,
+                msn,
+            });
+        } else if info.has(Flags::ATOMIC) {
+            let cached = self.resp.res.iter().flatten().find_map(|r| match *r {
+                Res::Atomic { psn: p, orig } if p == psn => Some(orig),
+                _ => None,
+            });
+            if let Some(orig) = cached {
+                self.resp.out.push_back(Resp::Atomic { psn, orig, msn });
+            }
+        } else {
+            // SEND/WRITE: acknowledge everything received so far.
+            let last = self.resp.epsn.sub(1);
+            self.resp.push_ack(last, msn);
+        }
+    }
+
+    fn request_uc(
+        &mut self,
+        pkt: &Packet<&[u8]>,
+        repr: &PacketRepr,
+        ctx: &mut Ctx<'_>,
+        mem: &mut impl Memory,
+    ) {
+        let psn = repr.bth.psn;
+        let info = pkt.info();
+        if psn != self.resp.epsn {
+            // A gap: whatever message was in progress is lost.
+            if let Cur::Send {
+                wr_id,
+                nsge,
+                capacity,
+                ..
+            } = self.resp.cur
+            {
+                self.resp.spare = Some((wr_id, nsge, capacity));
+            }
+            if !matches!(self.resp.cur, Cur::Idle) {
+                ctx.stats.dropped_messages += 1;
+            }
+            self.resp.cur = if info.starts_message() {
+                Cur::Idle
+            } else {
+                Cur::Dropping
+            };
+            self.resp.epsn = psn;
+        }
+        self.resp.epsn = psn.next();
+        if matches!(self.resp.cur, Cur::Dropping) {
+            if info.starts_message() {
+                self.resp.cur = Cur::Idle;
+            } else {
+                return;
+            }
+        }
+        if self.execute(pkt, repr, ctx, mem).is_err() {
+            if let Cur::Send {
+                wr_id,
+                nsge,
+                capacity,
+                ..
+            } = self.resp.cur
+            {
+                self.resp.spare = Some((wr_id, nsge, capacity));
+            }
+            self.resp.cur = if info.ends_message() {
+                Cur::Idle
+            } else {
+                Cur::Dropping
+            };
+        }
+    }
+
+    fn request_ud(
+        &mut self,
+        meta: &RxMeta,
+        pkt: &Packet<&[u8]>,
+        repr: &PacketRepr,
+        ctx: &mut Ctx<'_>,
+        mem: &mut impl Memory,
+    ) {
+        let Some(deth) = repr.ext.deth else { return };
+        if deth.qkey != self.attr.qkey {
+            ctx.stats.bad_qkey += 1;
+            return;
+        }
+        let data = pkt.payload();
+        let Some((wr_id, nsge, cap)) = self.take_recv(ctx) else {
+            ctx.stats.dropped_messages += 1;
+            return;
+        };
+        let total = 40 + data.len() as u64;
+        if total > cap {
+            let c = Completion::new(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.qpn);
+            ctx.complete(self.recv_cq, c, false);
+            return;
+        }
+        let grh = meta.grh(pkt.bytes().len());
+        let sges = &self.resp.sges[..nsge as usize];
+        super::queue::scatter(sges, 0, &grh, mem);
+        super::queue::scatter(sges, 40, data, mem);
+        let mut c = Completion::new(wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+        c.byte_len = total as u32;
+        c.src_qp = deth.src_qp;
+        c.wc_flags |= wc_flags::GRH;
+        if let Some(i) = repr.ext.immdt {
+            c.wc_flags |= wc_flags::WITH_IMM;
+            c.imm_or_inv = i.imm;
+        }
+        ctx.complete(self.recv_cq, c, repr.bth.solicited);
+    }
+
+    /// The next response packet, if any.
+    pub(crate) fn poll_response(&mut self, buf: &mut [u8], ctx: &mut Ctx<'_>) -> Option<Transmit> {
+        let front = *self.resp.out.front()?;
+        let mut segs = Segs::default();
+        let mtu = self.mtu() as u64;
+        let (op, psn, ext, payload_len) = match front {
+            Resp::Ack { psn, syndrome, msn } => {
+                self.resp.out.pop_front();
+                let ext = ExtRepr {
+                    aeth: Some(AethRepr::new(syndrome, msn)),
+                    ..Default::default()
+                };
+                (Opcode::RC_ACKNOWLEDGE, psn, ext, 0)
+            }
+            Resp::Atomic { psn, orig, msn } => {
+                self.resp.out.pop_front();
+                let ext = ExtRepr {
+                    aeth: Some(AethRepr::new(Syndrome::ACK_UNLIMITED, msn)),
+                    atomic_ack_eth: Some(AtomicAckEthRepr { orig }),
+                    ..Default::default()
+                };
+                (Opcode::RC_ATOMIC_ACKNOWLEDGE, psn, ext, 0)
+            }
+            Resp::Read {
+                psn,
+                addr,
+                len,
+                idx,
+                npkts,
+                msn,
+            } => {
+                let off = idx as u64 * mtu;
+                let n = (len - off.min(len)).min(mtu);
+                segs.push(Seg {
+                    addr: addr + off,
+                    len: n as u32,
+                });
+                let op = match (idx, npkts) {
+                    (_, 1) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                    (0, _) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                    (i, n) if i + 1 == n => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                    _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                };
+                let ext = ExtRepr {
+                    aeth: op
+                        .info()
+                        .expect("table")
+                        .has(Flags::AETH)
+                        .then(|| AethRepr::new(Syndrome::ACK_UNLIMITED, msn)),
+                    ..Default::default()
+                };
+                if idx + 1 >= npkts {
+                    self.resp.out.pop_front();
+                } else if let Some(Resp::Read { idx, .. }) = self.resp.out.front_mut() {
+                    *idx += 1;
+                }
+                (op, psn.add(idx), ext, n as usize)
+            }
+        };
+        let repr = PacketRepr {
+            bth: BthRepr {
+                opcode: op,
+                solicited: false,
+                migreq: false,
+                pad: 0,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qp: self.attr.dest_qp_num,
+                ack_req: false,
+                psn,
+            },
+            ext,
+            payload_len,
+        };
+        repr.emit_headers(buf);
+        if let Some((left, ev)) = self.resp.fatal.as_mut() {
+            *left -= 1;
+            if *left == 0 {
+                let ev = *ev;
+                self.resp.fatal = None;
+                ctx.push_event(ev);
+                self.enter_error(ctx);
+            }
+        }
+        Some(Transmit {
+            dgid: self.attr.av.dgid,
+            src_qpn: self.qpn,
+            head_len: repr.header_len(),
+            segs,
+            pad: repr.pad_len() as u8,
+        })
+    }
+}

@@ -1,0 +1,34 @@
+//! Counters an RDMA engineer asks for when something is slow or stuck.
+
+/// Per-endpoint packet and error counters (`softrdma stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    /// Packets sent again by go-back-N.
+    pub retransmits: u64,
+    /// Retransmission timer expiries.
+    pub timeouts: u64,
+    pub seq_naks_sent: u64,
+    pub seq_naks_rcvd: u64,
+    pub rnr_naks_sent: u64,
+    pub rnr_naks_rcvd: u64,
+    /// Duplicate requests seen by responders.
+    pub duplicates: u64,
+    /// Requests ahead of the expected PSN.
+    pub out_of_sequence: u64,
+    /// ACKs for PSNs never sent, ignored.
+    pub ghost_acks: u64,
+    /// Packets that did not parse, or carried an opcode the QP cannot take.
+    pub malformed: u64,
+    /// Packets for a QP that does not exist or is not ready.
+    pub dropped_no_qp: u64,
+    /// UD packets with the wrong Q_Key.
+    pub bad_qkey: u64,
+    /// UC messages dropped after a PSN gap, UD sends without a receive WQE.
+    pub dropped_messages: u64,
+    /// Completions lost to a full completion queue.
+    pub cq_overflows: u64,
+}

@@ -33,6 +33,9 @@ fuzz_target!(|data: &[u8]| {
     let again = Packet::new_checked(&out[..]).expect("re-emitted packet is valid");
     let mut want = repr;
     want.bth.pad = repr.pad_len() as u8; // emit derives the pad from the length
-    assert_eq!(PacketRepr::parse(&again).expect("re-emitted headers parse"), want);
+    assert_eq!(
+        PacketRepr::parse(&again).expect("re-emitted headers parse"),
+        want
+    );
     assert_eq!(again.payload(), p.payload());
 });

@@ -135,7 +135,11 @@ impl fmt::Display for Line<'_> {
                     write!(f, " DETH qkey=0x{:08x} srcqp=0x{:06x}", h.qkey, h.src_qp)?;
                 }
                 if let Some(h) = e.reth {
-                    write!(f, " RETH va=0x{:x} rkey=0x{:08x} len={}", h.va, h.rkey, h.dma_len)?;
+                    write!(
+                        f,
+                        " RETH va=0x{:x} rkey=0x{:08x} len={}",
+                        h.va, h.rkey, h.dma_len
+                    )?;
                 }
                 if let Some(h) = e.atomic_eth {
                     write!(
@@ -232,7 +236,11 @@ pub fn to_json(number: usize, d: &Dissection) -> String {
             );
             let e = &repr.ext;
             if let Some(h) = e.deth {
-                let _ = write!(o, ",\"deth\":{{\"qkey\":{},\"src_qp\":{}}}", h.qkey, h.src_qp);
+                let _ = write!(
+                    o,
+                    ",\"deth\":{{\"qkey\":{},\"src_qp\":{}}}",
+                    h.qkey, h.src_qp
+                );
             }
             if let Some(h) = e.reth {
                 let _ = write!(

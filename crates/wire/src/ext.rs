@@ -264,8 +264,14 @@ mod tests {
             assert_eq!(Syndrome::from_byte(b).to_byte(), b, "{b:#x}");
         }
         assert_eq!(Syndrome::from_byte(0x1f), Syndrome::ACK_UNLIMITED);
-        assert_eq!(Syndrome::from_byte(0x60), Syndrome::Nak(NakCode::PsnSequenceError));
-        assert_eq!(Syndrome::from_byte(0x62), Syndrome::Nak(NakCode::RemoteAccessError));
+        assert_eq!(
+            Syndrome::from_byte(0x60),
+            Syndrome::Nak(NakCode::PsnSequenceError)
+        );
+        assert_eq!(
+            Syndrome::from_byte(0x62),
+            Syndrome::Nak(NakCode::RemoteAccessError)
+        );
         assert_eq!(Syndrome::from_byte(0x2e), Syndrome::RnrNak { timer: 14 });
     }
 
@@ -283,7 +289,10 @@ mod tests {
         assert_eq!(v.va(), r.va);
         assert_eq!(AtomicEthRepr::parse(&v), r);
         assert!(AtomicEth::new_checked(&b[..27]).is_err());
-        let d = DethRepr { qkey: 0x1111_1111, src_qp: 0xab_cdef };
+        let d = DethRepr {
+            qkey: 0x1111_1111,
+            src_qp: 0xab_cdef,
+        };
         let mut db = [0xffu8; 8];
         d.emit(&mut db);
         assert_eq!(db, [0x11, 0x11, 0x11, 0x11, 0x00, 0xab, 0xcd, 0xef]);

@@ -196,7 +196,8 @@ impl Ipv6Repr {
     }
 
     pub fn emit(&self, b: &mut [u8]) {
-        let w = (6u32 << 28) | ((self.traffic_class as u32) << 20) | (self.flow_label & 0x000f_ffff);
+        let w =
+            (6u32 << 28) | ((self.traffic_class as u32) << 20) | (self.flow_label & 0x000f_ffff);
         put_u32(b, 0, w);
         put_u16(b, 4, self.payload_len);
         b[6] = self.next_header;

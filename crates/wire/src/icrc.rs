@@ -124,7 +124,10 @@ pub fn carried(udp_payload: &[u8]) -> Option<u32> {
 pub fn check_frame(f: &UdpFrame<'_>) -> Option<(u32, u32)> {
     let want = carried(f.payload)?;
     let n = f.payload.len();
-    Some((compute(f.ip_header, f.udp_header, &f.payload[..n - 4]), want))
+    Some((
+        compute(f.ip_header, f.udp_header, &f.payload[..n - 4]),
+        want,
+    ))
 }
 
 /// Write the ICRC into the last four bytes of `udp_payload`.

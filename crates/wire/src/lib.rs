@@ -71,10 +71,7 @@ pub enum Error {
     /// An IP version nibble other than the one the header claims.
     BadIpVersion(u8),
     /// A field holds a value the format does not allow.
-    BadField {
-        what: &'static str,
-        value: u64,
-    },
+    BadField { what: &'static str, value: u64 },
 }
 
 impl core::fmt::Display for Error {
@@ -89,7 +86,10 @@ impl core::fmt::Display for Error {
                 write!(f, "BTH pad count {pad} exceeds payload of {payload} bytes")
             }
             Error::BadLength { what, field, have } => {
-                write!(f, "{what} length field says {field} bytes, buffer has {have}")
+                write!(
+                    f,
+                    "{what} length field says {field} bytes, buffer has {have}"
+                )
             }
             Error::BadIpVersion(v) => write!(f, "IP version {v} where another was expected"),
             Error::BadField { what, value } => write!(f, "invalid {what} value {value:#x}"),

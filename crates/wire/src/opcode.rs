@@ -94,9 +94,29 @@ impl core::ops::BitOr for Flags {
 impl fmt::Debug for Flags {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const NAMES: [&str; 23] = [
-            "RETH", "AETH", "ATOMIC_ETH", "ATOMIC_ACK_ETH", "IMMDT", "IETH", "DETH", "CNP_RSVD",
-            "PAYLOAD", "REQUEST", "RESPONSE", "FIRST", "MIDDLE", "LAST", "ONLY", "RECV_WQE",
-            "RECV_COMPLETION", "SEND", "WRITE", "READ", "ATOMIC", "READ_RESPONSE", "ACK",
+            "RETH",
+            "AETH",
+            "ATOMIC_ETH",
+            "ATOMIC_ACK_ETH",
+            "IMMDT",
+            "IETH",
+            "DETH",
+            "CNP_RSVD",
+            "PAYLOAD",
+            "REQUEST",
+            "RESPONSE",
+            "FIRST",
+            "MIDDLE",
+            "LAST",
+            "ONLY",
+            "RECV_WQE",
+            "RECV_COMPLETION",
+            "SEND",
+            "WRITE",
+            "READ",
+            "ATOMIC",
+            "READ_RESPONSE",
+            "ACK",
         ];
         let mut first = true;
         for (i, n) in NAMES.iter().enumerate() {
@@ -356,7 +376,10 @@ mod tests {
             let f = info.flags;
             // Exactly one of request/response (CNP is neither).
             if info.transport != Transport::Cnp {
-                assert!(f.contains(Flags::REQUEST) ^ f.contains(Flags::RESPONSE), "{op:?}");
+                assert!(
+                    f.contains(Flags::REQUEST) ^ f.contains(Flags::RESPONSE),
+                    "{op:?}"
+                );
             }
             // Exactly one position.
             let pos = [Flags::FIRST, Flags::MIDDLE, Flags::LAST, Flags::ONLY]
@@ -374,17 +397,30 @@ mod tests {
             };
             assert_eq!(tr, info.transport, "{op:?}");
             // RETH exactly on WRITE FIRST/ONLY and READ requests.
-            let want_reth = (f.contains(Flags::WRITE) && info.starts_message()) || f.contains(Flags::READ);
+            let want_reth =
+                (f.contains(Flags::WRITE) && info.starts_message()) || f.contains(Flags::READ);
             assert_eq!(f.contains(Flags::RETH), want_reth, "{op:?}");
             // Immediate exactly when the name says so; same for invalidate.
-            assert_eq!(f.contains(Flags::IMMDT), info.name.contains("Immediate"), "{op:?}");
-            assert_eq!(f.contains(Flags::IETH), info.name.contains("Invalidate"), "{op:?}");
+            assert_eq!(
+                f.contains(Flags::IMMDT),
+                info.name.contains("Immediate"),
+                "{op:?}"
+            );
+            assert_eq!(
+                f.contains(Flags::IETH),
+                info.name.contains("Invalidate"),
+                "{op:?}"
+            );
             // A receive completion only at the end of a message that uses a WQE.
             if f.contains(Flags::RECV_COMPLETION) {
                 assert!(f.contains(Flags::RECV_WQE) && info.ends_message(), "{op:?}");
             }
             // Only UD carries DETH; only RC responses carry AETH.
-            assert_eq!(f.contains(Flags::DETH), info.transport == Transport::Ud, "{op:?}");
+            assert_eq!(
+                f.contains(Flags::DETH),
+                info.transport == Transport::Ud,
+                "{op:?}"
+            );
             if f.contains(Flags::AETH) {
                 assert!(info.transport == Transport::Rc && f.contains(Flags::RESPONSE));
             }
@@ -412,7 +448,10 @@ mod tests {
     #[test]
     fn layouts_match_iba() {
         let o = |op: Opcode| op.info().unwrap();
-        assert_eq!(o(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE).offsets.immdt, 28);
+        assert_eq!(
+            o(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE).offsets.immdt,
+            28
+        );
         assert_eq!(o(Opcode::RC_ATOMIC_ACKNOWLEDGE).offsets.atomic_ack_eth, 16);
         assert_eq!(o(Opcode::RC_ATOMIC_ACKNOWLEDGE).header_len, 24);
         assert_eq!(o(Opcode::RC_COMPARE_SWAP).header_len, 40);

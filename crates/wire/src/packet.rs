@@ -83,8 +83,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
             .and_then(|b| AethRepr::parse_bytes(b).ok())
     }
     pub fn atomic_eth(&self) -> Option<AtomicEthRepr> {
-        self.ext(Flags::ATOMIC_ETH, self.info.offsets.atomic_eth, len::ATOMIC_ETH)
-            .and_then(|b| AtomicEthRepr::parse_bytes(b).ok())
+        self.ext(
+            Flags::ATOMIC_ETH,
+            self.info.offsets.atomic_eth,
+            len::ATOMIC_ETH,
+        )
+        .and_then(|b| AtomicEthRepr::parse_bytes(b).ok())
     }
     pub fn atomic_ack_eth(&self) -> Option<AtomicAckEthRepr> {
         self.ext(
@@ -190,16 +194,18 @@ impl PacketRepr {
 
     /// Check that the headers present are exactly those the opcode carries.
     pub fn validate(&self) -> Result<&'static OpcodeInfo> {
-        let info = self
-            .info()
-            .ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
+        let info = self.info().ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
         let e = &self.ext;
         let pairs = [
             (Flags::DETH, e.deth.is_some(), "DETH"),
             (Flags::RETH, e.reth.is_some(), "RETH"),
             (Flags::ATOMIC_ETH, e.atomic_eth.is_some(), "AtomicETH"),
             (Flags::AETH, e.aeth.is_some(), "AETH"),
-            (Flags::ATOMIC_ACK_ETH, e.atomic_ack_eth.is_some(), "AtomicAckETH"),
+            (
+                Flags::ATOMIC_ACK_ETH,
+                e.atomic_ack_eth.is_some(),
+                "AtomicAckETH",
+            ),
             (Flags::IMMDT, e.immdt.is_some(), "ImmDt"),
             (Flags::IETH, e.ieth.is_some(), "IETH"),
         ];
@@ -241,7 +247,9 @@ impl PacketRepr {
     /// (see [`crate::icrc`]). Panics if `buf` is shorter than [`Self::wire_len`]
     /// or the headers do not match the opcode: both are caller bugs.
     pub fn emit_headers(&self, buf: &mut [u8]) {
-        let info = self.validate().expect("PacketRepr does not match its opcode");
+        let info = self
+            .validate()
+            .expect("PacketRepr does not match its opcode");
         let wire = self.wire_len();
         let buf = &mut buf[..wire];
         let mut bth = self.bth;

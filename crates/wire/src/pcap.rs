@@ -182,7 +182,11 @@ impl<W: Write> PcapWriter<W> {
     }
 
     /// Append one frame, cut to the snap length, stamped `since_epoch`.
-    pub fn write_frame(&mut self, since_epoch: std::time::Duration, frame: &[u8]) -> io::Result<()> {
+    pub fn write_frame(
+        &mut self,
+        since_epoch: std::time::Duration,
+        frame: &[u8],
+    ) -> io::Result<()> {
         let incl = frame.len().min(self.snaplen as usize);
         let mut h = [0u8; 16];
         h[0..4].copy_from_slice(&(since_epoch.as_secs() as u32).to_le_bytes());
@@ -209,13 +213,18 @@ mod tests {
     #[test]
     fn write_then_read() {
         let mut w = PcapWriter::new(Vec::new(), 100).unwrap();
-        w.write_frame(std::time::Duration::new(5, 7), &[1, 2, 3]).unwrap();
-        w.write_frame(std::time::Duration::new(6, 0), &[9; 150]).unwrap();
+        w.write_frame(std::time::Duration::new(5, 7), &[1, 2, 3])
+            .unwrap();
+        w.write_frame(std::time::Duration::new(6, 0), &[9; 150])
+            .unwrap();
         let bytes = w.into_inner();
         let f = PcapFile::parse(&bytes).unwrap();
         let r: Vec<_> = f.records().map(|r| r.unwrap()).collect();
         assert_eq!(r.len(), 2);
-        assert_eq!((r[0].ts_sec, r[0].ts_nsec, r[0].data), (5, 7, &[1u8, 2, 3][..]));
+        assert_eq!(
+            (r[0].ts_sec, r[0].ts_nsec, r[0].data),
+            (5, 7, &[1u8, 2, 3][..])
+        );
         assert_eq!((r[1].orig_len, r[1].data.len()), (150, 100));
         // Cut the file inside the second record.
         let f = PcapFile::parse(&bytes[..bytes.len() - 1]).unwrap();

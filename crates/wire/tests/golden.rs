@@ -108,7 +108,10 @@ fn parse_then_emit_reproduces_every_golden_frame() {
     assert_eq!(total, TSHARK_COUNTS.iter().map(|c| c.1).sum::<usize>());
 }
 
-fn v4_addrs(f: &UdpFrame<'_>) -> Option<(([u8; 4], u16), ([u8; 4], u16), u16, bool)> {
+/// (source, destination, IP ID, DF) of an IPv4 frame.
+type V4Addrs = (([u8; 4], u16), ([u8; 4], u16), u16, bool);
+
+fn v4_addrs(f: &UdpFrame<'_>) -> Option<V4Addrs> {
     match f.ip {
         IpRepr::V4(ip) => Some((
             (ip.src, f.udp.src_port),
@@ -134,7 +137,10 @@ fn hidden_ipv4_fields_are_recovered_or_the_packet_is_rejected() {
             };
             let got = icrc::verify_ipv4_hidden(src, dst, f.payload, true);
             if got != HiddenCheck::Exact {
-                assert_eq!(icrc::verify_ipv4_hidden(src, dst, f.payload, false), HiddenCheck::Corrupt);
+                assert_eq!(
+                    icrc::verify_ipv4_hidden(src, dst, f.payload, false),
+                    HiddenCheck::Corrupt
+                );
             }
             if name == "host_inject_bad-icrc.pcap" && num == 1 {
                 assert_eq!(got, HiddenCheck::Corrupt, "{name} {num}");
@@ -149,7 +155,10 @@ fn hidden_ipv4_fields_are_recovered_or_the_packet_is_rejected() {
         }
     }
     // The host-side Python sender uses ID 0 + DF; rxe increments its IDs.
-    assert!(exact > 0 && recovered > 50 && corrupt == 1, "{exact} {recovered} {corrupt}");
+    assert!(
+        exact > 0 && recovered > 50 && corrupt == 1,
+        "{exact} {recovered} {corrupt}"
+    );
 }
 
 /// Single-bit errors: the exact check (ID 0 senders, i.e. softrdma) catches
@@ -165,7 +174,10 @@ fn hidden_check_against_single_bit_errors() {
     let mut ours = f.payload.to_vec();
     let ip0 = icrc::ipv4_header(src.0, dst.0, 0, true, (ours.len() + 8) as u16);
     icrc::fill(&ip0, f.udp_header, &mut ours);
-    assert_eq!(icrc::verify_ipv4_hidden(src, dst, &ours, false), HiddenCheck::Exact);
+    assert_eq!(
+        icrc::verify_ipv4_hidden(src, dst, &ours, false),
+        HiddenCheck::Exact
+    );
     let mut p = f.payload.to_vec();
     let (mut flips, mut accepted) = (0, 0);
     for byte in 0..p.len() {
@@ -212,18 +224,33 @@ fn reprs(name: &str) -> Vec<PacketRepr> {
 fn golden_fields_match_the_tools_output() {
     // ib_write_bw -s 3000: FIRST carries the RETH with the whole length.
     let w = reprs("rc_write.pcap");
-    let first = w.iter().find(|r| r.bth.opcode == Opcode::RC_RDMA_WRITE_FIRST).unwrap();
+    let first = w
+        .iter()
+        .find(|r| r.bth.opcode == Opcode::RC_RDMA_WRITE_FIRST)
+        .unwrap();
     assert_eq!(first.ext.reth.unwrap().dma_len, 3000);
     assert!(!first.bth.ack_req);
-    let last = w.iter().find(|r| r.bth.opcode == Opcode::RC_RDMA_WRITE_LAST).unwrap();
+    let last = w
+        .iter()
+        .find(|r| r.bth.opcode == Opcode::RC_RDMA_WRITE_LAST)
+        .unwrap();
     assert!(last.bth.ack_req);
     assert_eq!(last.payload_len, 3000 - 2 * 1024);
     // READ request consumes 3 PSNs: its responses carry psn, psn+1, psn+2.
     let r = reprs("rc_read.pcap");
-    let req = r.iter().find(|p| p.bth.opcode == Opcode::RC_RDMA_READ_REQUEST).unwrap();
+    let req = r
+        .iter()
+        .find(|p| p.bth.opcode == Opcode::RC_RDMA_READ_REQUEST)
+        .unwrap();
     let resp: Vec<_> = r
         .iter()
-        .filter(|p| p.bth.opcode.info().unwrap().has(softrdma_wire::opcode::Flags::READ_RESPONSE))
+        .filter(|p| {
+            p.bth
+                .opcode
+                .info()
+                .unwrap()
+                .has(softrdma_wire::opcode::Flags::READ_RESPONSE)
+        })
         .take(3)
         .collect();
     assert_eq!(resp[0].bth.psn, req.bth.psn);
@@ -233,7 +260,10 @@ fn golden_fields_match_the_tools_output() {
     let fa = reprs("rc_atomic_fadd.pcap");
     assert_eq!(fa[0].bth.opcode, Opcode::RC_FETCH_ADD);
     assert_eq!(fa[0].ext.atomic_eth.unwrap().swap_add, 1);
-    let ack = fa.iter().find(|p| p.bth.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE).unwrap();
+    let ack = fa
+        .iter()
+        .find(|p| p.bth.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE)
+        .unwrap();
     assert!(ack.ext.atomic_ack_eth.is_some() && ack.ext.aeth.is_some());
     let cas = reprs("rc_atomic_cas.pcap");
     assert_eq!(cas[0].bth.opcode, Opcode::RC_COMPARE_SWAP);
@@ -246,11 +276,18 @@ fn golden_fields_match_the_tools_output() {
     let gap = reprs("host_inject_psn-gap.pcap");
     let nak = gap
         .iter()
-        .find(|p| p.ext.aeth.is_some_and(|a| a.kind() == Syndrome::Nak(NakCode::PsnSequenceError)))
+        .find(|p| {
+            p.ext
+                .aeth
+                .is_some_and(|a| a.kind() == Syndrome::Nak(NakCode::PsnSequenceError))
+        })
         .expect("a sequence-error NAK");
     assert_eq!(nak.ext.aeth.unwrap().msn, 0);
     // ACKs from rxe: unlimited credits.
     let small = reprs("rc_send_small.pcap");
-    let ack = small.iter().find(|p| p.bth.opcode == Opcode::RC_ACKNOWLEDGE).unwrap();
+    let ack = small
+        .iter()
+        .find(|p| p.bth.opcode == Opcode::RC_ACKNOWLEDGE)
+        .unwrap();
     assert_eq!(ack.ext.aeth.unwrap().kind(), Syndrome::ACK_UNLIMITED);
 }

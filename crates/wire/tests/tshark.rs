@@ -72,8 +72,8 @@ fn repr_for(i: usize, op: Opcode, info: &OpcodeInfo) -> PacketRepr {
     PacketRepr {
         bth: BthRepr {
             opcode: op,
-            solicited: i % 3 == 0,
-            ack_req: i % 2 == 0,
+            solicited: i.is_multiple_of(3),
+            ack_req: i.is_multiple_of(2),
             migreq: i % 5 == 1,
             pkey: if i % 4 == 1 {
                 0x8000 | k as u16

@@ -20,12 +20,18 @@ struct Cli {
 enum Cmd {
     /// Decode the RoCEv2 packets of a pcap file, one line each.
     Decode(cmd::decode::Args),
+    /// Show the devices and their attributes (like ibv_devinfo).
+    Devinfo(cmd::devinfo::Args),
+    /// perftest-style benchmarks: write_bw, read_lat, send_bw, atomic_lat, ...
+    Perf(cmd::perf::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Decode(a) => cmd::decode::run(a),
+        Cmd::Devinfo(a) => cmd::devinfo::run(a),
+        Cmd::Perf(a) => cmd::perf::run(a),
     };
     match r {
         Ok(code) => code,

@@ -282,8 +282,10 @@ impl Endpoint {
         Ok(n)
     }
 
-    /// Arm a CQ's notification (`ibv_req_notify_cq`). If completions are
-    /// already waiting, the notification fires at once.
+    /// Arm a CQ's notification (`ibv_req_notify_cq`): the next completion
+    /// added to it (with `solicited_only`, the next solicited or
+    /// unsuccessful one) raises [`Event::CompNotify`] once. Completions
+    /// already waiting raise nothing, as in verbs: arm, then poll again.
     pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<(), Error> {
         let c = self.cq_mut(cq)?;
         c.armed = if solicited_only {
@@ -754,6 +756,13 @@ impl Endpoint {
                 qp.handle_timeout(now, &mut self.shared);
             }
         }
+    }
+
+    /// Whether no work queue holds a work request (so no queued work can
+    /// point into memory that is about to be freed).
+    pub fn all_queues_idle(&self) -> bool {
+        self.qps.iter().flatten().all(|q| q.queues_empty())
+            && self.shared.srqs.iter().flatten().all(|(_, q)| q.len() == 0)
     }
 
     /// The next asynchronous event or completion notification.

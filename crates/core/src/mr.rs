@@ -180,6 +180,12 @@ impl MrTable {
     }
 
     /// Validate a remote access and translate it.
+    ///
+    /// A zero-length access touches no memory, and IBA (C9-88) says its
+    /// R_Key and VA are not validated — a zero-byte RDMA WRITE (with
+    /// immediate, typically) or READ need not carry either, and rxe and mlx5
+    /// accept one with rkey 0. It translates to address 0, which no caller
+    /// may dereference (there are no bytes to move).
     pub fn check_remote(
         &self,
         pd: PdId,
@@ -188,6 +194,9 @@ impl MrTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<u64, RemoteAccessError> {
+        if len == 0 {
+            return Ok(0);
+        }
         let mr = self
             .by_key(rkey)
             .filter(|m| m.rkey == rkey && m.rkey_valid)
@@ -197,9 +206,6 @@ impl MrTable {
         }
         if !mr.access.contains(need) {
             return Err(RemoteAccessError::AccessDenied);
-        }
-        if len == 0 {
-            return Ok(mr.host_addr);
         }
         mr.translate(va, len).ok_or(RemoteAccessError::OutOfBounds)
     }

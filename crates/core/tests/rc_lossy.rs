@@ -120,3 +120,48 @@ fn lossy_links_deliver_everything() {
         lossy(seed, 0.10);
     }
 }
+
+/// Go-back-N's known cost, measured: how many packets a 4 MiB WRITE
+/// (1024 packets at MTU 4096, a 256-packet window) takes at a given loss
+/// rate. Printed for docs/PERFORMANCE.md (`-- --nocapture`); what is
+/// asserted is only that everything arrives.
+#[test]
+fn go_back_n_cost() {
+    const PKTS: u64 = 1024;
+    for loss in [0.001, 0.01, 0.05, 0.10] {
+        let mut sent = 0;
+        let seeds = 1..=3u64;
+        for seed in seeds.clone() {
+            let o = Opts {
+                mtu: softrdma_core::qp::attr::Mtu::B4096,
+                timeout: 8,
+                ..Default::default()
+            };
+            let (mut sim, qa, qb) = pair(seed, 9 << 20, &o);
+            sim.set_default_link(LinkConfig::default().delay(5_000).loss(loss));
+            let len = (PKTS * 4096) as u32;
+            pattern(sim.node_mut(0), MEM_BASE, len as usize, seed as u8);
+            let op = SendOp::Write {
+                remote_addr: MEM_BASE + (4 << 20),
+                rkey: qb.rkey,
+            };
+            sim.node_mut(0)
+                .post(&qa, 1, op, MEM_BASE, len, SendFlags::SIGNALED)
+                .unwrap();
+            sim.run_until_idle(60 * SEC).expect("no hang");
+            let done = sim.node_mut(0).poll_cq(qa.scq);
+            assert_eq!(statuses(&done), [(1, WcStatus::Success)]);
+            assert_eq!(
+                sim.node(1).mem.slice(MEM_BASE + (4 << 20), len as usize),
+                sim.node(0).mem.slice(MEM_BASE, len as usize)
+            );
+            sent += sim.node(0).ep.stats().tx_packets;
+        }
+        let per_run = sent as f64 / 3.0;
+        eprintln!(
+            "loss {:>5.1}%: {per_run:>7.0} packets for {PKTS} ({:.1}x)",
+            loss * 100.0,
+            per_run / PKTS as f64
+        );
+    }
+}

@@ -43,7 +43,10 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 if a.json {
                     writeln!(out, "{{\"frame\":{n},\"malformed\":\"pcap record cut short by the end of the file\"}}")?;
                 } else {
-                    writeln!(out, "{n:>6} MALFORMED: pcap record cut short by the end of the file")?;
+                    writeln!(
+                        out,
+                        "{n:>6} MALFORMED: pcap record cut short by the end of the file"
+                    )?;
                 }
                 break;
             }

@@ -1,1 +1,3 @@
 pub mod decode;
+pub mod devinfo;
+pub mod perf;

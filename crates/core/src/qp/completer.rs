@@ -31,6 +31,12 @@ pub(crate) struct Completer {
     /// End of an RNR back-off; the requester is paused until then.
     rnr_until: Option<Nanos>,
     rnr_psn: Psn,
+    /// The PSN a NAK or implied NAK last sent the requester back to, until
+    /// the next progress. More evidence of the same loss — every response
+    /// behind a gap in a READ stream, a duplicated NAK, a re-sent ACK past a
+    /// READ — must not go back again, nor spend the retry budget once per
+    /// packet (rxe's `started_retry`). A timeout always goes back.
+    retried_at: Option<Psn>,
 }
 
 impl Completer {
@@ -146,7 +152,7 @@ impl Qp {
                 self.retry(now, ctx, false);
                 return Flow::Stop;
             }
-            self.sq.pop_tail();
+            self.retire_tail();
             self.comp.psn = w.last_psn().next();
             progressed = true;
             if w.signaled {
@@ -170,10 +176,39 @@ impl Qp {
     fn progress(&mut self, now: Nanos) {
         self.comp.retry_left = self.attr.retry_cnt;
         self.comp.rnr_left = self.attr.rnr_retry;
+        self.comp.retried_at = None;
         self.comp.timer = None;
         if self.comp.psn.before(self.req.hwm) {
             self.comp.arm_timer(now, self.attr.timeout);
         }
+        // Go-back-N may have put the requester behind what has now been
+        // acknowledged (a late ACK or response for the first transmission
+        // overtook the resend): move it up, never resend acknowledged PSNs.
+        // Left behind, it would also sit outside the window, which is
+        // measured from `comp.psn`, until the next timeout.
+        if self.requester_psn().before(self.comp.psn) {
+            let p = self.comp.psn;
+            self.rewind(p);
+        }
+    }
+
+    /// The PSN of the next packet the requester will send.
+    fn requester_psn(&self) -> Psn {
+        match self.sq.get(self.sq.send) {
+            Some(w) if w.state == SendState::Sent => w.first_psn.add(self.req.pkt_idx),
+            _ => self.req.next_psn,
+        }
+    }
+
+    /// Retire the acknowledged WQE at the tail. If the requester was (re)sending
+    /// it, it moves on to the first packet of the next one: its packet index
+    /// belonged to the retired WQE and means nothing in the next (left as it
+    /// was, it skipped packets there, or ran past the end of a shorter one).
+    fn retire_tail(&mut self) -> Option<super::queue::SendWqe> {
+        if self.sq.send == self.sq.tail {
+            self.req.pkt_idx = 0;
+        }
+        self.sq.pop_tail()
     }
 
     fn on_read_response(
@@ -250,7 +285,7 @@ impl Qp {
 
     /// Complete the READ/atomic at the tail successfully.
     fn complete_tail(&mut self, byte_len: u32, ctx: &mut Ctx<'_>) {
-        let w = self.sq.pop_tail().expect("tail present");
+        let w = self.retire_tail().expect("tail present");
         if w.op.is_read_or_atomic() {
             self.req.rd_atomic_inflight -= 1;
         }
@@ -317,13 +352,18 @@ impl Qp {
     }
 
     /// Spend one retry and rewind the requester to `p`, or fail the QP when
-    /// the budget is gone.
-    fn retry_from(&mut self, _now: Nanos, p: Psn, ctx: &mut Ctx<'_>, _timeout: bool) {
+    /// the budget is gone. A NAK for a loss already being repaired (no
+    /// progress since going back to `p`) changes nothing.
+    fn retry_from(&mut self, _now: Nanos, p: Psn, ctx: &mut Ctx<'_>, timeout: bool) {
+        if !timeout && self.comp.retried_at == Some(p) {
+            return;
+        }
         if self.comp.retry_left == 0 {
             self.fail_tail(WcStatus::RetryExcErr, ctx);
             return;
         }
         self.comp.retry_left -= 1;
+        self.comp.retried_at = Some(p);
         self.comp.timer = None;
         self.rewind(p);
     }

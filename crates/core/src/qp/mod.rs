@@ -172,7 +172,13 @@ impl Qp {
         self.req = Requester::default();
         self.comp = Completer::default();
         self.resp = Responder::new(1);
+        // A UD QP's path MTU is the port's, set when it was created; no
+        // modify can set it again, so RESET must not forget it.
+        let mtu = self.attr.path_mtu;
         self.attr = QpAttr::default();
+        if self.qp_type == QpType::Ud {
+            self.attr.path_mtu = mtu;
+        }
     }
 
     /// Enter ERR and complete every outstanding work request with a flush
@@ -205,6 +211,11 @@ impl Qp {
         }
         self.resp.clear_output();
         self.comp.stop_timers();
+    }
+
+    /// No send or receive work request is queued.
+    pub(crate) fn queues_empty(&self) -> bool {
+        self.sq.head == self.sq.tail && self.rq.len() == 0
     }
 
     /// The earliest timer this QP has armed.

@@ -37,6 +37,8 @@ enum Resp {
         psn: Psn,
         orig: u64,
         msn: u32,
+        /// Answers a duplicate (see `Responder::reads_and_atomics_queued`).
+        replay: bool,
     },
     /// A READ response stream: `idx` of `npkts` packets sent so far.
     Read {
@@ -46,6 +48,8 @@ enum Resp {
         idx: u32,
         npkts: u32,
         msn: u32,
+        /// Answers a duplicate (see `Responder::reads_and_atomics_queued`).
+        replay: bool,
     },
 }
 
@@ -161,10 +165,21 @@ impl Responder {
         self.res_next = (self.res_next + 1) % n;
     }
 
+    /// READ and atomic requests accepted and not yet answered in full,
+    /// held against `max_dest_rd_atomic`. Replays for duplicates do not
+    /// count: they are not new requests, and a requester that times out
+    /// while a long READ stream is still queued here asks for it again and
+    /// again — counted, those replays made a legal new READ or atomic look
+    /// like one too many and the QP fail with an invalid request NAK.
     fn reads_and_atomics_queued(&self) -> usize {
         self.out
             .iter()
-            .filter(|r| matches!(r, Resp::Read { .. } | Resp::Atomic { .. }))
+            .filter(|r| {
+                matches!(
+                    r,
+                    Resp::Read { replay: false, .. } | Resp::Atomic { replay: false, .. }
+                )
+            })
             .count()
     }
 }
@@ -391,7 +406,9 @@ impl Qp {
                     None => return self.not_ready(repr.bth.psn, ctx),
                 }
             }
-            mem.write(addr, data);
+            if !data.is_empty() {
+                mem.write(addr, data); // `addr` is 0 for a zero-length WRITE
+            }
             self.resp.cur = Cur::Write {
                 addr: addr + n,
                 remaining: remaining - n,
@@ -440,6 +457,7 @@ impl Qp {
                 idx: 0,
                 npkts,
                 msn,
+                replay: false,
             });
             self.resp.epsn = psn.add(npkts);
             return Ok(true);
@@ -468,7 +486,12 @@ impl Qp {
             self.resp.remember(Res::Atomic { psn, orig });
             self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
             let msn = self.resp.msn;
-            self.resp.out.push_back(Resp::Atomic { psn, orig, msn });
+            self.resp.out.push_back(Resp::Atomic {
+                psn,
+                orig,
+                msn,
+                replay: false,
+            });
             return Ok(true);
         }
         Err(invalid)
@@ -546,6 +569,7 @@ impl Qp {
                 idx: 0,
                 npkts,
                 msn,
+                replay: true,
             });
         } else if info.has(Flags::ATOMIC) {
             let cached = self.resp.res.iter().flatten().find_map(|r| match *r {
@@ -553,7 +577,12 @@ impl Qp {
                 _ => None,
             });
             if let Some(orig) = cached {
-                self.resp.out.push_back(Resp::Atomic { psn, orig, msn });
+                self.resp.out.push_back(Resp::Atomic {
+                    psn,
+                    orig,
+                    msn,
+                    replay: true,
+                });
             }
         } else {
             // SEND/WRITE: acknowledge everything received so far.
@@ -662,6 +691,7 @@ impl Qp {
         let front = *self.resp.out.front()?;
         let mut segs = Segs::default();
         let mtu = self.mtu() as u64;
+        let queued = self.resp.out.len();
         let (op, psn, ext, payload_len) = match front {
             Resp::Ack { psn, syndrome, msn } => {
                 self.resp.out.pop_front();
@@ -671,7 +701,7 @@ impl Qp {
                 };
                 (Opcode::RC_ACKNOWLEDGE, psn, ext, 0)
             }
-            Resp::Atomic { psn, orig, msn } => {
+            Resp::Atomic { psn, orig, msn, .. } => {
                 self.resp.out.pop_front();
                 let ext = ExtRepr {
                     aeth: Some(AethRepr::new(Syndrome::ACK_UNLIMITED, msn)),
@@ -687,6 +717,7 @@ impl Qp {
                 idx,
                 npkts,
                 msn,
+                ..
             } => {
                 let off = idx as u64 * mtu;
                 let n = (len - off.min(len)).min(mtu);
@@ -733,7 +764,11 @@ impl Qp {
             payload_len,
         };
         repr.emit_headers(buf);
-        if let Some((left, ev)) = self.resp.fatal.as_mut() {
+        // The fatal NAK's countdown is in queue entries, not packets: a READ
+        // response stream ahead of it is one entry, and the QP may go to
+        // ERR only once the NAK itself has left.
+        let entry_done = self.resp.out.len() < queued;
+        if let (Some((left, ev)), true) = (self.resp.fatal.as_mut(), entry_done) {
             *left -= 1;
             if *left == 0 {
                 let ev = *ev;

@@ -8,15 +8,20 @@
 //! receive path does for softrdma peers.
 #![allow(dead_code)]
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use softrdma_core::cq::CqId;
 use softrdma_core::mr::{Memory, PdId, VecMemory};
 use softrdma_core::qp::attr::{AccessFlags, AttrMask, Mtu, QpAttr};
 use softrdma_core::qp::state::{QpState, QpType};
 use softrdma_core::qp::QpCap;
-use softrdma_core::wc::Completion;
-use softrdma_core::{Endpoint, EndpointConfig, QpInit, RxMeta};
+use softrdma_core::wc::{Completion, WcStatus};
+use softrdma_core::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use softrdma_core::{Endpoint, EndpointConfig, Error, QpInit, RxMeta};
 use softrdma_netsim::{Node, NodeId, Sim};
-use softrdma_wire::icrc;
+use softrdma_wire::ext::{NakCode, Syndrome};
+use softrdma_wire::{icrc, Packet, PacketRepr};
 
 pub const MEM_BASE: u64 = 0x1000_0000;
 
@@ -40,6 +45,14 @@ pub struct Wire {
     pub bytes: Vec<u8>,
 }
 
+/// A test's rule for losing datagrams on purpose: the next `times`
+/// datagrams this host sends for which `pred` holds are dropped before they
+/// reach the network.
+pub struct DropRule {
+    pub times: usize,
+    pub pred: Box<dyn FnMut(&PacketRepr) -> bool>,
+}
+
 pub struct Host {
     pub id: NodeId,
     pub ep: Endpoint,
@@ -48,6 +61,18 @@ pub struct Host {
     /// Datagrams this host sent, if recording.
     pub sent: Vec<Vec<u8>>,
     pub record: bool,
+    /// Shared with the other hosts of a test: every datagram sent, in order.
+    pub trace: Option<Trace>,
+    /// Datagrams to lose on purpose (see [`Host::drop_next`]).
+    pub drops: Vec<DropRule>,
+    /// Send at most `.0` datagrams, then pause for `.1` ns: a sender with a
+    /// finite packet rate, whose IO loop takes in packets between batches,
+    /// so ACKs can arrive while a window is still being (re)sent. `None`:
+    /// everything ready goes at once.
+    pub pace: Option<(usize, u64)>,
+    /// Pacing: datagrams sent in the current batch, and when the next may go.
+    batch: usize,
+    next_tx: u64,
     head: Vec<u8>,
 }
 
@@ -65,8 +90,72 @@ impl Host {
             icrc_drops: 0,
             sent: Vec::new(),
             record: false,
+            trace: None,
+            drops: Vec::new(),
+            pace: None,
+            batch: 0,
+            next_tx: 0,
             head: vec![0; 4096 + 128],
         }
+    }
+
+    /// Drop the next `times` datagrams this host sends that match `pred`
+    /// (`usize::MAX`: all of them, for as long as the rule stands).
+    pub fn drop_next(&mut self, times: usize, pred: impl FnMut(&PacketRepr) -> bool + 'static) {
+        self.drops.push(DropRule {
+            times,
+            pred: Box::new(pred),
+        });
+    }
+
+    /// Whether a drop rule takes this datagram (and uses up one of its drops).
+    fn should_drop(&mut self, r: &PacketRepr) -> bool {
+        for rule in &mut self.drops {
+            if rule.times > 0 && (rule.pred)(r) {
+                rule.times -= 1;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Post a send work request with one SGE over `[addr, addr + len)` of
+    /// this host's memory (no SGE at all when `len` is 0).
+    pub fn post(
+        &mut self,
+        q: &QpEnd,
+        wr_id: u64,
+        op: SendOp,
+        addr: u64,
+        len: u32,
+        flags: SendFlags,
+    ) -> Result<(), Error> {
+        let sge = [Sge {
+            addr,
+            length: len,
+            lkey: q.lkey,
+        }];
+        let sgl: &[Sge] = if len == 0 { &[] } else { &sge };
+        let wr = SendWr {
+            wr_id,
+            op,
+            sgl,
+            flags,
+            ud: None,
+        };
+        self.ep.post_send(q.qpn, &wr, &self.mem)
+    }
+
+    /// Post a receive of one SGE over `[addr, addr + len)`.
+    pub fn post_recv(&mut self, q: &QpEnd, wr_id: u64, addr: u64, len: u32) {
+        let sge = [Sge {
+            addr,
+            length: len,
+            lkey: q.lkey,
+        }];
+        self.ep
+            .post_recv(q.qpn, &RecvWr { wr_id, sgl: &sge })
+            .unwrap();
     }
 
     pub fn poll_cq(&mut self, cq: CqId) -> Vec<Completion> {
@@ -111,6 +200,62 @@ impl Node for Host {
     }
 
     fn poll_transmit(&mut self, now: u64, buf: &mut [u8]) -> Option<(NodeId, usize)> {
+        if let Some((batch, gap)) = self.pace {
+            if now < self.next_tx {
+                return None;
+            }
+            if self.batch == batch {
+                self.batch = 0;
+                self.next_tx = now + gap;
+                return None;
+            }
+        }
+        loop {
+            let Some((to, n)) = self.build(now, buf) else {
+                self.batch = 0;
+                return None;
+            };
+            let pkt = Packet::new_checked(&buf[..n]).expect("the core emits valid packets");
+            let repr = PacketRepr::parse(&pkt).expect("the core emits valid packets");
+            let dropped = self.should_drop(&repr);
+            if let Some(t) = &self.trace {
+                t.borrow_mut().push(Pkt {
+                    t: now,
+                    from: self.id,
+                    to,
+                    dropped,
+                    repr,
+                    payload: pkt.payload().to_vec(),
+                });
+            }
+            if !dropped {
+                self.batch += 1;
+                return Some((to, n));
+            }
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<u64> {
+        let ep = self.ep.poll_timeout();
+        match self.pace {
+            // A paused sender wakes up to send the rest.
+            Some(_) if self.next_tx > 0 => Some(ep.map_or(self.next_tx, |t| t.min(self.next_tx))),
+            _ => ep,
+        }
+    }
+
+    fn handle_timeout(&mut self, now: u64) {
+        if now >= self.next_tx {
+            self.next_tx = 0;
+        }
+        self.ep.handle_timeout(now);
+    }
+}
+
+impl Host {
+    /// What the real UDP backend does with a `Transmit`: one datagram with
+    /// payload, pad and ICRC, into `buf`.
+    fn build(&mut self, now: u64, buf: &mut [u8]) -> Option<(NodeId, usize)> {
         let t = self.ep.poll_transmit(now, &mut self.head)?;
         let mut n = t.head_len;
         buf[..n].copy_from_slice(&self.head[..n]);
@@ -130,14 +275,6 @@ impl Node for Host {
             self.sent.push(buf[..n].to_vec());
         }
         Some((dst_node, n))
-    }
-
-    fn poll_timeout(&self) -> Option<u64> {
-        self.ep.poll_timeout()
-    }
-
-    fn handle_timeout(&mut self, now: u64) {
-        self.ep.handle_timeout(now);
     }
 }
 
@@ -165,6 +302,7 @@ pub struct Opts {
     pub psn_a: u32,
     pub psn_b: u32,
     pub rd_atomic: u8,
+    pub sq_sig_all: bool,
 }
 
 impl Default for Opts {
@@ -190,6 +328,7 @@ impl Default for Opts {
             psn_a: 100,
             psn_b: 0xfffff0,
             rd_atomic: 16,
+            sq_sig_all: false,
         }
     }
 }
@@ -197,19 +336,26 @@ impl Default for Opts {
 /// Create a QP with its own CQs and a full-memory MR on a host.
 pub fn make_qp(h: &mut Host, o: &Opts) -> QpEnd {
     let pd = h.ep.alloc_pd();
-    let scq = h.ep.create_cq(4096).unwrap();
-    let rcq = h.ep.create_cq(4096).unwrap();
     let len = h.mem.bytes.len() as u64;
     let (lkey, rkey) = h.ep.reg_mr(pd, MEM_BASE, MEM_BASE, len, o.access).unwrap();
+    make_qp_in(h, o, pd, (lkey, rkey), None)
+}
+
+/// Create a QP with its own CQs in an existing protection domain whose
+/// full-memory MR has `keys`, optionally attached to a shared receive queue.
+pub fn make_qp_in(h: &mut Host, o: &Opts, pd: PdId, keys: (u32, u32), srq: Option<u32>) -> QpEnd {
+    let (lkey, rkey) = keys;
+    let scq = h.ep.create_cq(4096).unwrap();
+    let rcq = h.ep.create_cq(4096).unwrap();
     let qpn =
         h.ep.create_qp(QpInit {
             qp_type: o.qp_type,
             pd,
             send_cq: scq,
             recv_cq: rcq,
-            srq: None,
+            srq,
             cap: o.cap,
-            sq_sig_all: false,
+            sq_sig_all: o.sq_sig_all,
         })
         .unwrap();
     QpEnd {
@@ -303,4 +449,156 @@ pub fn pattern(h: &mut Host, addr: u64, len: usize, seed: u8) {
     for (i, b) in s.iter_mut().enumerate() {
         *b = (i as u8).wrapping_mul(31).wrapping_add(seed) ^ ((i >> 8) as u8);
     }
+}
+
+// ---- Packet traces -------------------------------------------------------
+
+/// One datagram as a test sees it: when and by whom it was sent, its decoded
+/// headers, and whether a drop rule lost it.
+#[derive(Debug, Clone)]
+pub struct Pkt {
+    pub t: u64,
+    pub from: NodeId,
+    pub to: NodeId,
+    pub dropped: bool,
+    pub repr: PacketRepr,
+    pub payload: Vec<u8>,
+}
+
+/// Every datagram the hosts of a test sent, in the order they sent them.
+pub type Trace = Rc<RefCell<Vec<Pkt>>>;
+
+/// Give every host of `sim` one shared trace and return it.
+pub fn trace(sim: &mut Sim<Host>, nodes: &[NodeId]) -> Trace {
+    let t: Trace = Rc::new(RefCell::new(Vec::new()));
+    for &n in nodes {
+        sim.node_mut(n).trace = Some(t.clone());
+    }
+    t
+}
+
+/// The short name of an opcode: its IBA name without "RC" and "RDMA", e.g.
+/// `WRITE_FIRST`, `READ_RESPONSE_LAST`, `ACKNOWLEDGE`, `UC_SEND_ONLY`.
+pub fn op_name(op: softrdma_wire::Opcode) -> String {
+    let n = op.name().replace("RDMA ", "");
+    let n = n.strip_prefix("RC ").unwrap_or(&n);
+    n.to_uppercase().replace(' ', "_")
+}
+
+/// An AETH syndrome as a trace line shows it.
+pub fn syndrome_name(s: Syndrome) -> String {
+    match s {
+        Syndrome::Ack { .. } => "ACK".into(),
+        Syndrome::RnrNak { timer } => format!("RNR-NAK timer={timer}"),
+        Syndrome::Nak(NakCode::PsnSequenceError) => "NAK-SEQ".into(),
+        Syndrome::Nak(NakCode::InvalidRequest) => "NAK-INV-REQ".into(),
+        Syndrome::Nak(NakCode::RemoteAccessError) => "NAK-ACCESS".into(),
+        Syndrome::Nak(NakCode::RemoteOperationalError) => "NAK-OP".into(),
+        Syndrome::Nak(c) => format!("NAK-{}", c.bits()),
+        Syndrome::Reserved(b) => format!("RESERVED-{b:#x}"),
+    }
+}
+
+impl Pkt {
+    pub fn psn(&self) -> u32 {
+        self.repr.bth.psn.value()
+    }
+
+    /// `A WRITE_FIRST 100`, `B ACKNOWLEDGE 103 [NAK-SEQ msn=0]`, with
+    /// ` ackreq` when the AckReq bit is set and ` DROPPED` when a drop rule
+    /// took it. Node 0 is `A`, node 1 is `B`.
+    pub fn line(&self) -> String {
+        let side = (b'A' + self.from as u8) as char;
+        let mut s = format!("{side} {} {}", op_name(self.repr.bth.opcode), self.psn());
+        if self.repr.bth.ack_req {
+            s.push_str(" ackreq");
+        }
+        if let Some(a) = self.repr.ext.aeth {
+            s.push_str(&format!(" [{} msn={}]", syndrome_name(a.kind()), a.msn));
+        }
+        if self.dropped {
+            s.push_str(" DROPPED");
+        }
+        s
+    }
+}
+
+/// The trace as lines (see [`Pkt::line`]).
+pub fn lines(t: &Trace) -> Vec<String> {
+    t.borrow().iter().map(Pkt::line).collect()
+}
+
+/// A datagram as `from` would send it to `to`: `repr`'s headers, `payload`,
+/// pad and a correct ICRC, for [`Sim::inject`].
+pub fn forge(from: NodeId, to: NodeId, repr: &PacketRepr, payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; repr.wire_len()];
+    repr.emit_with_payload(&mut buf, payload);
+    let udp_len = (buf.len() + 8) as u16;
+    let ip = icrc::ipv4_header(v4(&gid_of(from)), v4(&gid_of(to)), 0, true, udp_len);
+    let udp = icrc::udp_header(4791, 4791, udp_len);
+    icrc::fill(&ip, &udp, &mut buf);
+    buf
+}
+
+// ---- Completions ---------------------------------------------------------
+
+/// (wr_id, status) of each completion, the part most assertions look at.
+pub fn statuses(v: &[Completion]) -> Vec<(u64, WcStatus)> {
+    v.iter().map(|c| (c.wr_id, c.status)).collect()
+}
+
+/// The memory regions of a test are all of a host's memory, so every
+/// `[addr, addr + len)` below is inside them.
+pub fn region(base_mib: u64) -> u64 {
+    MEM_BASE + (base_mib << 20)
+}
+
+pub const SEC: u64 = 1_000_000_000;
+pub const US: u64 = 1_000;
+
+// ---- Carrying packets by hand --------------------------------------------
+
+impl Host {
+    /// Up to `max` datagrams the host has to send now, for tests that carry
+    /// packets by hand instead of through a simulated link (`usize::MAX`:
+    /// all of them).
+    pub fn take(&mut self, now: u64, max: usize) -> Vec<Vec<u8>> {
+        let mut buf = vec![0u8; softrdma_netsim::MAX_DATAGRAM];
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some((_, n)) = Node::poll_transmit(self, now, &mut buf) else {
+                break;
+            };
+            out.push(buf[..n].to_vec());
+        }
+        out
+    }
+
+    /// Fire the host's timers due at `now`.
+    pub fn handle_timeout_at(&mut self, now: u64) {
+        self.ep.handle_timeout(now);
+    }
+
+    /// Hand the host a datagram from node `from`.
+    pub fn deliver(&mut self, now: u64, from: NodeId, bytes: &[u8]) {
+        Node::handle_packet(self, now, from, bytes);
+    }
+}
+
+/// The trace line (see [`Pkt::line`]) of a datagram sent by `from`.
+pub fn describe(from: NodeId, bytes: &[u8]) -> String {
+    let pkt = Packet::new_checked(bytes).unwrap();
+    Pkt {
+        t: 0,
+        from,
+        to: 1 - from,
+        dropped: false,
+        repr: PacketRepr::parse(&pkt).unwrap(),
+        payload: pkt.payload().to_vec(),
+    }
+    .line()
+}
+
+pub fn describe_all(from: NodeId, v: &[Vec<u8>]) -> Vec<String> {
+    v.iter().map(|b| describe(from, b)).collect()
 }

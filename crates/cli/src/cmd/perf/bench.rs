@@ -1,0 +1,587 @@
+//! The measured loops, as perftest runs them: the client keeps `tx_depth`
+//! work requests in flight per QP, signals one in `cq_mod`, and times from
+//! the first post to the last completion; latency tests ping-pong one
+//! message at a time and time consecutive posts.
+
+use std::time::{Duration, Instant};
+
+use softrdma_verbs::*;
+use std::result::Result;
+
+use super::report::{BwResult, LatResult};
+use super::setup::{inc, pattern, Res};
+use super::{AtomicType, Params, Verb};
+
+type R<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn blank() -> Completion {
+    Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm_or_inv: 0,
+        qp_num: 0,
+        src_qp: 0,
+        wc_flags: 0,
+        vendor_err: 0,
+    }
+}
+
+fn check_wc(c: &Completion, side: &str) -> R<()> {
+    if c.status != WcStatus::Success {
+        return Err(format!(
+            " Completion with error at {side}\n Failed status {}: wr_id {} ({})",
+            c.status as u32, c.wr_id, c.status
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Wait for completions: poll, or (with -e) sleep on the channel first.
+fn poll(r: &Res, cq: &Cq, p: &Params, out: &mut [Completion]) -> R<usize> {
+    if p.events {
+        if let Some(ch) = &r.chan {
+            cq.req_notify(false)?;
+            let n = cq.poll(out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            ch.get_event(Some(Duration::from_secs(60)))?
+                .ok_or(" Timed out waiting for a completion event")?;
+        }
+    }
+    Ok(cq.poll(out)?)
+}
+
+/// Stop waiting for progress that will not come.
+struct Watchdog {
+    last: Instant,
+}
+
+impl Watchdog {
+    fn new() -> Self {
+        Watchdog {
+            last: Instant::now(),
+        }
+    }
+    fn progress(&mut self) {
+        self.last = Instant::now();
+    }
+    fn check(&self) -> R<()> {
+        if self.last.elapsed() > Duration::from_secs(120) {
+            return Err(" Did not get Message for 120 Seconds, exiting..".into());
+        }
+        Ok(())
+    }
+}
+
+fn op_for(r: &Res, p: &Params, i: usize, roff: u64) -> SendOp {
+    let t = &r.theirs[i];
+    match p.test.verb() {
+        Verb::Send => SendOp::Send,
+        Verb::Write => SendOp::Write {
+            remote_addr: t.vaddr + roff,
+            rkey: t.rkey,
+        },
+        Verb::Read => SendOp::Read {
+            remote_addr: t.vaddr + roff,
+            rkey: t.rkey,
+        },
+        Verb::Atomic => match p.atomic {
+            AtomicType::FetchAndAdd => SendOp::FetchAdd {
+                remote_addr: t.vaddr + roff,
+                rkey: t.rkey,
+                add: 1,
+            },
+            AtomicType::CmpAndSwap => SendOp::CompareSwap {
+                remote_addr: t.vaddr + roff,
+                rkey: t.rkey,
+                compare: 0,
+                swap: 0,
+            },
+        },
+    }
+}
+
+/// The number of address slots the bandwidth loop cycles through.
+fn cycle_slots(r: &Res, size: u64) -> u64 {
+    if size as usize <= r.cycle / 2 {
+        (r.cycle / inc(size as usize, r.cache_line)) as u64
+    } else {
+        1
+    }
+}
+
+/// The client side of the bandwidth tests (and of send_bw).
+pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
+    let n = r.qps.len();
+    let iters = p.iters;
+    let step = inc(size as usize, r.cache_line) as u64;
+    let slots = cycle_slots(r, size);
+    let mut posted = vec![0u64; n];
+    let mut done = vec![0u64; n];
+    let total_target = if p.duration.is_some() {
+        u64::MAX
+    } else {
+        iters * n as u64
+    };
+    let mut tposted: Vec<u64> =
+        Vec::with_capacity(if p.no_peak { 0 } else { total_target as usize });
+    let mut tcompleted: Vec<u64> =
+        Vec::with_capacity(if p.no_peak { 0 } else { total_target as usize });
+    let mut wcs = [blank(); 16];
+    let start = Instant::now();
+    let ns = |t: Instant| t.duration_since(start).as_nanos() as u64;
+    let deadline = p.duration.map(|d| start + Duration::from_secs(d));
+    let margin = p.duration.map(|d| Duration::from_secs(d) / 4);
+    let mut sample: Option<(Instant, u64)> = None;
+    let mut sample_end: Option<(Instant, u64)> = None;
+    let mut completed_total = 0u64;
+    let mut dog = Watchdog::new();
+    loop {
+        // Post while there is room.
+        let mut progress = false;
+        for i in 0..n {
+            while posted[i] - done[i] < p.tx_depth as u64
+                && (p.duration.is_some() || posted[i] < iters)
+                && deadline.is_none_or(|d| Instant::now() < d)
+            {
+                let k = posted[i];
+                let off = (k % slots) * step;
+                let sge = [r.mr.sge(r.local_off(i) + off as usize, size as u32)];
+                let last = p.duration.is_none() && k + 1 == iters;
+                let signaled = (k + 1) % p.cq_mod as u64 == 0 || last;
+                let mut flags = if signaled {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::default()
+                };
+                if p.inline > 0 && size <= p.inline as u64 {
+                    flags = flags | SendFlags::INLINE;
+                }
+                let wr = SendWr {
+                    wr_id: i as u64,
+                    op: op_for(r, p, i, off),
+                    sgl: &sge,
+                    flags,
+                    ud: (p.conn == QpType::Ud).then(|| r.ud_dest(i)),
+                };
+                if !p.no_peak {
+                    tposted.push(ns(Instant::now()));
+                }
+                r.qps[i].post_send(&wr)?;
+                posted[i] += 1;
+                progress = true;
+            }
+        }
+        // Reap.
+        let got = poll(r, &r.scq, p, &mut wcs)?;
+        for c in &wcs[..got] {
+            check_wc(c, "client")?;
+            let i = c.wr_id as usize;
+            let mut k = p.cq_mod as u64;
+            if p.duration.is_none() && done[i] + k > iters {
+                k = iters - done[i];
+            }
+            done[i] += k;
+            completed_total += k;
+            if !p.no_peak {
+                let t = ns(Instant::now());
+                for _ in 0..k {
+                    tcompleted.push(t);
+                }
+            }
+        }
+        if got > 0 || progress {
+            dog.progress();
+        } else {
+            dog.check()?;
+        }
+        if let (Some(d), Some(m)) = (deadline, margin) {
+            let now = Instant::now();
+            if sample.is_none() && now >= start + m {
+                sample = Some((now, completed_total));
+            }
+            if sample_end.is_none() && now >= d - m {
+                sample_end = Some((now, completed_total));
+            }
+            if now >= d {
+                break; // what is still in flight is flushed when the QPs go
+            }
+        } else if done.iter().all(|&d| d >= iters) {
+            break;
+        }
+    }
+    let end = Instant::now();
+    let (t, count) = match (sample, sample_end) {
+        (Some((a, ca)), Some((b, cb))) => ((b - a).as_secs_f64(), cb - ca),
+        _ => {
+            let t = if p.no_peak {
+                (end - start).as_secs_f64()
+            } else {
+                (tcompleted.last().copied().unwrap_or(1) - tposted.first().copied().unwrap_or(0))
+                    as f64
+                    / 1e9
+            };
+            (t, completed_total)
+        }
+    };
+    let t = t.max(1e-9);
+    let avg = size as f64 * count as f64 / t;
+    let peak = if p.no_peak {
+        0.0
+    } else {
+        peak_bw(&tposted, &tcompleted, p.cq_mod as usize, size)
+    };
+    Ok(BwResult {
+        size,
+        iters: if p.duration.is_some() { count } else { iters },
+        peak,
+        avg,
+        msg_rate: count as f64 / t,
+    })
+}
+
+/// perftest's peak: the best per-message time over post→completion windows
+/// on the completion-moderation grid.
+fn peak_bw(tp: &[u64], tc: &[u64], cq_mod: usize, size: u64) -> f64 {
+    let n = tp.len().min(tc.len());
+    if n == 0 {
+        return 0.0;
+    }
+    let mut best = (tc[0].saturating_sub(tp[0])).max(1);
+    let stride = cq_mod.max(1);
+    let mut i = 0;
+    while i < n {
+        let mut j = (i + 1).div_ceil(stride) * stride;
+        j = j.max(1) - 1;
+        while j < n {
+            let d = tc[j].saturating_sub(tp[i]) / (j - i + 1) as u64;
+            if d > 0 && d < best {
+                best = d;
+            }
+            j += stride;
+        }
+        i += 1 + n / 2000; // bound the work on long runs
+    }
+    size as f64 * 1e9 / best as f64
+}
+
+/// Post `count` receives per QP, cycling over the receive slice.
+pub fn post_receives(r: &Res, p: &Params, size: u64, count: u32) -> R<()> {
+    let slots = cycle_slots(r, size);
+    let step = inc(size as usize, r.cache_line) as u64;
+    let ud = if p.conn == QpType::Ud { 40 } else { 0 };
+    for (i, qp) in r.qps.iter().enumerate() {
+        for k in 0..count as u64 {
+            let off = r.target_off(i) + ((k % slots) * step) as usize;
+            let sge = [r.mr.sge(off, size as u32 + ud)];
+            qp.post_recv(&RecvWr {
+                wr_id: i as u64 | (k << 32),
+                sgl: &sge,
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The send_bw server: receive iters per QP, reposting as it goes. Returns
+/// the receive-side rate and whether every message checked out.
+pub fn send_bw_server(r: &Res, p: &Params, size: u64) -> R<(BwResult, bool)> {
+    let n = r.qps.len();
+    let cq = r.rcq.as_ref().expect("send tests have a receive CQ");
+    let mut recvd = vec![0u64; n];
+    let mut posted = vec![p.rx_depth as u64; n];
+    let slots = cycle_slots(r, size);
+    let step = inc(size as usize, r.cache_line) as u64;
+    let ud = if p.conn == QpType::Ud { 40 } else { 0 };
+    let mut wcs = [blank(); 16];
+    let mut first: Option<Instant> = None;
+    let mut ok = true;
+    let mut dog = Watchdog::new();
+    let deadline = p.duration.map(|d| Instant::now() + Duration::from_secs(d));
+    let mut total = 0u64;
+    let mut msg = vec![0u8; size as usize];
+    loop {
+        let got = poll(r, cq, p, &mut wcs)?;
+        if got == 0 {
+            dog.check()?;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            continue;
+        }
+        dog.progress();
+        first.get_or_insert_with(Instant::now);
+        for c in &wcs[..got] {
+            check_wc(c, "server")?;
+            let i = (c.wr_id & 0xffff_ffff) as usize;
+            let k = c.wr_id >> 32;
+            let off = r.target_off(i) + ((k % slots) * step) as usize;
+            if p.check {
+                let want_len = size as u32 + ud;
+                r.mr.read(off + ud as usize, &mut msg);
+                let good = c.byte_len == want_len
+                    && msg.iter().enumerate().all(|(o, &b)| b == pattern(i, o));
+                if !good {
+                    eprintln!(
+                        " --check: message {} on QP {i} differs (byte_len {})",
+                        recvd[i], c.byte_len
+                    );
+                }
+                ok &= good;
+            }
+            recvd[i] += 1;
+            total += 1;
+            if p.duration.is_some() || posted[i] < p.iters {
+                let sge = [r.mr.sge(off, size as u32 + ud)];
+                let nk = posted[i];
+                r.qps[i].post_recv(&RecvWr {
+                    wr_id: i as u64 | ((nk % slots) << 32),
+                    sgl: &sge,
+                })?;
+                posted[i] += 1;
+            }
+        }
+        if p.duration.is_none() && recvd.iter().all(|&c| c >= p.iters) {
+            break;
+        }
+    }
+    let t = first.map_or(1e-9, |f| f.elapsed().as_secs_f64()).max(1e-9);
+    Ok((
+        BwResult {
+            size,
+            iters: if p.duration.is_some() { total } else { p.iters },
+            peak: 0.0,
+            avg: size as f64 * total as f64 / t,
+            msg_rate: total as f64 / t,
+        },
+        ok,
+    ))
+}
+
+/// perftest's latency statistics over consecutive post intervals.
+fn lat_stats(size: u64, iters: u64, stamps: &[Instant], rtt_factor: f64) -> LatResult {
+    let mut d: Vec<f64> = stamps
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6 / rtt_factor)
+        .collect();
+    d.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    let m = d.len().saturating_sub(2).max(1);
+    let d = &d[..m.min(d.len())];
+    let m = d.len().max(1);
+    let typical = if m % 2 == 0 && m >= 2 {
+        (d[m / 2 - 1] + d[m / 2]) / 2.0
+    } else {
+        d[m / 2]
+    };
+    let avg = d.iter().sum::<f64>() / m as f64;
+    let var = d
+        .iter()
+        .map(|x| ((avg - x) as i64 as f64).powi(2))
+        .sum::<f64>()
+        / m as f64;
+    let at = |q: f64| d[((m as f64 * q).ceil() as usize).min(m - 1)];
+    LatResult {
+        size,
+        iters,
+        min: d[0],
+        max: d[m - 1],
+        typical,
+        avg,
+        stdev: var.sqrt(),
+        p99: at(0.99),
+        p999: at(0.999),
+    }
+}
+
+/// write_lat: each side writes `size` bytes whose last byte counts the
+/// iteration into the other's buffer and spins on its own last byte. The
+/// server writes first.
+pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
+    let poll_off = r.target_off(0) + size as usize - 1;
+    let src = r.local_off(0);
+    let mut stamps = Vec::with_capacity(p.iters as usize);
+    let mut wcs = [blank(); 1];
+    let mut dog = Watchdog::new();
+    for k in 1..=p.iters {
+        let tag = k as u8;
+        if client || k > 1 {
+            let mut spins = 0u32;
+            while r.mr.read_volatile_u8(poll_off) != tag {
+                std::hint::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins % 4096 == 0 {
+                    dog.check()?;
+                }
+            }
+            dog.progress();
+        }
+        r.mr.write(src + size as usize - 1, &[tag]);
+        let sge = [r.mr.sge(src, size as u32)];
+        let flags = if p.inline > 0 && size <= p.inline as u64 {
+            SendFlags::SIGNALED | SendFlags::INLINE
+        } else {
+            SendFlags::SIGNALED
+        };
+        stamps.push(Instant::now());
+        r.qps[0].post_send(&SendWr {
+            wr_id: k,
+            op: op_for(r, p, 0, 0),
+            sgl: &sge,
+            flags,
+            ud: None,
+        })?;
+        loop {
+            let n = r.scq.poll(&mut wcs)?;
+            if n > 0 {
+                check_wc(&wcs[0], if client { "client" } else { "server" })?;
+                break;
+            }
+            dog.check()?;
+        }
+    }
+    Ok(lat_stats(size, p.iters, &stamps, 2.0))
+}
+
+/// send_lat: SEND/receive ping-pong; the client sends first.
+pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
+    let rcq = r.rcq.as_ref().expect("send tests have a receive CQ");
+    let mut stamps = Vec::with_capacity(p.iters as usize);
+    let mut wcs = [blank(); 1];
+    let mut posted = p.rx_depth as u64;
+    let mut dog = Watchdog::new();
+    let ud = if p.conn == QpType::Ud { 40 } else { 0 };
+    for k in 0..p.iters {
+        if !(client && k == 0) {
+            loop {
+                let n = poll(r, rcq, p, &mut wcs)?;
+                if n > 0 {
+                    check_wc(&wcs[0], if client { "client" } else { "server" })?;
+                    break;
+                }
+                dog.check()?;
+            }
+            dog.progress();
+            if posted < p.iters {
+                let sge = [r.mr.sge(r.target_off(0), size as u32 + ud)];
+                r.qps[0].post_recv(&RecvWr {
+                    wr_id: 0,
+                    sgl: &sge,
+                })?;
+                posted += 1;
+            }
+        }
+        let sge = [r.mr.sge(r.local_off(0), size as u32)];
+        let mut flags = SendFlags::SIGNALED;
+        if p.inline > 0 && size <= p.inline as u64 {
+            flags = flags | SendFlags::INLINE;
+        }
+        stamps.push(Instant::now());
+        r.qps[0].post_send(&SendWr {
+            wr_id: k,
+            op: SendOp::Send,
+            sgl: &sge,
+            flags,
+            ud: (p.conn == QpType::Ud).then(|| r.ud_dest(0)),
+        })?;
+        loop {
+            let n = r.scq.poll(&mut wcs)?;
+            if n > 0 {
+                check_wc(&wcs[0], "send")?;
+                break;
+            }
+            dog.check()?;
+        }
+    }
+    Ok(lat_stats(size, p.iters, &stamps, 2.0))
+}
+
+/// read_lat / atomic_lat: one request at a time, full round trip.
+pub fn rd_atomic_lat(r: &Res, p: &Params, size: u64) -> R<LatResult> {
+    let mut stamps = Vec::with_capacity(p.iters as usize);
+    let mut wcs = [blank(); 1];
+    let mut dog = Watchdog::new();
+    for k in 0..p.iters {
+        let sge = [r.mr.sge(r.local_off(0), size as u32)];
+        stamps.push(Instant::now());
+        r.qps[0].post_send(&SendWr {
+            wr_id: k,
+            op: op_for(r, p, 0, 0),
+            sgl: &sge,
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        })?;
+        loop {
+            let n = poll(r, &r.scq, p, &mut wcs)?;
+            if n > 0 {
+                check_wc(&wcs[0], "client")?;
+                break;
+            }
+            dog.check()?;
+        }
+    }
+    Ok(lat_stats(size, p.iters, &stamps, 1.0))
+}
+
+fn used_ranges(r: &Res, p: &Params) -> Vec<(usize, usize)> {
+    let size = p.sizes.last().copied().unwrap_or(0);
+    let slots = cycle_slots(r, size).min(p.iters);
+    let step = inc(size as usize, r.cache_line);
+    (0..slots as usize)
+        .map(|s| (s * step, size as usize))
+        .collect()
+}
+
+fn compare(r: &Res, qp: usize, region_off: usize, what: &str, p: &Params) -> bool {
+    let mut ok = true;
+    let mut buf = Vec::new();
+    for (o, len) in used_ranges(r, p) {
+        buf.resize(len, 0);
+        r.mr.read(region_off + o, &mut buf);
+        if let Some(bad) = buf
+            .iter()
+            .enumerate()
+            .position(|(k, &b)| b != pattern(qp, o + k))
+        {
+            eprintln!(" --check: {what} of QP {qp} differs at byte {}", o + bad);
+            ok = false;
+        }
+    }
+    ok
+}
+
+/// write_bw --check, server side: each target slot holds the client's bytes.
+pub fn check_write_target(r: &Res, p: &Params) -> bool {
+    (0..r.qps.len()).all(|i| compare(r, i, r.target_off(i), "written target", p))
+}
+
+/// read_bw --check, client side: what was read equals the server's bytes.
+pub fn check_read(r: &Res, p: &Params) -> bool {
+    (0..r.qps.len()).all(|i| compare(r, i, r.local_off(i), "read result", p))
+}
+
+/// atomic_bw --check, server side: each 8-byte target counted its adds.
+pub fn check_atomic_target(r: &Res, p: &Params) -> bool {
+    let slots = cycle_slots(r, 8);
+    let step = inc(8, r.cache_line);
+    let mut ok = true;
+    for i in 0..r.qps.len() {
+        for s in 0..slots {
+            let mut w = [0u8; 8];
+            r.mr.read(r.target_off(i) + s as usize * step, &mut w);
+            let got = u64::from_ne_bytes(w);
+            let want = match p.atomic {
+                AtomicType::FetchAndAdd => p.iters / slots + u64::from(s < p.iters % slots),
+                AtomicType::CmpAndSwap => 0,
+            };
+            if got != want {
+                eprintln!(" --check: atomic target {s} of QP {i} is {got}, expected {want}");
+                ok = false;
+            }
+        }
+    }
+    ok
+}

@@ -1,0 +1,516 @@
+//! `softrdma perf TEST`: perftest's eight benchmarks on softrdma, with
+//! perftest's flags, out-of-band protocol and output, so either side can be
+//! the real `ib_*` binary.
+//!
+//! * `oob` — the TCP exchange (versions, system data, MTU, per-QP records,
+//!   handshakes, reports), message for message as perftest 4.5 sends it;
+//! * `setup` — buffers, memory region, CQs and QPs laid out as perftest
+//!   lays them out, and the INIT→RTR→RTS transitions with its attributes;
+//! * `bench` — the measured loops;
+//! * `report` — perftest's banner, tables and units.
+//!
+//! Beyond perftest: `--loopback` runs the server as a child process and the
+//! client here (both ends from one command), `--check` verifies the data
+//! that moved, `--fault` injects loss/reordering/duplication/corruption at
+//! the IO layer, `--pcap` captures this process's traffic, `--tsv` prints
+//! rows for `../shared/peers/run.sh`.
+
+mod bench;
+mod oob;
+pub mod report;
+mod setup;
+
+use std::net::IpAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use softrdma_verbs::{FaultConfig, Mtu, QpType};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[clap(rename_all = "snake_case")]
+pub enum Test {
+    WriteBw,
+    WriteLat,
+    ReadBw,
+    ReadLat,
+    SendBw,
+    SendLat,
+    AtomicBw,
+    AtomicLat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Send,
+    Write,
+    Read,
+    Atomic,
+}
+
+impl Test {
+    pub fn verb(self) -> Verb {
+        match self {
+            Test::WriteBw | Test::WriteLat => Verb::Write,
+            Test::ReadBw | Test::ReadLat => Verb::Read,
+            Test::SendBw | Test::SendLat => Verb::Send,
+            Test::AtomicBw | Test::AtomicLat => Verb::Atomic,
+        }
+    }
+
+    pub fn is_bw(self) -> bool {
+        matches!(
+            self,
+            Test::WriteBw | Test::ReadBw | Test::SendBw | Test::AtomicBw
+        )
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "write_bw",
+            Test::WriteLat => "write_lat",
+            Test::ReadBw => "read_bw",
+            Test::ReadLat => "read_lat",
+            Test::SendBw => "send_bw",
+            Test::SendLat => "send_lat",
+            Test::AtomicBw => "atomic_bw",
+            Test::AtomicLat => "atomic_lat",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Conn {
+    #[value(name = "RC")]
+    Rc,
+    #[value(name = "UC")]
+    Uc,
+    #[value(name = "UD")]
+    Ud,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AtomicType {
+    #[value(name = "FETCH_AND_ADD")]
+    FetchAndAdd,
+    #[value(name = "CMP_AND_SWAP")]
+    CmpAndSwap,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (n, mult) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1024),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1024 * 1024),
+        _ => (s, 1),
+    };
+    let v: u64 = n.parse().map_err(|_| format!("'{s}' is not a size"))?;
+    if v == 0 || v * mult > u32::MAX as u64 / 2 {
+        return Err(format!("size {s} out of range 1..2^31"));
+    }
+    Ok(v * mult)
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Which benchmark.
+    #[arg(value_enum)]
+    pub test: Test,
+    /// Server to connect to; without it, act as the server.
+    pub host: Option<String>,
+    /// Device name (default: chosen by the address in use).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub device: Option<String>,
+    /// Port number of the device (only 1 exists).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    pub ib_port: u8,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    pub port: u16,
+    /// Message size (K and M suffixes allowed).
+    #[arg(short = 's', long = "size", value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Iterations.
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u64>,
+    /// Run sizes 2 B to 8 MiB.
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
+    /// Number of QPs (bandwidth tests).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub qps: usize,
+    /// Path MTU (256..4096).
+    #[arg(short = 'm', long = "mtu")]
+    pub mtu: Option<u32>,
+    /// GID index (the device has one GID, index 0).
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<i32>,
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long = "duration")]
+    pub duration: Option<u64>,
+    /// Send queue depth.
+    #[arg(short = 't', long = "tx-depth")]
+    pub tx_depth: Option<u32>,
+    /// Receive queue depth (send tests).
+    #[arg(short = 'r', long = "rx-depth")]
+    pub rx_depth: Option<u32>,
+    /// Connection type.
+    #[arg(short = 'c', long = "connection", value_enum, default_value = "RC")]
+    pub conn: Conn,
+    /// Sleep on completion events instead of polling.
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
+    /// Atomic operation.
+    #[arg(
+        short = 'A',
+        long = "atomic_type",
+        value_enum,
+        default_value = "FETCH_AND_ADD"
+    )]
+    pub atomic_type: AtomicType,
+    /// Accepted for compatibility (no CPU-frequency check is made).
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// Report bandwidth in Gb/s.
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// CQ moderation: signal one send in this many.
+    #[arg(short = 'Q', long = "cq-mod")]
+    pub cq_mod: Option<u32>,
+    /// QP local ACK timeout exponent.
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
+    pub qp_timeout: u8,
+    /// Outstanding reads/atomics.
+    #[arg(short = 'o', long = "outs")]
+    pub outs: Option<u16>,
+    /// Inline size (latency tests).
+    #[arg(short = 'I', long = "inline_size")]
+    pub inline: Option<u32>,
+    /// Accepted for compatibility: softrdma always uses ibv_post_send.
+    #[arg(long = "use_old_post_send")]
+    pub old_post_send: bool,
+    /// Run the server as a child process and the client here.
+    #[arg(long)]
+    pub loopback: bool,
+    /// Verify every byte that moved (both sides must be softrdma with --check).
+    #[arg(long)]
+    pub check: bool,
+    /// Impairments at the IO layer, e.g. loss=0.05,reorder=0.05,dup=0.01,corrupt=0.001,seed=7.
+    #[arg(long)]
+    pub fault: Option<FaultConfig>,
+    /// Capture this process's RoCEv2 traffic into a pcap file.
+    #[arg(long)]
+    pub pcap: Option<std::path::PathBuf>,
+    /// Also print tab-separated rows for the peers comparison table.
+    #[arg(long)]
+    pub tsv: bool,
+    /// Print the transport counters at the end.
+    #[arg(long)]
+    pub stats: bool,
+}
+
+/// Parameters after perftest's defaults and dependencies are applied.
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub test: Test,
+    pub conn: QpType,
+    pub sizes: Vec<u64>,
+    pub buf_size: u64,
+    pub iters: u64,
+    pub duration: Option<u64>,
+    pub qps: usize,
+    pub tx_depth: u32,
+    pub rx_depth: u32,
+    pub cq_mod: u32,
+    pub inline: u32,
+    pub mtu: Option<Mtu>,
+    pub timeout: u8,
+    pub outs: u16,
+    pub atomic: AtomicType,
+    pub events: bool,
+    pub gbits: bool,
+    pub check: bool,
+    pub no_peak: bool,
+}
+
+const MAX_SIZE: u64 = 8 << 20;
+
+fn fail(msg: &str) -> Box<dyn std::error::Error> {
+    msg.to_string().into()
+}
+
+impl Params {
+    pub fn from_args(a: &Args) -> Result<Params, Box<dyn std::error::Error>> {
+        let t = a.test;
+        let verb = t.verb();
+        let conn = match a.conn {
+            Conn::Rc => QpType::Rc,
+            Conn::Uc => QpType::Uc,
+            Conn::Ud => QpType::Ud,
+        };
+        if conn == QpType::Uc && matches!(verb, Verb::Read | Verb::Atomic) {
+            return Err(fail(" UC connection not possible in READ/ATOMIC verbs"));
+        }
+        if conn == QpType::Ud && verb != Verb::Send {
+            return Err(fail(" UD connection only possible in SEND verb"));
+        }
+        if a.events && verb == Verb::Write {
+            return Err(fail(" Events feature not available on WRITE verb"));
+        }
+        if !t.is_bw() && a.qps > 1 {
+            return Err(fail(" Multiple QPs only available on bw tests"));
+        }
+        if a.qps == 0 || a.qps > 16384 {
+            return Err(fail(" Number of QPs must be 1..16384"));
+        }
+        if a.duration.is_some() && (a.all || a.events) {
+            return Err(fail(" Duration mode cannot be combined with -a or -e"));
+        }
+        if let Some(x) = a.gid_index {
+            if x != 0 {
+                return Err(fail(&format!(
+                    " GID index {x} out of range: softrdma devices have one GID (index 0)"
+                )));
+            }
+        }
+        if a.ib_port != 1 {
+            return Err(fail(" softrdma devices have one port (1)"));
+        }
+        if verb == Verb::Atomic && (a.all || a.size.is_some_and(|s| s != 8)) {
+            return Err(fail("Message size cannot be changed for Atomic tests"));
+        }
+        let mtu = match a.mtu {
+            None => None,
+            Some(m) => Some(Mtu::from_bytes(m).ok_or_else(|| {
+                fail(&format!(
+                    " Invalid MTU {m}: use 256, 512, 1024, 2048 or 4096"
+                ))
+            })?),
+        };
+        let default_size = if verb == Verb::Atomic {
+            8
+        } else if t.is_bw() {
+            65536
+        } else {
+            2
+        };
+        let sizes: Vec<u64> = if a.all {
+            let top = if conn == QpType::Ud {
+                mtu.map_or(4096, |m| m.bytes() as u64)
+            } else {
+                MAX_SIZE
+            };
+            (1..=23).map(|k| 1u64 << k).filter(|&s| s <= top).collect()
+        } else {
+            vec![a.size.unwrap_or(default_size)]
+        };
+        let buf_size = if a.all {
+            *sizes.last().unwrap_or(&MAX_SIZE)
+        } else {
+            sizes[0]
+        };
+        let iters = a
+            .iters
+            .unwrap_or(if t == Test::WriteBw { 5000 } else { 1000 });
+        if !(5..=100_000_000).contains(&iters) {
+            return Err(fail(" Number of iterations must be 5..1e8"));
+        }
+        let mut tx_depth = a.tx_depth.unwrap_or(if t.is_bw() { 128 } else { 1 });
+        if a.duration.is_none() {
+            tx_depth = tx_depth.min(iters as u32);
+        }
+        let rx_depth = if verb == Verb::Send {
+            let mut r = a.rx_depth.unwrap_or(512).min(iters as u32);
+            if conn != QpType::Rc && a.rx_depth.is_none() {
+                r = (iters as u32).min(16000);
+            }
+            if r % 2 == 1 && !a.all {
+                r += 1;
+            }
+            r
+        } else {
+            if a.rx_depth.is_some_and(|r| r > 1) {
+                return Err(fail(" On RDMA verbs rx depth can be only 1"));
+            }
+            1
+        };
+        let mut cq_mod = a.cq_mod.unwrap_or(100);
+        if a.cq_mod.is_none() && sizes[0] > 8192 && conn != QpType::Ud && !a.all && !a.events {
+            cq_mod = 1;
+        }
+        cq_mod = cq_mod.min(tx_depth).max(1);
+        let inline = if matches!(verb, Verb::Read | Verb::Atomic) {
+            0
+        } else {
+            a.inline.unwrap_or(0)
+        };
+        Ok(Params {
+            test: t,
+            conn,
+            sizes,
+            buf_size,
+            iters,
+            duration: a.duration,
+            qps: a.qps,
+            tx_depth,
+            rx_depth,
+            cq_mod,
+            inline: inline.min(softrdma_core::MAX_INLINE as u32),
+            mtu,
+            timeout: a.qp_timeout,
+            outs: a.outs.unwrap_or(16).clamp(1, 16),
+            atomic: a.atomic_type,
+            events: a.events,
+            gbits: a.report_gbits,
+            check: a.check,
+            no_peak: a.duration.is_some() || (t.is_bw() && iters > 20000),
+        })
+    }
+}
+
+pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let p = Params::from_args(&a)?;
+    if a.loopback {
+        return loopback(&a);
+    }
+    let client = a.host.is_some();
+    let chan = match &a.host {
+        Some(h) => {
+            let ip = resolve(h)?;
+            oob::Channel::connect(
+                ip,
+                a.port,
+                Duration::from_secs(if a.loopback { 20 } else { 2 }),
+            )?
+        }
+        None => {
+            if !a.tsv {
+                println!("\n************************************");
+                println!("* Waiting for client to connect... *");
+                println!("************************************");
+            }
+            oob::Channel::listen(a.port)?
+        }
+    };
+    // Device: named, or the one whose address this connection uses.
+    let dev = match &a.device {
+        Some(n) => softrdma_verbs::by_name(n)?,
+        None if client => softrdma_verbs::by_addr(softrdma_verbs::route_source(chan.peer_ip()?)?)?,
+        None => softrdma_verbs::by_addr(chan.local_ip()?)?,
+    };
+    let opts = softrdma_verbs::OpenOptions {
+        fault: a.fault.clone(),
+        pcap: a.pcap.clone(),
+        port_mtu: None,
+    };
+    let out = setup::run_test(&p, &dev, &opts, chan, a.tsv)?;
+    if a.stats {
+        println!("{}", out.stats);
+    }
+    Ok(if out.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn resolve(h: &str) -> Result<IpAddr, Box<dyn std::error::Error>> {
+    if let Ok(ip) = h.parse() {
+        return Ok(ip);
+    }
+    use std::net::ToSocketAddrs;
+    let mut it = (h, 0u16).to_socket_addrs()?;
+    it.next()
+        .map(|s| s.ip())
+        .ok_or_else(|| fail(&format!("cannot resolve host '{h}'")))
+}
+
+/// Both ends from one command: the server in a child process (its output
+/// discarded), the client here.
+fn loopback(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("perf").arg(a.test.name());
+    cmd.args(server_args(a, port));
+    cmd.stdout(std::process::Stdio::null());
+    let mut child = cmd.spawn()?;
+    let mut me = a.clone();
+    me.loopback = false;
+    me.host = Some("127.0.0.1".into());
+    me.port = port;
+    let r = run(me);
+    let status = child.wait()?;
+    let code = r?;
+    if !status.success() {
+        eprintln!("softrdma perf: the server side exited with {status}");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(code)
+}
+
+/// The command line the loopback server runs with: the same test
+/// parameters; a different fault seed so both directions see their own
+/// impairments.
+fn server_args(a: &Args, port: u16) -> Vec<String> {
+    let mut v = vec!["-p".to_string(), port.to_string()];
+    let mut push = |k: &str, val: Option<String>| {
+        if let Some(x) = val {
+            v.push(k.to_string());
+            v.push(x);
+        }
+    };
+    push("-s", a.size.map(|s| s.to_string()));
+    push("-n", a.iters.map(|s| s.to_string()));
+    push("-q", Some(a.qps.to_string()));
+    push("-m", a.mtu.map(|s| s.to_string()));
+    push("-D", a.duration.map(|s| s.to_string()));
+    push("-t", a.tx_depth.map(|s| s.to_string()));
+    push("-r", a.rx_depth.map(|s| s.to_string()));
+    push("-Q", a.cq_mod.map(|s| s.to_string()));
+    push("-o", a.outs.map(|s| s.to_string()));
+    push("-I", a.inline.map(|s| s.to_string()));
+    push("-u", Some(a.qp_timeout.to_string()));
+    push("-d", a.device.clone());
+    push(
+        "-c",
+        Some(
+            match a.conn {
+                Conn::Rc => "RC",
+                Conn::Uc => "UC",
+                Conn::Ud => "UD",
+            }
+            .into(),
+        ),
+    );
+    push(
+        "-A",
+        Some(
+            match a.atomic_type {
+                AtomicType::FetchAndAdd => "FETCH_AND_ADD",
+                AtomicType::CmpAndSwap => "CMP_AND_SWAP",
+            }
+            .into(),
+        ),
+    );
+    if let Some(f) = &a.fault {
+        let mut f = f.clone();
+        f.seed = f.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1);
+        push("--fault", Some(f.to_string()));
+    }
+    if a.all {
+        v.push("-a".into());
+    }
+    if a.events {
+        v.push("-e".into());
+    }
+    if a.check {
+        v.push("--check".into());
+    }
+    if a.report_gbits {
+        v.push("--report_gbits".into());
+    }
+    v
+}

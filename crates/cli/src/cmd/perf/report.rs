@@ -1,0 +1,197 @@
+//! perftest's output: the same header lines, units and columns, so results
+//! read (and parse) exactly like `ib_write_bw`'s and `ib_write_lat`'s.
+//!
+//! Units are perftest's: MB/sec means 2^20 bytes per second, Gb/sec means
+//! 10^9 bits per second, MsgRate is millions of messages per second, and
+//! latencies are microseconds — one-way (RTT/2) for send and write, the full
+//! round trip for read and atomic, as perftest reports them.
+
+use std::fmt::Write as _;
+
+pub const RESULT_LINE: &str =
+    "---------------------------------------------------------------------------------------";
+
+/// The bandwidth table header.
+pub fn bw_header(gbits: bool) -> &'static str {
+    if gbits {
+        " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+    } else {
+        " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+    }
+}
+
+pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
+pub const LAT_DUR_HEADER: &str = " #bytes        #iterations       t_avg[usec]    tps average";
+
+/// One bandwidth result.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BwResult {
+    pub size: u64,
+    pub iters: u64,
+    /// Bytes per second.
+    pub peak: f64,
+    pub avg: f64,
+    /// Messages per second.
+    pub msg_rate: f64,
+}
+
+/// C's `%-W.Pf`.
+fn left(v: f64, w: usize, p: usize) -> String {
+    format!("{:<w$.p$}", v, w = w, p = p)
+}
+
+pub fn bw_row(r: &BwResult, gbits: bool) -> String {
+    let f = if gbits { 125_000_000.0 } else { 1_048_576.0 };
+    format!(
+        " {:<7}    {:<10}       {}            {}\t\t   {}",
+        r.size,
+        r.iters,
+        left(r.peak / f, 7, 2),
+        left(r.avg / f, 7, 2),
+        left(r.msg_rate / 1e6, 7, 6)
+    )
+}
+
+/// Latency statistics over samples in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LatResult {
+    pub size: u64,
+    pub iters: u64,
+    pub min: f64,
+    pub max: f64,
+    pub typical: f64,
+    pub avg: f64,
+    pub stdev: f64,
+    pub p99: f64,
+    pub p999: f64,
+}
+
+impl LatResult {
+    /// Statistics the way perftest takes them: sorted samples, median as
+    /// "typical", percentiles by index.
+    pub fn from_samples(size: u64, samples: &mut [f64]) -> LatResult {
+        samples.sort_by(|a, b| a.partial_cmp(b).expect("finite latencies"));
+        let n = samples.len().max(1);
+        let avg = samples.iter().sum::<f64>() / n as f64;
+        let var = samples.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n as f64;
+        let at = |q: f64| samples[(((n as f64) * q) as usize).min(n - 1)];
+        LatResult {
+            size,
+            iters: samples.len() as u64,
+            min: samples.first().copied().unwrap_or(0.0),
+            max: samples.last().copied().unwrap_or(0.0),
+            typical: samples.get(n / 2).copied().unwrap_or(0.0),
+            avg,
+            stdev: var.sqrt(),
+            p99: at(0.99),
+            p999: at(0.999),
+        }
+    }
+}
+
+pub fn lat_row(r: &LatResult) -> String {
+    format!(
+        " {:<7} {}          {}        {}      {}  \t       {}     \t{}\t\t{} \t\t{}",
+        r.size,
+        r.iters,
+        left(r.min, 7, 2),
+        left(r.max, 7, 2),
+        left(r.typical, 7, 2),
+        left(r.avg, 7, 2),
+        left(r.stdev, 7, 2),
+        left(r.p99, 7, 2),
+        left(r.p999, 7, 2)
+    )
+}
+
+pub fn lat_dur_row(size: u64, iters: u64, avg_us: f64, tps: f64) -> String {
+    format!(
+        " {:<7}       {}            {}        {}",
+        size,
+        iters,
+        left(avg_us, 7, 2),
+        left(tps, 7, 2)
+    )
+}
+
+/// The test banner perftest prints before the connection details.
+pub struct Banner<'a> {
+    pub title: &'a str,
+    pub device: &'a str,
+    pub qps: usize,
+    pub conn: &'a str,
+    pub tx_depth: u32,
+    pub rx_depth: Option<u32>,
+    pub cq_mod: Option<u32>,
+    pub mtu: u32,
+    pub gid_index: i32,
+    pub inline: u32,
+    pub outstand_reads: Option<u32>,
+    pub events: bool,
+}
+
+impl Banner<'_> {
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(o, "{RESULT_LINE}");
+        let _ = writeln!(o, "                    {}", self.title);
+        let _ = writeln!(
+            o,
+            " Dual-port       : OFF\t\tDevice         : {}",
+            self.device
+        );
+        let _ = writeln!(o, " Number of qps   : {}\t\tTransport type : IB", self.qps);
+        let _ = writeln!(
+            o,
+            " Connection type : {}\t\tUsing SRQ      : OFF",
+            self.conn
+        );
+        let _ = writeln!(o, " PCIe relax order: OFF");
+        let _ = writeln!(o, " ibv_wr* API     : OFF");
+        let _ = writeln!(o, " TX depth        : {}", self.tx_depth);
+        if let Some(r) = self.rx_depth {
+            let _ = writeln!(o, " RX depth        : {}", r);
+        }
+        if let Some(c) = self.cq_mod {
+            let _ = writeln!(o, " CQ Moderation   : {}", c);
+        }
+        let _ = writeln!(o, " Mtu             : {}[B]", self.mtu);
+        let _ = writeln!(o, " Link type       : Ethernet");
+        let _ = writeln!(o, " GID index       : {}", self.gid_index);
+        if let Some(r) = self.outstand_reads {
+            let _ = writeln!(o, " Outstand reads  : {}", r);
+        }
+        let _ = writeln!(o, " Max inline data : {}[B]", self.inline);
+        let _ = writeln!(o, " rdma_cm QPs\t : OFF");
+        let _ = writeln!(o, " Data ex. method : Ethernet");
+        if self.events {
+            let _ = writeln!(o, " Using Events    : ON");
+        }
+        let _ = write!(o, "{RESULT_LINE}");
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_match_perftest_printf() {
+        let r = BwResult {
+            size: 65536,
+            iters: 5000,
+            peak: 1_048_576.0 * 1234.5,
+            avg: 1_048_576.0 * 1200.25,
+            msg_rate: 19_204.0,
+        };
+        assert_eq!(
+            bw_row(&r, false),
+            " 65536      5000             1234.50            1200.25\t\t   0.019204"
+        );
+        let mut s = vec![3.0, 1.0, 2.0, 4.0];
+        let l = LatResult::from_samples(2, &mut s);
+        assert_eq!((l.min, l.max, l.typical), (1.0, 4.0, 3.0));
+        assert!(lat_row(&l).starts_with(" 2       4          1.00           4.00         3.00   "));
+    }
+}

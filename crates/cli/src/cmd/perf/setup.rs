@@ -1,0 +1,580 @@
+//! Resources, connection and the per-test message sequence.
+//!
+//! The buffer is laid out as perftest lays it out: one region, the first
+//! half per-QP source slices, the second half per-QP targets, each slice
+//! `max(size, page)` rounded to the cache line. The order of handshakes for
+//! each test follows perftest 4.5 exactly (see `oob`): a real `ib_*` peer
+//! counts them.
+
+use std::fmt::Write as _;
+
+use softrdma_verbs::*;
+use std::result::Result;
+
+use super::oob::{Agreed, Channel, Dest};
+use super::report::{self, Banner, RESULT_LINE};
+use super::{bench, AtomicType, Params, Test, Verb};
+
+/// What a run ended with.
+pub struct Outcome {
+    pub ok: bool,
+    pub stats: String,
+}
+
+/// Everything a benchmark loop needs.
+pub struct Res {
+    pub ctx: Context,
+    pub mr: Mr,
+    /// Offset of the aligned layout inside the region.
+    pub base: usize,
+    /// Stride of one slice.
+    pub slice: usize,
+    pub cache_line: usize,
+    pub cycle: usize,
+    pub scq: Cq,
+    pub rcq: Option<Cq>,
+    pub chan: Option<CompChannel>,
+    pub qps: Vec<Qp>,
+    pub mine: Vec<Dest>,
+    pub theirs: Vec<Dest>,
+    pub mtu: Mtu,
+}
+
+impl Res {
+    /// Offset (in the region) of QP i's source slice.
+    pub fn local_off(&self, i: usize) -> usize {
+        self.base + i * self.slice
+    }
+    /// Offset of QP i's target/receive slice.
+    pub fn target_off(&self, i: usize) -> usize {
+        self.base + (self.qps.len() + i) * self.slice
+    }
+    pub fn ud_dest(&self, i: usize) -> UdDest {
+        UdDest {
+            gid: self.theirs[i].gid,
+            remote_qpn: self.theirs[i].qpn,
+            remote_qkey: UD_QKEY,
+        }
+    }
+}
+
+pub const UD_QKEY: u32 = 0x1111_1111;
+
+/// `INC(s, cl)`.
+pub fn inc(s: usize, cl: usize) -> usize {
+    if s > cl {
+        s.div_ceil(cl) * cl
+    } else {
+        cl
+    }
+}
+
+/// The byte at `off` of QP `qp`'s slice in `--check` mode.
+pub fn pattern(qp: usize, off: usize) -> u8 {
+    (off as u32)
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(qp as u32 * 97)
+        .rotate_right(13) as u8
+}
+
+fn sysconf(name: libc::c_int, dflt: usize) -> usize {
+    // SAFETY: sysconf has no memory arguments.
+    let v = unsafe { libc::sysconf(name) };
+    if v > 0 {
+        v as usize
+    } else {
+        dflt
+    }
+}
+
+fn random_psn() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64 ^ d.as_secs())
+        .unwrap_or(7);
+    let mut x = t ^ ((std::process::id() as u64) << 20);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    (x & 0x00ff_ffff) as u32
+}
+
+/// `%#0Nx`: the C alternate form, where the width includes "0x" and zero
+/// has no prefix.
+pub fn alt_hex(v: u64, width: usize) -> String {
+    if v == 0 {
+        format!("{:0width$}", 0, width = width)
+    } else {
+        format!("{:#0width$x}", v, width = width)
+    }
+}
+
+fn addr_lines(side: &str, d: &Dest, verb: Verb) -> String {
+    let mut s = format!(
+        " {side} address: LID {} QPN {} PSN {}",
+        alt_hex(d.lid as u64, 4),
+        alt_hex(d.qpn as u64, 6),
+        alt_hex(d.psn as u64, 6)
+    );
+    if verb == Verb::Read {
+        let _ = write!(s, " OUT {}", alt_hex(d.out_reads as u64, 4));
+    }
+    if matches!(verb, Verb::Read | Verb::Write) {
+        let _ = write!(
+            s,
+            " RKey {} VAddr {}",
+            alt_hex(d.rkey as u64, 8),
+            alt_hex(d.vaddr, 16)
+        );
+    }
+    s.push('\n');
+    s.push_str(" GID: ");
+    let g: Vec<String> = d.gid.iter().map(|b| format!("{b:02}")).collect();
+    s.push_str(&g.join(":"));
+    s
+}
+
+fn is_v4_mapped(g: &[u8; 16]) -> bool {
+    g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff
+}
+
+pub fn run_test(
+    p: &Params,
+    dev: &DeviceInfo,
+    opts: &OpenOptions,
+    mut chan: Channel,
+    quiet: bool,
+) -> Result<Outcome, Box<dyn std::error::Error>> {
+    let verb = p.test.verb();
+    let client = chan.client;
+    let cycle = sysconf(libc::_SC_PAGESIZE, 4096);
+    let cl = sysconf(libc::_SC_LEVEL1_DCACHE_LINESIZE, 64);
+    let local_mtu = p.mtu.unwrap_or(Mtu::B4096);
+    let agreed: Agreed = chan.prologue(cycle as u32, cl as u32, local_mtu.to_ibv() as u8)?;
+    let mtu = Mtu::from_ibv(agreed.mtu as u32).unwrap_or(Mtu::B1024);
+    let (cycle, cl) = (agreed.cycle_buffer as usize, agreed.cache_line as usize);
+    if p.conn == QpType::Ud && p.sizes.iter().any(|&s| s > mtu.bytes() as u64) {
+        return Err(" Max message size in UD cannot be greater than MTU".into());
+    }
+
+    let ctx = Context::open(dev, opts)?;
+    let pd = ctx.alloc_pd();
+    let slice = inc((p.buf_size as usize).max(cycle), cl);
+    let ud_extra = if p.conn == QpType::Ud { cl } else { 0 };
+    let len = slice * 2 * p.qps + ud_extra + cycle;
+    let mut buf = vec![0u8; len];
+    let base = (cycle - (buf.as_ptr() as usize % cycle)) % cycle;
+    let n = p.qps;
+    if p.test != Test::WriteLat {
+        if p.check {
+            for i in 0..2 * n {
+                for o in 0..slice {
+                    buf[base + i * slice + o] = pattern(i % n, o);
+                }
+            }
+            if verb == Verb::Atomic {
+                buf[base + n * slice..base + 2 * n * slice].fill(0);
+            }
+        } else {
+            let mut x = 0x1234_5678u32 ^ std::process::id();
+            for b in buf.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *b = x as u8;
+            }
+        }
+    }
+    let mut access = AccessFlags::LOCAL_WRITE;
+    access = access.union(match verb {
+        Verb::Write => AccessFlags::REMOTE_WRITE,
+        Verb::Read => AccessFlags::REMOTE_READ,
+        Verb::Atomic => AccessFlags::REMOTE_ATOMIC,
+        Verb::Send => AccessFlags::EMPTY,
+    });
+    let mr = pd.reg_mr(buf, access)?;
+    let chan_ev = if p.events {
+        Some(ctx.create_comp_channel()?)
+    } else {
+        None
+    };
+    let scq = ctx.create_cq((p.tx_depth as usize * n).max(1) as u32, chan_ev.as_ref())?;
+    let rcq = if verb == Verb::Send {
+        Some(ctx.create_cq((p.rx_depth as usize * n).max(1) as u32, chan_ev.as_ref())?)
+    } else {
+        None
+    };
+    let mut qps = Vec::with_capacity(n);
+    let qp_access = match verb {
+        Verb::Write => AccessFlags::REMOTE_WRITE,
+        Verb::Read => AccessFlags::REMOTE_READ,
+        Verb::Atomic => AccessFlags::REMOTE_ATOMIC,
+        Verb::Send => AccessFlags::REMOTE_WRITE.union(AccessFlags::LOCAL_WRITE),
+    };
+    for _ in 0..n {
+        let qp = pd.create_qp(&QpInitAttr {
+            qp_type: p.conn,
+            send_cq: &scq,
+            recv_cq: rcq.as_ref().unwrap_or(&scq),
+            srq: None,
+            cap: QpCap {
+                max_send_wr: p.tx_depth.max(1),
+                max_recv_wr: p.rx_depth.max(1),
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: p.inline,
+            },
+            sq_sig_all: false,
+        })?;
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: qp_access,
+            qkey: UD_QKEY,
+            ..Default::default()
+        };
+        let mask = if p.conn == QpType::Ud {
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY
+        } else {
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS
+        };
+        a.qp_state = QpState::Init;
+        qp.modify(&a, mask)?;
+        qps.push(qp);
+    }
+    let out_reads = if matches!(verb, Verb::Read | Verb::Atomic) {
+        p.outs
+    } else {
+        1
+    };
+    let mine: Vec<Dest> = qps
+        .iter()
+        .enumerate()
+        .map(|(i, q)| Dest {
+            lid: 0,
+            out_reads,
+            qpn: q.qpn(),
+            psn: random_psn() ^ (i as u32 * 0x9e37) & 0x00ff_ffff,
+            rkey: mr.rkey(),
+            vaddr: mr.addr() + (base + (n + i) * slice) as u64,
+            gid: ctx.gid(),
+            srqn: 0,
+        })
+        .collect();
+    let mut r = Res {
+        ctx,
+        mr,
+        base,
+        slice,
+        cache_line: cl,
+        cycle,
+        scq,
+        rcq,
+        chan: chan_ev,
+        qps,
+        mine: mine.clone(),
+        theirs: vec![Dest::default(); n],
+        mtu,
+    };
+
+    let title = {
+        let t = match verb {
+            Verb::Send => "Send",
+            Verb::Write => "RDMA_Write",
+            Verb::Read => "RDMA_Read",
+            Verb::Atomic => "Atomic",
+        };
+        let at = if verb == Verb::Atomic {
+            match p.atomic {
+                AtomicType::FetchAndAdd => "FETCH_AND_ADD ",
+                AtomicType::CmpAndSwap => "CMP_AND_SWAP ",
+            }
+        } else {
+            ""
+        };
+        format!(
+            "{t} {at}{}Test",
+            if p.test.is_bw() { "BW " } else { "Latency " }
+        )
+    };
+    let banner = Banner {
+        title: &title,
+        device: &dev.name,
+        qps: n,
+        conn: match p.conn {
+            QpType::Rc => "RC",
+            QpType::Uc => "UC",
+            QpType::Ud => "UD",
+        },
+        tx_depth: p.tx_depth,
+        rx_depth: (verb == Verb::Send && !client).then_some(p.rx_depth),
+        cq_mod: p.test.is_bw().then_some(p.cq_mod),
+        mtu: mtu.bytes(),
+        gid_index: 0,
+        inline: p.inline,
+        outstand_reads: matches!(verb, Verb::Read | Verb::Atomic).then_some(p.outs as u32),
+        events: p.events,
+    };
+    let say = |s: &str| {
+        if !quiet {
+            println!("{s}");
+        }
+    };
+
+    // The message sequence of each test (perftest 4.5, see oob.rs).
+    let lat_leading = matches!(p.test, Test::WriteLat | Test::ReadLat | Test::AtomicLat);
+    if lat_leading {
+        chan.handshake(&mine[0])?;
+    }
+    for i in 0..n {
+        r.theirs[i] = chan.handshake(&mine[i])?;
+    }
+    if is_v4_mapped(&r.mine[0].gid) != is_v4_mapped(&r.theirs[0].gid) {
+        return Err("\n Found Incompatibility issue with GID types.\n Please Try to use a different IP version.\n".into());
+    }
+    let rts = !p.test.is_bw() || client;
+    for i in 0..n {
+        connect(&r, i, rts, p)?;
+    }
+    if p.test == Test::SendBw || p.test == Test::SendLat {
+        chan.handshake(&mine[0])?;
+    }
+    say(&banner.render());
+    for d in &mine {
+        say(&addr_lines("local", d, verb));
+    }
+    for i in 0..n {
+        r.theirs[i] = chan.handshake(&mine[i])?;
+        say(&addr_lines("remote", &r.theirs[i], verb));
+    }
+    if matches!(
+        p.test,
+        Test::WriteBw
+            | Test::ReadBw
+            | Test::AtomicBw
+            | Test::WriteLat
+            | Test::ReadLat
+            | Test::AtomicLat
+    ) {
+        chan.handshake(&mine[0])?;
+    }
+    say(RESULT_LINE);
+
+    let mut ok = true;
+    let mut tsv = Vec::new();
+    match p.test {
+        Test::WriteBw | Test::ReadBw | Test::AtomicBw => {
+            say(report::bw_header(p.gbits));
+            if client {
+                let mut last = report::BwResult::default();
+                for &size in &p.sizes {
+                    last = bench::bw_client(&r, p, size)?;
+                    say(&report::bw_row(&last, p.gbits));
+                    tsv.push(bw_tsv(p, &last));
+                }
+                say(RESULT_LINE);
+                chan.handshake(&mine[0])?;
+                let unit = if p.gbits { 125_000_000.0 } else { 1_048_576.0 };
+                let _ = chan.xchg_bw_report([
+                    last.size as f64,
+                    last.iters as f64,
+                    last.peak / unit,
+                    last.avg / unit,
+                    last.msg_rate / 1e6,
+                ])?;
+                if p.check && verb == Verb::Read {
+                    ok &= bench::check_read(&r, p);
+                }
+            } else {
+                chan.handshake(&mine[0])?; // the client runs meanwhile
+                let rep = chan.xchg_bw_report([0.0; 5])?;
+                let unit = if p.gbits { 125_000_000.0 } else { 1_048_576.0 };
+                let row = report::BwResult {
+                    size: rep[0] as u64,
+                    iters: rep[1] as u64,
+                    peak: rep[2] * unit,
+                    avg: rep[3] * unit,
+                    msg_rate: rep[4] * 1e6,
+                };
+                say(&report::bw_row(&row, p.gbits));
+                if p.check {
+                    ok &= match verb {
+                        Verb::Write => bench::check_write_target(&r, p),
+                        Verb::Atomic => bench::check_atomic_target(&r, p),
+                        _ => true,
+                    };
+                }
+            }
+            chan.close(&mine[0])?;
+            if !client {
+                say(RESULT_LINE);
+            }
+        }
+        Test::SendBw => {
+            say(report::bw_header(p.gbits));
+            for &size in &p.sizes {
+                let res = if client {
+                    chan.handshake(&mine[0])?;
+                    bench::bw_client(&r, p, size)?
+                } else {
+                    bench::post_receives(&r, p, size, p.rx_depth)?;
+                    chan.handshake(&mine[0])?;
+                    let (res, good) = bench::send_bw_server(&r, p, size)?;
+                    ok &= good;
+                    res
+                };
+                say(&report::bw_row(&res, p.gbits));
+                tsv.push(bw_tsv(p, &res));
+                chan.handshake(&mine[0])?;
+            }
+            say(RESULT_LINE);
+            chan.close(&mine[0])?;
+        }
+        Test::WriteLat | Test::SendLat => {
+            say(if p.duration.is_some() {
+                report::LAT_DUR_HEADER
+            } else {
+                report::LAT_HEADER
+            });
+            for &size in &p.sizes {
+                let res = if p.test == Test::WriteLat {
+                    bench::write_lat(&r, p, size, client)?
+                } else {
+                    bench::post_receives(&r, p, size, p.rx_depth)?;
+                    chan.handshake(&mine[0])?;
+                    bench::send_lat(&r, p, size, client)?
+                };
+                say(&report::lat_row(&res));
+                tsv.push(lat_tsv(p, &res));
+            }
+            say(RESULT_LINE);
+            if p.test == Test::SendLat {
+                chan.close(&mine[0])?;
+            }
+        }
+        Test::ReadLat | Test::AtomicLat => {
+            if client {
+                say(report::LAT_HEADER);
+                for &size in &p.sizes {
+                    let res = bench::rd_atomic_lat(&r, p, size)?;
+                    say(&report::lat_row(&res));
+                    tsv.push(lat_tsv(p, &res));
+                }
+                chan.close(&mine[0])?;
+            } else {
+                chan.close(&mine[0])?;
+            }
+            say(RESULT_LINE);
+        }
+    }
+    if quiet {
+        for row in tsv {
+            println!("{row}");
+        }
+    }
+    let (s, ps) = r.ctx.stats();
+    let stats = format!(
+        " softrdma counters: tx {} pkts {} B, rx {} pkts {} B, retransmits {}, timeouts {}, seq NAKs sent/rcvd {}/{}, RNR NAKs sent/rcvd {}/{}, duplicates {}, out-of-sequence {}, malformed {}, ICRC bad {}, ICRC recovered {}, fault drops/dups/corrupts/reorders {}/{}/{}/{}",
+        s.tx_packets, s.tx_bytes, s.rx_packets, s.rx_bytes, s.retransmits, s.timeouts,
+        s.seq_naks_sent, s.seq_naks_rcvd, s.rnr_naks_sent, s.rnr_naks_rcvd, s.duplicates,
+        s.out_of_sequence, s.malformed, ps.icrc_bad, ps.icrc_recovered,
+        ps.fault_drops, ps.fault_dups, ps.fault_corrupts, ps.fault_reorders
+    );
+    if p.check {
+        println!(
+            " --check: {}",
+            if ok {
+                "every byte verified"
+            } else {
+                "DATA MISMATCH"
+            }
+        );
+    }
+    Ok(Outcome { ok, stats })
+}
+
+fn bw_tsv(p: &Params, r: &report::BwResult) -> String {
+    format!(
+        "self.udp.{}.bw\t{}\t{:.3}\tGB/s\nself.udp.{}.msg_rate\t{}\t{:.4}\tMmsg/s",
+        p.test.name(),
+        r.size,
+        r.avg / 1e9,
+        p.test.name(),
+        r.size,
+        r.msg_rate / 1e6
+    )
+}
+
+fn lat_tsv(p: &Params, r: &report::LatResult) -> String {
+    format!(
+        "self.udp.{}.lat_p50\t{}\t{:.3}\tus\nself.udp.{}.lat_avg\t{}\t{:.3}\tus",
+        p.test.name(),
+        r.size,
+        r.typical,
+        p.test.name(),
+        r.size,
+        r.avg
+    )
+}
+
+/// INIT→RTR (→RTS) towards the peer's record, with perftest's attributes.
+fn connect(r: &Res, i: usize, rts: bool, p: &Params) -> Result<(), Box<dyn std::error::Error>> {
+    let qp = &r.qps[i];
+    let rem = &r.theirs[i];
+    let mut a = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: r.mtu,
+        dest_qp_num: rem.qpn,
+        rq_psn: rem.psn,
+        max_dest_rd_atomic: r.mine[i].out_reads.min(16) as u8,
+        min_rnr_timer: 12,
+        ..Default::default()
+    };
+    a.av.dgid = rem.gid;
+    a.av.hop_limit = 255;
+    let mask = match p.conn {
+        QpType::Rc => {
+            AttrMask::STATE
+                | AttrMask::AV
+                | AttrMask::PATH_MTU
+                | AttrMask::DEST_QPN
+                | AttrMask::RQ_PSN
+                | AttrMask::MAX_DEST_RD_ATOMIC
+                | AttrMask::MIN_RNR_TIMER
+        }
+        QpType::Uc => {
+            AttrMask::STATE
+                | AttrMask::AV
+                | AttrMask::PATH_MTU
+                | AttrMask::DEST_QPN
+                | AttrMask::RQ_PSN
+        }
+        QpType::Ud => AttrMask::STATE,
+    };
+    qp.modify(&a, mask)
+        .map_err(|e| format!("Failed to modify QP {} to RTR: {e}", qp.qpn()))?;
+    if !rts {
+        return Ok(());
+    }
+    a.qp_state = QpState::Rts;
+    a.sq_psn = r.mine[i].psn;
+    a.timeout = p.timeout;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = rem.out_reads.clamp(1, 16) as u8;
+    let mask = match p.conn {
+        QpType::Rc => {
+            AttrMask::STATE
+                | AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::SQ_PSN
+                | AttrMask::MAX_QP_RD_ATOMIC
+        }
+        _ => AttrMask::STATE | AttrMask::SQ_PSN,
+    };
+    qp.modify(&a, mask)
+        .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
+    Ok(())
+}

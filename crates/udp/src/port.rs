@@ -1,0 +1,508 @@
+//! [`Port`]: one UDP socket bound to `(local, 4791)`, and [`Tx`], a batch of
+//! datagrams being sent through it.
+
+use crate::capture::Capture;
+use crate::fault::Injector;
+use crate::rx::{Receiver, GRO_BUF, PLAIN_BUF};
+use crate::socket::new_socket;
+use crate::steer::{self, JoinError, Joined, Steering};
+use crate::sys;
+use crate::tx::{self, gid_of, Local, TxQueue};
+use crate::{icrc, PortConfig, PortOptions, PortStats, RxMeta};
+use socket2::Socket;
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+
+/// Most datagrams the fault injector holds back at once.
+const MAX_HELD: usize = 4;
+/// Largest batch.
+const MAX_BATCH: usize = 512;
+/// The slot of a port that owns its address alone.
+const EXCLUSIVE_SLOT: u8 = 1;
+
+/// A datagram held back by the fault injector, to be sent out of order.
+struct Held {
+    dst: SocketAddr,
+    buf: Vec<u8>,
+    /// Value of `Port::flushes` when it was held.
+    since: u64,
+}
+
+/// One UDP socket bound to `(local, port)`: sends RoCEv2 packets with their
+/// ICRC, receives and checks them.
+///
+/// Sending goes through a [`Tx`] batch ([`Port::tx`]), which borrows the
+/// payload memory until it is flushed, or through the `unsafe`
+/// [`Port::push`] and [`Port::flush`] for payload whose lifetime the caller
+/// manages (registered memory). Receiving is [`Port::recv`], which never
+/// blocks (poll [`Port::as_raw_fd`] for readability).
+pub struct Port {
+    sock: Socket,
+    local: Local,
+    remote_port: u16,
+    slot: u8,
+    steering: Steering,
+    _joined: Option<Joined>,
+    batch: usize,
+    txq: TxQueue,
+    rx: Receiver,
+    gro: bool,
+    fault: Option<Injector>,
+    held: VecDeque<Held>,
+    flushes: u64,
+    /// A `Tx` was handed out and has not been dropped.
+    tx_live: bool,
+    capture: Option<Capture>,
+    stats: PortStats,
+}
+
+// SAFETY: the raw pointers inside (iovecs, message headers) point only into
+// buffers the port owns, or into memory a `Tx` borrows as `&[u8]` (which is
+// `Sync`) while it mutably borrows the port; nothing is tied to a thread.
+unsafe impl Send for Port {}
+
+fn err(kind: io::ErrorKind, msg: String) -> io::Error {
+    io::Error::new(kind, msg)
+}
+
+impl Port {
+    /// Open the socket, join (or own) `local:port`, and allocate the batch
+    /// arrays.
+    pub fn open(cfg: PortConfig) -> io::Result<Port> {
+        Port::open_with(cfg, PortOptions::default())
+    }
+
+    /// [`Port::open`] with non-default options.
+    pub fn open_with(cfg: PortConfig, opts: PortOptions) -> io::Result<Port> {
+        use io::ErrorKind::*;
+        let unicast = match cfg.local {
+            IpAddr::V4(a) => !a.is_unspecified() && !a.is_multicast() && !a.is_broadcast(),
+            IpAddr::V6(a) => {
+                !a.is_unspecified() && !a.is_multicast() && a.to_ipv4_mapped().is_none()
+            }
+        };
+        if !unicast {
+            return Err(err(
+                InvalidInput,
+                format!(
+                    "local address {} must be one specific unicast address (it is the GID)",
+                    cfg.local
+                ),
+            ));
+        }
+        if cfg.batch == 0 || cfg.batch > MAX_BATCH {
+            return Err(err(
+                InvalidInput,
+                format!("batch {} must be 1..={MAX_BATCH}", cfg.batch),
+            ));
+        }
+        let addr = SocketAddr::new(cfg.local, cfg.port);
+        let sock = new_socket(cfg.local, opts.traffic_class)?;
+        let bind_alone = |sock: &Socket, why: &dyn Fn(io::Error) -> io::Error| {
+            sock.bind(&addr.into()).map_err(|e| {
+                if e.kind() == AddrInUse {
+                    why(e)
+                } else {
+                    err(e.kind(), format!("binding {addr}: {e}"))
+                }
+            })
+        };
+        let (slot, steering, joined) = if cfg.shared {
+            match steer::join(&sock, addr, &opts.state_dir) {
+                Ok(j) => (j.slot, Steering::Shared { map_id: j.map_id }, Some(j)),
+                Err(JoinError::Unavailable(bpf)) => {
+                    bind_alone(&sock, &|e| {
+                        err(
+                            AddrInUse,
+                            format!("another process owns {addr} and eBPF steering is unavailable: {bpf} ({e})"),
+                        )
+                    })?;
+                    let why = Some(bpf.to_string());
+                    (EXCLUSIVE_SLOT, Steering::Exclusive { why }, None)
+                }
+                Err(JoinError::Failed(e)) => return Err(e),
+            }
+        } else {
+            bind_alone(&sock, &|e| {
+                err(
+                    AddrInUse,
+                    format!("another process owns {addr} (this port was opened with shared = false): {e}"),
+                )
+            })?;
+            (EXCLUSIVE_SLOT, Steering::Exclusive { why: None }, None)
+        };
+        let fd = sock.as_raw_fd();
+        let gso = opts.gso && sys::getsockopt_int(fd, libc::SOL_UDP, sys::UDP_SEGMENT).is_ok();
+        let gro = opts.gro
+            && matches!(steering, Steering::Exclusive { .. })
+            && sys::setsockopt_int(fd, libc::SOL_UDP, sys::UDP_GRO, 1).is_ok();
+        let capture = match &cfg.pcap {
+            Some(p) => Some(Capture::create(p)?),
+            None => None,
+        };
+        Ok(Port {
+            local: Local { addr },
+            remote_port: opts.remote_port.unwrap_or(cfg.port),
+            slot,
+            steering,
+            _joined: joined,
+            batch: cfg.batch,
+            txq: TxQueue::new(cfg.batch + 2 + MAX_HELD, gso),
+            rx: Receiver::new(cfg.batch, if gro { GRO_BUF } else { PLAIN_BUF }),
+            gro,
+            fault: cfg.fault.map(Injector::new),
+            held: VecDeque::with_capacity(MAX_HELD),
+            flushes: 0,
+            tx_live: false,
+            capture,
+            stats: PortStats::default(),
+            sock,
+        })
+    }
+
+    /// The QPN slot this port owns: its QPNs are `slot << 16 ..= slot << 16 | 0xffff`.
+    pub fn slot(&self) -> u8 {
+        self.slot
+    }
+
+    /// Whether the address is shared by eBPF steering or owned alone.
+    pub fn steering(&self) -> &Steering {
+        &self.steering
+    }
+
+    /// This port's GID: the IPv6 address, or the IPv4-mapped one.
+    pub fn local_gid(&self) -> [u8; 16] {
+        gid_of(self.local.addr.ip())
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local.addr
+    }
+
+    /// The socket, for epoll (readable: call [`Port::recv`]).
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Whether UDP GSO is in use (it turns itself off on the first failure).
+    pub fn gso_enabled(&self) -> bool {
+        self.txq.gso
+    }
+
+    pub fn gro_enabled(&self) -> bool {
+        self.gro
+    }
+
+    pub fn stats(&self) -> PortStats {
+        let mut s = self.stats;
+        s.peers_learned = self.rx.policy.learned;
+        s.peers_demoted = self.rx.policy.demoted;
+        s.pcap_errors = self.capture.as_ref().map_or(0, |c| c.errors);
+        s
+    }
+
+    /// Whether the ICRC policy has learned that this IPv4 sender is a
+    /// softrdma peer (sends ID 0), so that it no longer gets ID recovery.
+    pub fn is_softrdma_peer(&self, sgid: [u8; 16], src_port: u16) -> bool {
+        self.rx.policy.is_peer(&(sgid, src_port))
+    }
+
+    /// Start a batch of datagrams (the safe way to send; see [`Tx`]).
+    pub fn tx(&mut self) -> Tx<'_> {
+        self.reclaim_leaked();
+        self.tx_live = true;
+        Tx { port: self }
+    }
+
+    /// If a `Tx` was leaked (`mem::forget`), its queued datagrams may point
+    /// at memory that is gone: drop them unsent, counted in `tx_dropped`.
+    /// (While a `Tx` is alive it borrows the port, so no other method can
+    /// run; finding `tx_live` set here means it was leaked.)
+    fn reclaim_leaked(&mut self) {
+        if self.tx_live {
+            self.tx_live = false;
+            let n = self.txq.discard();
+            self.stats.tx_dropped += n as u64;
+        }
+    }
+
+    /// Queue one packet, like [`Tx::push`], without tying the payload's
+    /// lifetime to a batch: the form for an engine whose payload is
+    /// registered memory it manages itself. Sent by [`Port::flush`] (or
+    /// earlier, when the batch fills).
+    ///
+    /// # Safety
+    ///
+    /// The memory behind every slice of `payload` must stay valid and
+    /// unmodified until the next [`Port::flush`] (or the flush of a [`Tx`]
+    /// started later) returns. Datagrams still queued when the port is
+    /// dropped are discarded without being read.
+    pub unsafe fn push(
+        &mut self,
+        dst_gid: [u8; 16],
+        src_qpn: u32,
+        head: &[u8],
+        payload: &[&[u8]],
+        pad: u8,
+    ) -> io::Result<()> {
+        let _ = src_qpn;
+        self.reclaim_leaked();
+        self.queue(dst_gid, head, payload, pad)
+    }
+
+    /// Send everything queued with [`Port::push`]: one `sendmmsg`, GSO
+    /// trains where possible. A full socket buffer is waited out briefly
+    /// (at most 200 ms, then the rest is dropped and counted); datagrams the
+    /// kernel refuses are counted in [`PortStats::send_errors`]. Errors
+    /// returned are those that make the socket unusable.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.reclaim_leaked();
+        self.flush_queue()
+    }
+
+    /// Send one datagram now (a batch of one); see [`Tx::push`].
+    pub fn send(
+        &mut self,
+        dst_gid: [u8; 16],
+        src_qpn: u32,
+        head: &[u8],
+        payload: &[&[u8]],
+        pad: u8,
+    ) -> io::Result<()> {
+        let mut tx = self.tx();
+        tx.push(dst_gid, src_qpn, head, payload, pad)?;
+        tx.finish()
+    }
+
+    /// Write buffered pcap records to the file.
+    pub fn flush_pcap(&mut self) -> io::Result<()> {
+        self.capture.as_mut().map_or(Ok(()), |c| c.flush())
+    }
+
+    fn dst_addr(&self, gid: [u8; 16]) -> io::Result<SocketAddr> {
+        let ip = Ipv6Addr::from(gid);
+        let dst: IpAddr = match ip.to_ipv4_mapped() {
+            Some(v4) => v4.into(),
+            None => ip.into(),
+        };
+        if dst.is_ipv4() != self.local.addr.is_ipv4() {
+            return Err(err(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "destination GID {ip} is {} but this port ({}) is not",
+                    if dst.is_ipv4() { "IPv4" } else { "IPv6" },
+                    self.local.addr
+                ),
+            ));
+        }
+        Ok(SocketAddr::new(dst, self.remote_port))
+    }
+
+    /// Queue one datagram. The caller guarantees `payload` stays alive and
+    /// unchanged until the queue is flushed or discarded (`Tx` does).
+    fn queue(
+        &mut self,
+        dst_gid: [u8; 16],
+        head: &[u8],
+        payload: &[&[u8]],
+        pad: u8,
+    ) -> io::Result<()> {
+        let n = TxQueue::validate(head, payload, pad)?;
+        let dst = self.dst_addr(dst_gid)?;
+        if self.txq.room() < 2 + MAX_HELD {
+            self.flush_queue()?;
+        }
+        match &mut self.fault {
+            None => self.txq.push(dst, head, payload, pad, n),
+            Some(inj) => {
+                let v = inj.decide(n);
+                if v.drop {
+                    self.stats.fault_drops += 1;
+                    return Ok(());
+                }
+                let hold = v.reorder && self.held.len() < MAX_HELD;
+                if v.corrupt_bit.is_some() || hold {
+                    let mut buf = self.txq.spare_buffer();
+                    buf.extend_from_slice(head);
+                    for p in payload {
+                        buf.extend_from_slice(p);
+                    }
+                    buf.extend_from_slice(&[0u8; 3][..pad as usize]);
+                    let addrs = tx::addrs_of(self.local.addr, dst);
+                    let c = icrc::compute(
+                        addrs,
+                        (self.local.addr.port(), dst.port()),
+                        0,
+                        head,
+                        payload,
+                        pad,
+                    );
+                    buf.extend_from_slice(&c.to_le_bytes());
+                    if let Some(bit) = v.corrupt_bit {
+                        buf[bit / 8] ^= 1 << (bit % 8);
+                        self.stats.fault_corrupts += 1;
+                    }
+                    if v.dup {
+                        let mut copy = self.txq.spare_buffer();
+                        copy.extend_from_slice(&buf);
+                        self.txq.push_owned(dst, copy);
+                        self.stats.fault_dups += 1;
+                    }
+                    if hold {
+                        self.held.push_back(Held {
+                            dst,
+                            buf,
+                            since: self.flushes,
+                        });
+                        self.stats.fault_reorders += 1;
+                        return Ok(());
+                    }
+                    self.txq.push_owned(dst, buf);
+                } else {
+                    self.txq.push(dst, head, payload, pad, n);
+                    if v.dup {
+                        self.txq.push(dst, head, payload, pad, n);
+                        self.stats.fault_dups += 1;
+                    }
+                }
+                // Held datagrams go out after this one.
+                while let Some(h) = self.held.pop_front() {
+                    self.txq.push_owned(h.dst, h.buf);
+                }
+            }
+        }
+        if self.txq.len() >= self.batch {
+            self.flush_queue()?;
+        }
+        Ok(())
+    }
+
+    /// Send what is queued, and held datagrams that have waited through a
+    /// whole flush already.
+    fn flush_queue(&mut self) -> io::Result<()> {
+        while self.held.front().is_some_and(|h| h.since < self.flushes) && self.txq.room() > 0 {
+            let h = self.held.pop_front().expect("checked");
+            self.txq.push_owned(h.dst, h.buf);
+        }
+        self.flushes += 1;
+        if self.txq.len() == 0 {
+            return Ok(());
+        }
+        self.txq.flush(
+            self.sock.as_raw_fd(),
+            &self.local,
+            &mut self.stats,
+            &mut self.capture,
+        )
+    }
+
+    /// Receive what is waiting (up to a batch of `recvmmsg` entries; more
+    /// datagrams with GRO) without blocking. Each datagram's ICRC is checked
+    /// (see [`crate::policy`]); bad ones are counted and dropped. Calls `f`
+    /// with each good datagram (the UDP payload, ICRC included) and returns
+    /// how many there were.
+    pub fn recv(&mut self, f: impl FnMut(&RxMeta, &[u8])) -> io::Result<usize> {
+        let slot = matches!(self.steering, Steering::Shared { .. }).then_some(self.slot);
+        let fd = self.sock.as_raw_fd();
+        self.rx.recv(
+            fd,
+            self.local.addr,
+            slot,
+            &mut self.stats,
+            &mut self.capture,
+            f,
+        )
+    }
+}
+
+impl AsRawFd for Port {
+    fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
+impl AsFd for Port {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        // Unflushed entries may point at memory that is gone (a leaked `Tx`,
+        // or `push` without `flush`): drop them unsent. Held (owned)
+        // datagrams still go out.
+        self.txq.discard();
+        while let Some(h) = self.held.pop_front() {
+            if self.txq.room() == 0 {
+                break;
+            }
+            self.txq.push_owned(h.dst, h.buf);
+        }
+        let _ = self.flush_queue();
+    }
+}
+
+/// A batch of datagrams being sent through a [`Port`].
+///
+/// It borrows the payload memory of every datagram pushed (`'a`) until the
+/// batch is flushed, which is what lets the payload go to the kernel without
+/// a copy. It is flushed when full, by [`Tx::flush`], [`Tx::finish`], and
+/// when dropped (errors then only show in [`Port::stats`]).
+pub struct Tx<'a> {
+    port: &'a mut Port,
+}
+
+impl<'a> Tx<'a> {
+    /// Queue one packet to `dst_gid` (UDP port 4791 of that address): `head` is
+    /// what the core wrote (BTH, extension headers, inline payload; copied),
+    /// `payload` the slices of registered memory that follow it (not
+    /// copied), `pad` 0..=3 zero bytes after them. The ICRC is computed and
+    /// appended here. `src_qpn` is accepted for flow entropy, which one
+    /// bound socket cannot provide (the source port is always ours).
+    pub fn push(
+        &mut self,
+        dst_gid: [u8; 16],
+        src_qpn: u32,
+        head: &[u8],
+        payload: &[&'a [u8]],
+        pad: u8,
+    ) -> io::Result<()> {
+        let _ = src_qpn;
+        self.port.queue(dst_gid, head, payload, pad)
+    }
+
+    /// Send everything queued (one `sendmmsg`, GSO trains where possible).
+    /// A full socket buffer is waited out briefly; datagrams the kernel
+    /// refuses are counted in [`PortStats::send_errors`]. Errors returned are
+    /// those that make the socket unusable.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.port.flush_queue()
+    }
+
+    /// Flush and end the batch.
+    pub fn finish(mut self) -> io::Result<()> {
+        self.flush()
+    }
+
+    /// Datagrams queued and not yet sent.
+    pub fn queued(&self) -> usize {
+        self.port.txq.len()
+    }
+
+    /// The port, for its statistics.
+    pub fn port(&self) -> &Port {
+        self.port
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        if self.port.txq.len() > 0 {
+            let _ = self.port.flush_queue();
+        }
+        self.port.tx_live = false;
+    }
+}

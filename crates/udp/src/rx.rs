@@ -1,0 +1,260 @@
+//! The receive path: one `recvmmsg` into preallocated buffers, then per
+//! datagram the ICRC check ([`crate::check`]) under the sender policy
+//! ([`crate::policy`]), capture, and delivery.
+//!
+//! With `UDP_GRO` on, one entry can hold several datagrams of one sender
+//! coalesced by the kernel; the control message gives their size and they
+//! are cut apart again here.
+
+use crate::capture::{Capture, IpFields};
+use crate::check::Checker;
+use crate::policy::{Decision, SenderTable};
+use crate::sys::{self, RawAddr, RxCmsg, RxCmsgs};
+use crate::tx::gid_of;
+use crate::{PortStats, RxMeta};
+use softrdma_wire::opcode::len;
+use std::io;
+use std::mem;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::RawFd;
+
+/// Buffer per entry with GRO: the largest coalesced datagram.
+pub(crate) const GRO_BUF: usize = 65536;
+/// Buffer per entry without GRO: a 4 KiB-MTU RoCE datagram with room to
+/// spare, and a 9000-byte jumbo frame's payload.
+pub(crate) const PLAIN_BUF: usize = 16384;
+
+struct RxRing {
+    size: usize,
+    bufs: Box<[u8]>,
+    iovs: Vec<libc::iovec>,
+    names: Vec<RawAddr>,
+    cmsgs: Vec<RxCmsg>,
+    msgs: Vec<libc::mmsghdr>,
+    /// Entries the last `recv` filled.
+    filled: usize,
+}
+
+/// One received entry.
+struct Received<'a> {
+    pub(crate) src: Option<SocketAddr>,
+    pub(crate) cmsgs: RxCmsgs,
+    pub(crate) data: &'a [u8],
+    pub(crate) truncated: bool,
+}
+
+impl RxRing {
+    pub(crate) fn new(n: usize, size: usize) -> RxRing {
+        RxRing {
+            size,
+            bufs: vec![0u8; n * size].into_boxed_slice(),
+            iovs: vec![sys::empty_iovec(); n],
+            names: vec![RawAddr::zeroed(); n],
+            cmsgs: vec![RxCmsg::new(); n],
+            msgs: vec![sys::empty_mmsghdr(); n],
+            filled: 0,
+        }
+    }
+
+    /// Receive what is waiting, without blocking; returns the entry count.
+    pub(crate) fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        let n = self.msgs.len();
+        let bufs = self.bufs.as_mut_ptr();
+        for (i, v) in self.iovs.iter_mut().enumerate() {
+            *v = libc::iovec {
+                iov_base: bufs.wrapping_add(i * self.size).cast(),
+                iov_len: self.size,
+            };
+        }
+        let (iovs, names, cmsgs) = (
+            self.iovs.as_mut_ptr(),
+            self.names.as_mut_ptr(),
+            self.cmsgs.as_mut_ptr(),
+        );
+        for (i, m) in self.msgs.iter_mut().enumerate() {
+            m.msg_hdr = libc::msghdr {
+                msg_name: names.wrapping_add(i).cast(),
+                msg_namelen: mem::size_of::<RawAddr>() as libc::socklen_t,
+                msg_iov: iovs.wrapping_add(i),
+                msg_iovlen: 1,
+                msg_control: cmsgs.wrapping_add(i).cast(),
+                msg_controllen: mem::size_of::<RxCmsg>(),
+                msg_flags: 0,
+            };
+            m.msg_len = 0;
+        }
+        self.filled = 0;
+        // SAFETY: each header points at its own name, iovec, control buffer
+        // and `size`-byte slice of `bufs`, all owned by `self`, with the
+        // lengths of those buffers; nothing else touches them during the call.
+        let got = unsafe { sys::recvmmsg(fd, &mut self.msgs[..n]) }?;
+        self.filled = got;
+        Ok(got)
+    }
+
+    /// Entry `i` of the last `recv`.
+    pub(crate) fn get(&self, i: usize) -> Received<'_> {
+        let m = &self.msgs[i];
+        let len = (m.msg_len as usize).min(self.size);
+        let src = if m.msg_hdr.msg_namelen > 0 {
+            self.names[i].socket_addr()
+        } else {
+            None
+        };
+        assert!(i < self.filled, "entry {i} was not received");
+        // SAFETY: the last `recv` filled more than `i` entries, so the kernel
+        // wrote this header and its control buffer (length in
+        // `msg_controllen`), which nothing has touched since.
+        let cmsgs = unsafe { sys::parse_rx_cmsgs(&m.msg_hdr) };
+        Received {
+            src,
+            cmsgs,
+            data: &self.bufs[i * self.size..i * self.size + len],
+            truncated: m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+        }
+    }
+}
+
+/// The receive side of a port.
+pub(crate) struct Receiver {
+    ring: RxRing,
+    checker: Checker,
+    pub(crate) policy: SenderTable,
+}
+
+/// Why a received datagram was dropped.
+enum Bad {
+    Short,
+    Icrc,
+}
+
+impl Receiver {
+    /// Room for `batch` entries of `size` bytes each.
+    pub(crate) fn new(batch: usize, size: usize) -> Receiver {
+        Receiver {
+            ring: RxRing::new(batch, size),
+            checker: Checker::new(),
+            policy: SenderTable::new(),
+        }
+    }
+
+    /// One `recvmmsg` on `fd` (bound to `local`), then check and deliver.
+    /// With `slot`, datagrams for other QPN slots are dropped (a shared
+    /// port should never get any).
+    pub(crate) fn recv(
+        &mut self,
+        fd: RawFd,
+        local: SocketAddr,
+        slot: Option<u8>,
+        stats: &mut PortStats,
+        capture: &mut Option<Capture>,
+        mut f: impl FnMut(&RxMeta, &[u8]),
+    ) -> io::Result<usize> {
+        let n = match self.ring.recv(fd) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                return Ok(0)
+            }
+            Err(e) => return Err(e),
+        };
+        stats.recvmmsg_calls += 1;
+        let local_gid = gid_of(local.ip());
+        let mut good = 0;
+        for i in 0..n {
+            let d = self.ring.get(i);
+            if d.truncated {
+                stats.rx_truncated += 1;
+                continue;
+            }
+            let Some(src) = d.src else {
+                stats.rx_malformed += 1;
+                continue;
+            };
+            let dgid = d.cmsgs.dst.unwrap_or(local_gid);
+            let dst = SocketAddr::new(ip_of(dgid, src.is_ipv4()), local.port());
+            let seg = d.cmsgs.gro_segment.map_or(d.data.len(), usize::from).max(1);
+            if d.data.len() > seg {
+                stats.gro_batches += 1;
+                stats.gro_segments += d.data.len().div_ceil(seg) as u64;
+            }
+            let meta = RxMeta {
+                sgid: gid_of(src.ip()),
+                dgid,
+                src_port: src.port(),
+                traffic_class: d.cmsgs.tclass.unwrap_or(0),
+                hop_limit: d.cmsgs.hop_limit.unwrap_or(0),
+            };
+            for chunk in d.data.chunks(seg) {
+                let verdict = check(chunk, src, dst, &mut self.checker, &mut self.policy);
+                if let Some(c) = capture {
+                    let (ident, df) = match verdict {
+                        Ok((ident, df, _)) => (ident, df),
+                        Err(_) => (0, true),
+                    };
+                    let ip = IpFields {
+                        ident,
+                        df,
+                        tclass: meta.traffic_class,
+                        hop_limit: meta.hop_limit,
+                    };
+                    c.received(src, dst, ip, chunk);
+                }
+                match verdict {
+                    Err(Bad::Short) => stats.rx_malformed += 1,
+                    Err(Bad::Icrc) => stats.icrc_bad += 1,
+                    Ok(_) if slot.is_some_and(|s| chunk[5] != s) => stats.rx_wrong_slot += 1,
+                    Ok((_, _, recovered)) => {
+                        stats.icrc_recovered += recovered as u64;
+                        stats.rx_packets += 1;
+                        stats.rx_bytes += chunk.len() as u64;
+                        good += 1;
+                        f(&meta, chunk);
+                    }
+                }
+            }
+        }
+        Ok(good)
+    }
+}
+
+/// The IP address of a GID, in the family of the socket.
+fn ip_of(gid: [u8; 16], v4: bool) -> IpAddr {
+    let ip = Ipv6Addr::from(gid);
+    match (v4, ip.to_ipv4_mapped()) {
+        (true, Some(a)) => a.into(),
+        _ => ip.into(),
+    }
+}
+
+/// Check one received datagram's ICRC; on success, the IPv4 ID and DF it
+/// was sent with and whether they had to be recovered.
+fn check(
+    d: &[u8],
+    src: SocketAddr,
+    dst: SocketAddr,
+    checker: &mut Checker,
+    policy: &mut SenderTable,
+) -> Result<(u16, bool, bool), Bad> {
+    if d.len() < len::BTH + len::ICRC {
+        return Err(Bad::Short);
+    }
+    match (src, dst) {
+        (SocketAddr::V4(s), SocketAddr::V4(t)) => {
+            match policy.decide((gid_of(src.ip()), src.port()), checker.ipv4(s, t, d)) {
+                Decision::Accept {
+                    ident,
+                    df,
+                    recovered,
+                } => Ok((ident, df, recovered)),
+                Decision::Reject => Err(Bad::Icrc),
+            }
+        }
+        (SocketAddr::V6(s), SocketAddr::V6(t)) if checker.ipv6(s, t, d) => Ok((0, true, false)),
+        _ => Err(Bad::Icrc),
+    }
+}

@@ -1,0 +1,211 @@
+//! Several ports — in one process and in two — sharing one address and port
+//! 4791, each receiving only the datagrams for its own QPN slot.
+//!
+//! Where bpf(2) is refused the ports fall back to exclusive mode; these tests
+//! then only check that the fallback says so.
+
+mod common;
+
+use common::*;
+use softrdma_udp::{Port, PortConfig, PortOptions, Steering};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const CHILD_ENV: &str = "SOFTRDMA_UDP_STEERING_CHILD";
+
+/// Send `n` SEND ONLYs to each of `qpns` from `from` to the GID `dst`.
+fn spray(from: &mut Port, dst: [u8; 16], qpns: &[u32], n: u32) {
+    let pkts: Vec<Pkt> = qpns
+        .iter()
+        .flat_map(|&q| (0..n).map(move |i| send_only(q, i, 16)))
+        .collect();
+    let mut tx = from.tx();
+    for p in &pkts {
+        tx.push(dst, 1, &p.head, &[&p.payload], p.pad).unwrap();
+    }
+    tx.finish().unwrap();
+}
+
+#[test]
+fn two_ports_one_address_one_process() {
+    let mut a = Port::open(PortConfig::new(v4(41))).unwrap();
+    let b = Port::open(PortConfig::new(v4(41)));
+    if !steered(&a) {
+        let Steering::Exclusive { why } = a.steering() else {
+            unreachable!()
+        };
+        eprintln!("no eBPF steering here ({why:?}); checking the fallback error only");
+        let e = b.err().unwrap().to_string();
+        assert!(e.contains("eBPF steering is unavailable"), "{e}");
+        return;
+    }
+    let mut b = b.unwrap();
+    assert!(steered(&b));
+    assert_ne!(a.slot(), b.slot());
+    assert_eq!(a.steering(), b.steering(), "one map");
+    assert!(
+        !a.gro_enabled() && !b.gro_enabled(),
+        "no GRO in a shared group"
+    );
+    let (sa, sb) = (a.slot() as u32, b.slot() as u32);
+    // A slot nobody owns; slot 0 (QP1) is never claimed.
+    let free = (1..=255u32).find(|&s| s != sa && s != sb).unwrap();
+
+    let mut c = port_v4(42);
+    let gid = a.local_gid();
+    spray(
+        &mut c,
+        gid,
+        &[sa << 16 | 5, sb << 16 | 0xfff0, free << 16 | 1, 1],
+        20,
+    );
+    let got_a = recv_n(&mut a, 20);
+    let got_b = recv_n(&mut b, 20);
+    assert_eq!(got_a.len(), 20);
+    assert_eq!(got_b.len(), 20);
+    assert!(got_a.iter().all(|(_, d)| qpn(d) == sa << 16 | 5));
+    assert!(got_b.iter().all(|(_, d)| qpn(d) == sb << 16 | 0xfff0));
+    // Nothing else arrives: the other 40 were dropped by the program.
+    assert!(recv_for(&mut a, Duration::from_millis(30)).is_empty());
+    assert!(recv_for(&mut b, Duration::from_millis(30)).is_empty());
+    assert_eq!(a.stats().rx_wrong_slot + b.stats().rx_wrong_slot, 0);
+
+    // A closed port frees its slot for the next one.
+    let slot_b = b.slot();
+    drop(b);
+    let b2 = Port::open(PortConfig::new(v4(41))).unwrap();
+    assert_eq!(b2.slot(), slot_b);
+}
+
+#[test]
+fn two_processes_share_an_address() {
+    let mut a = Port::open(PortConfig::new(v4(43))).unwrap();
+    if !steered(&a) {
+        eprintln!("no eBPF steering here; skipped");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args([
+            "child_receiver",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "127.0.0.43")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // libtest may print "test child_receiver ... " on the same line.
+    let after = |l: &str, tag: &str| l.find(tag).map(|i| l[i..].trim().to_string());
+    let slot_line = lines
+        .by_ref()
+        .find_map(|l| after(&l.unwrap(), "SLOT "))
+        .expect("child reports its slot");
+    let child_slot: u32 = slot_line[5..].parse().unwrap();
+    assert_ne!(child_slot, a.slot() as u32);
+
+    let mut c = port_v4(44);
+    let mine = (a.slot() as u32) << 16 | 7;
+    let theirs = child_slot << 16 | 9;
+    spray(&mut c, a.local_gid(), &[mine, theirs], 50);
+    let got = recv_n(&mut a, 50);
+    assert_eq!(got.len(), 50);
+    assert!(got.iter().all(|(_, d)| qpn(d) == mine));
+    assert!(recv_for(&mut a, Duration::from_millis(30)).is_empty());
+
+    // Tell the child to report what it got.
+    writeln!(child.stdin.take().unwrap(), "done").unwrap();
+    let report = lines
+        .find_map(|l| after(&l.unwrap(), "GOT "))
+        .expect("child reports");
+    assert!(child.wait().unwrap().success());
+    assert_eq!(report, format!("GOT 50 QPN {theirs:#x} OTHER 0"));
+}
+
+/// The second process of `two_processes_share_an_address`; does nothing
+/// unless started by it.
+#[test]
+fn child_receiver() {
+    let Ok(addr) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let mut p = Port::open(PortConfig::new(addr.parse().unwrap())).unwrap();
+    assert!(steered(&p));
+    println!("SLOT {}", p.slot());
+    std::io::stdout().flush().unwrap();
+    // Wait for the parent's "done" (bounded by its own test timeout and
+    // ours: 10 s), receiving meanwhile.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::stdin().read_line(&mut s);
+        let _ = tx.send(());
+    });
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while rx.try_recv().is_err() && std::time::Instant::now() < deadline {
+        if p.recv(|_, d| got.push(qpn(d))).unwrap() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    while p.recv(|_, d| got.push(qpn(d))).unwrap() > 0 {}
+    let first = got.first().copied().unwrap_or(0);
+    let other = got.iter().filter(|&&q| q != first).count();
+    println!("GOT {} QPN {first:#x} OTHER {other}", got.len());
+    std::io::stdout().flush().unwrap();
+}
+
+#[test]
+fn falls_back_to_exclusive_when_sharing_is_unavailable() {
+    // A state directory that cannot be created stands in for a refused
+    // bpf(2): both make sharing impossible, and take the same path.
+    let cfg = PortConfig::new(v4(46));
+    let opts = PortOptions {
+        state_dir: "/sys/softrdma-cannot-exist".into(),
+        ..PortOptions::default()
+    };
+    let a = Port::open_with(cfg.clone(), opts.clone()).unwrap();
+    let Steering::Exclusive { why: Some(why) } = a.steering() else {
+        panic!("expected the exclusive fallback, got {:?}", a.steering())
+    };
+    assert!(why.contains("/sys/softrdma-cannot-exist"), "{why}");
+    assert_eq!(a.slot(), 1);
+    let e = Port::open_with(cfg, opts).err().unwrap().to_string();
+    assert!(
+        e.contains("another process owns 127.0.0.46:4791 and eBPF steering is unavailable"),
+        "{e}"
+    );
+}
+
+#[test]
+fn steering_over_ipv6() {
+    let l: std::net::IpAddr = "::1".parse().unwrap();
+    let open = |port, remote_port, shared| {
+        let cfg = PortConfig {
+            port,
+            shared,
+            ..PortConfig::new(l)
+        };
+        let opts = PortOptions {
+            remote_port: Some(remote_port),
+            ..PortOptions::default()
+        };
+        Port::open_with(cfg, opts)
+    };
+    let mut a = open(24791, 24791, true).unwrap();
+    if !steered(&a) {
+        eprintln!("no eBPF steering here; skipped");
+        return;
+    }
+    let mut b = open(24791, 24791, true).unwrap();
+    let mut c = open(24792, 24791, false).unwrap();
+    let (sa, sb) = (a.slot() as u32, b.slot() as u32);
+    spray(&mut c, a.local_gid(), &[sb << 16 | 3, sa << 16 | 4], 10);
+    let (got_a, got_b) = (recv_n(&mut a, 10), recv_n(&mut b, 10));
+    assert!(got_a.len() == 10 && got_a.iter().all(|(_, d)| qpn(d) == sa << 16 | 4));
+    assert!(got_b.len() == 10 && got_b.iter().all(|(_, d)| qpn(d) == sb << 16 | 3));
+}

@@ -1,0 +1,197 @@
+//! Devices: which soft RNICs exist and which local address each one uses.
+//!
+//! A device is a name (`srdma0`, like `mlx5_0` or `rxe0`) bound to one local
+//! IP address; its single port's GID 0 is that address (IPv4-mapped for
+//! IPv4), as rxe's RoCEv2 GIDs are.
+//!
+//! The list comes from, in order:
+//! 1. `SOFTRDMA_DEVICES`, e.g. `srdma0=127.0.0.1,srdma1=::1,srdma2=10.0.0.5`;
+//! 2. the file `/etc/softrdma/devices`, one `name address` per line;
+//! 3. the default: `srdma0` on 127.0.0.1, then `srdma1`, `srdma2`, … on each
+//!    other IPv4 and global IPv6 address of the host's interfaces.
+//!
+//! With no device named, tools pick the device by the address in use, as
+//! rdma_cm's address resolution does: a client by the route to its peer, a
+//! server by the local address its peer's out-of-band connection reached.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+
+/// A soft RNIC: a name and the local address it sends and receives on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub addr: IpAddr,
+}
+
+impl DeviceInfo {
+    /// GID 0 of port 1: the address, IPv4-mapped for IPv4.
+    pub fn gid(&self) -> [u8; 16] {
+        ip_to_gid(self.addr)
+    }
+}
+
+pub fn ip_to_gid(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
+        IpAddr::V6(v) => v.octets(),
+    }
+}
+
+pub fn gid_to_ip(g: [u8; 16]) -> IpAddr {
+    let v6 = std::net::Ipv6Addr::from(g);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+fn parse_list(s: &str) -> io::Result<Vec<DeviceInfo>> {
+    let mut v = Vec::new();
+    for item in s
+        .split([',', '\n'])
+        .map(str::trim)
+        .filter(|x| !x.is_empty() && !x.starts_with('#'))
+    {
+        let (name, addr) = item
+            .split_once(['=', ' ', '\t'])
+            .ok_or_else(|| bad(format!("device entry '{item}' is not NAME=ADDRESS")))?;
+        let addr: IpAddr = addr.trim().parse().map_err(|_| {
+            bad(format!(
+                "device {name}: '{}' is not an IP address",
+                addr.trim()
+            ))
+        })?;
+        v.push(DeviceInfo {
+            name: name.trim().to_string(),
+            addr,
+        });
+    }
+    Ok(v)
+}
+
+fn bad(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// Every configured device.
+pub fn devices() -> io::Result<Vec<DeviceInfo>> {
+    if let Ok(s) = std::env::var("SOFTRDMA_DEVICES") {
+        return parse_list(&s);
+    }
+    if let Ok(s) = std::fs::read_to_string("/etc/softrdma/devices") {
+        return parse_list(&s);
+    }
+    let mut v = vec![DeviceInfo {
+        name: "srdma0".into(),
+        addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+    }];
+    for ip in interface_addrs() {
+        if !v.iter().any(|d| d.addr == ip) {
+            let name = format!("srdma{}", v.len());
+            v.push(DeviceInfo { name, addr: ip });
+        }
+    }
+    Ok(v)
+}
+
+/// The device with this name.
+pub fn by_name(name: &str) -> io::Result<DeviceInfo> {
+    let all = devices()?;
+    all.iter().find(|d| d.name == name).cloned().ok_or_else(|| {
+        let names: Vec<_> = all
+            .iter()
+            .map(|d| format!("{} ({})", d.name, d.addr))
+            .collect();
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no device '{name}'; devices: {}", names.join(", ")),
+        )
+    })
+}
+
+/// The device using local address `ip` (an unnamed one if none is configured).
+pub fn by_addr(ip: IpAddr) -> io::Result<DeviceInfo> {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    Ok(devices()?
+        .into_iter()
+        .find(|d| d.addr == ip)
+        .unwrap_or(DeviceInfo {
+            name: format!("srdma-{ip}"),
+            addr: ip,
+        }))
+}
+
+/// The local address the kernel would use to reach `peer` (no packet is
+/// sent: a UDP socket is connected and asked for its name).
+pub fn route_source(peer: IpAddr) -> io::Result<IpAddr> {
+    let bind: SocketAddr = match peer {
+        IpAddr::V4(_) => "0.0.0.0:0".parse().expect("literal"),
+        IpAddr::V6(_) => "[::]:0".parse().expect("literal"),
+    };
+    let s = UdpSocket::bind(bind)?;
+    s.connect(SocketAddr::new(peer, 4791))?;
+    Ok(s.local_addr()?.ip())
+}
+
+fn interface_addrs() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `ifap` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return out;
+    }
+    let mut p = ifap;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned.
+        let ifa = unsafe { &*p };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points to a sockaddr whose family says its type.
+            let fam = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+            if fam == libc::AF_INET {
+                // SAFETY: family AF_INET means a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                if !ip.is_loopback() {
+                    out.push(IpAddr::V4(ip));
+                }
+            } else if fam == libc::AF_INET6 {
+                // SAFETY: family AF_INET6 means a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                if !ip.is_loopback() && (ip.segments()[0] & 0xffc0) != 0xfe80 {
+                    out.push(IpAddr::V6(ip));
+                }
+            }
+        }
+        p = ifa.ifa_next;
+    }
+    // SAFETY: frees the list getifaddrs allocated, exactly once.
+    unsafe { libc::freeifaddrs(ifap) };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lists_and_names_errors() {
+        let v = parse_list("srdma0=127.0.0.1, srdma1=::1\n# comment\n").unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[1].addr, "::1".parse::<IpAddr>().unwrap());
+        let e = parse_list("srdma0=notanip").unwrap_err();
+        assert!(
+            e.to_string().contains("'notanip' is not an IP address"),
+            "{e}"
+        );
+        assert!(parse_list("justaname").is_err());
+        assert_eq!(
+            gid_to_ip(ip_to_gid("10.1.2.3".parse().unwrap())),
+            "10.1.2.3".parse::<IpAddr>().unwrap()
+        );
+    }
+}

@@ -1,0 +1,629 @@
+//! The softrdma verbs API: what an application uses to do RDMA.
+//!
+//! The shape is libibverbs' — device, context, protection domain, memory
+//! region, completion queue (with completion channel), queue pair, shared
+//! receive queue, address handle — with Rust ownership on top:
+//!
+//! * Handles own their resource and release it on drop; a QP is flushed and
+//!   drained before it goes away, so every posted work request completes.
+//! * Memory a work request references stays valid until no queue can use
+//!   it: [`Pd::reg_mr`] takes ownership of the buffer, and a dropped region's
+//!   buffer is only freed once every work queue of the context is idle. Every
+//!   scatter/gather entry is checked against the registered regions when it
+//!   is posted, so safe code cannot point the engine at unregistered memory.
+//!   [`Pd::reg_mr_raw`] and [`Qp::post_send_unchecked`] are the `unsafe` tier
+//!   for callers (such as the C ABI) that manage lifetimes themselves.
+//! * Verbs misuse returns an [`Error`] that names the problem; remote faults
+//!   arrive as IBA completion statuses and QP states.
+//!
+//! Each [`Context`] runs a progress engine (see `engine`) that serves
+//! inbound one-sided operations without any call from the application.
+
+mod device;
+mod engine;
+mod memory;
+mod sys;
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex};
+
+pub use device::{by_addr, by_name, devices, gid_to_ip, ip_to_gid, route_source, DeviceInfo};
+pub use engine::AsyncEvent;
+pub use softrdma_core::cq::CqId;
+pub use softrdma_core::mr::PdId;
+pub use softrdma_core::qp::attr::{AccessFlags, AddressVector, AttrMask, Mtu, QpAttr};
+pub use softrdma_core::qp::state::{QpState, QpType};
+pub use softrdma_core::qp::QpCap;
+pub use softrdma_core::stats::Stats;
+pub use softrdma_core::wc::{wc_flags, Completion, WcOpcode, WcStatus};
+pub use softrdma_core::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+pub use softrdma_core::Error as CoreError;
+pub use softrdma_udp::{FaultConfig, PortStats};
+
+use engine::Engine;
+use sys::EventFd;
+
+/// What went wrong.
+#[derive(Debug)]
+pub enum Error {
+    /// Verbs misuse or resource limits, from the transport core.
+    Verbs(CoreError),
+    Io(io::Error),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Verbs(e) => write!(f, "{e}"),
+            Error::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<CoreError> for Error {
+    fn from(e: CoreError) -> Self {
+        Error::Verbs(e)
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Options for opening a device.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Impairments injected on send, for testing recovery.
+    pub fault: Option<FaultConfig>,
+    /// Capture everything this context sends and receives.
+    pub pcap: Option<std::path::PathBuf>,
+    /// Path MTU the port reports as active (default 4096).
+    pub port_mtu: Option<Mtu>,
+}
+
+/// `struct ibv_device_attr`, the parts tools print.
+#[derive(Debug, Clone)]
+pub struct DeviceAttr {
+    pub fw_ver: String,
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_mr_size: u64,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_inline_data: u32,
+    pub max_msg_sz: u64,
+    pub atomic_cap_hca: bool,
+    pub phys_port_cnt: u8,
+}
+
+/// `struct ibv_port_attr`, the parts tools print.
+#[derive(Debug, Clone)]
+pub struct PortAttr {
+    pub state_active: bool,
+    pub max_mtu: Mtu,
+    pub active_mtu: Mtu,
+    pub gid_tbl_len: u32,
+    pub lid: u16,
+    /// Ethernet (RoCE).
+    pub link_layer_ethernet: bool,
+}
+
+/// What a device reports (`ibv_query_device`); needs no open context.
+pub fn device_attr(dev: &DeviceInfo) -> DeviceAttr {
+    let g = dev.gid();
+    let guid = u64::from_be_bytes([0x02, 0x50, g[12], 0xff, 0xfe, g[13], g[14], g[15]]);
+    DeviceAttr {
+        fw_ver: env!("CARGO_PKG_VERSION").to_string(),
+        node_guid: guid,
+        sys_image_guid: guid,
+        vendor_id: 0x5352_44,
+        vendor_part_id: 1,
+        hw_ver: 0,
+        max_mr_size: softrdma_core::MAX_MSG_SIZE,
+        max_qp: 1024,
+        max_qp_wr: 1 << 14,
+        max_sge: softrdma_core::MAX_SGE as u32,
+        max_cq: 1024,
+        max_cqe: 1 << 16,
+        max_mr: softrdma_core::mr::MAX_MR as u32,
+        max_pd: 1 << 16,
+        max_qp_rd_atom: 16,
+        max_qp_init_rd_atom: 16,
+        max_srq: 1024,
+        max_srq_wr: 1 << 14,
+        max_srq_sge: softrdma_core::MAX_SGE as u32,
+        max_inline_data: softrdma_core::MAX_INLINE as u32,
+        max_msg_sz: softrdma_core::MAX_MSG_SIZE,
+        atomic_cap_hca: true,
+        phys_port_cnt: 1,
+    }
+}
+
+/// An open device: a progress engine on one UDP port.
+pub struct Context {
+    dev: DeviceInfo,
+    eng: Arc<Engine>,
+    port_mtu: Mtu,
+}
+
+impl Context {
+    pub fn open(dev: &DeviceInfo, opts: &OpenOptions) -> Result<Context> {
+        let port = softrdma_udp::Port::open(softrdma_udp::PortConfig {
+            local: dev.addr,
+            port: softrdma_wire::ROCEV2_UDP_PORT,
+            batch: 32,
+            shared: true,
+            fault: opts.fault.clone(),
+            pcap: opts.pcap.clone(),
+        })?;
+        let slot = port.slot() as u32;
+        let port_mtu = opts.port_mtu.unwrap_or(Mtu::B4096);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            ^ ((std::process::id() as u64) << 32);
+        let cfg = softrdma_core::EndpointConfig {
+            seed,
+            qpn_base: (slot << 16) | 0x100,
+            port_mtu,
+            ..Default::default()
+        };
+        let ep = softrdma_core::Endpoint::new(cfg);
+        Ok(Context {
+            dev: dev.clone(),
+            eng: Engine::start(ep, port)?,
+            port_mtu,
+        })
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.dev
+    }
+
+    pub fn gid(&self) -> [u8; 16] {
+        self.dev.gid()
+    }
+
+    pub fn query_device(&self) -> DeviceAttr {
+        device_attr(&self.dev)
+    }
+
+    pub fn query_port(&self) -> PortAttr {
+        PortAttr {
+            state_active: true,
+            max_mtu: Mtu::B4096,
+            active_mtu: self.port_mtu,
+            gid_tbl_len: 1,
+            lid: 0,
+            link_layer_ethernet: true,
+        }
+    }
+
+    pub fn alloc_pd(&self) -> Pd {
+        let id = self.eng.lock().ep.alloc_pd();
+        Pd {
+            eng: self.eng.clone(),
+            id,
+        }
+    }
+
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        Ok(CompChannel {
+            inner: Arc::new(ChannelInner {
+                fd: EventFd::new(true)?,
+                pending: Mutex::new(std::collections::VecDeque::new()),
+            }),
+        })
+    }
+
+    pub fn create_cq(&self, depth: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        let mut st = self.eng.lock();
+        let id = st.ep.create_cq(depth)?;
+        if let Some(ch) = channel {
+            st.channels.insert(id.0, ch.inner.clone());
+        }
+        Ok(Cq {
+            eng: self.eng.clone(),
+            id,
+            depth,
+        })
+    }
+
+    /// The descriptor that becomes readable when an async event is queued.
+    pub fn async_fd(&self) -> RawFd {
+        self.eng.async_fd.as_raw_fd()
+    }
+
+    pub fn get_async_event(&self) -> Option<AsyncEvent> {
+        let _ = self.eng.async_fd.drain();
+        let mut st = self.eng.lock();
+        let e = st.async_events.pop_front();
+        if !st.async_events.is_empty() {
+            self.eng.async_fd.signal();
+        }
+        e
+    }
+
+    /// Transport and port counters.
+    pub fn stats(&self) -> (Stats, PortStats) {
+        let st = self.eng.lock();
+        (*st.ep.stats(), st.port.stats())
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        self.eng.shutdown();
+    }
+}
+
+/// A protection domain.
+pub struct Pd {
+    eng: Arc<Engine>,
+    id: PdId,
+}
+
+/// A registered memory region. It owns its buffer; remote peers may read and
+/// write it at any time through the rkey, so the application reads and
+/// writes it through copies (`read`/`write`) rather than references.
+pub struct Mr {
+    eng: Arc<Engine>,
+    lkey: u32,
+    rkey: u32,
+    addr: u64,
+    len: usize,
+    buf: Option<Box<[u8]>>,
+}
+
+impl Pd {
+    pub fn id(&self) -> PdId {
+        self.id
+    }
+
+    /// Register an owned buffer. Its address is the region's iova.
+    pub fn reg_mr(&self, buf: Vec<u8>, access: AccessFlags) -> Result<Mr> {
+        let mut buf = buf.into_boxed_slice();
+        let addr = buf.as_mut_ptr() as u64;
+        let len = buf.len();
+        let (lkey, rkey) = self
+            .eng
+            .lock()
+            .ep
+            .reg_mr(self.id, addr, addr, len as u64, access)?;
+        Ok(Mr {
+            eng: self.eng.clone(),
+            lkey,
+            rkey,
+            addr,
+            len,
+            buf: Some(buf),
+        })
+    }
+
+    /// Register memory the caller owns.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must stay valid for reads and writes until the
+    /// returned region is dropped *and* every work request that used it has
+    /// completed.
+    pub unsafe fn reg_mr_raw(
+        &self,
+        addr: u64,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr> {
+        let (lkey, rkey) = self
+            .eng
+            .lock()
+            .ep
+            .reg_mr(self.id, iova, addr, len as u64, access)?;
+        Ok(Mr {
+            eng: self.eng.clone(),
+            lkey,
+            rkey,
+            addr,
+            len,
+            buf: None,
+        })
+    }
+
+    pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
+        let mut st = self.eng.lock();
+        let qpn = st.ep.create_qp(softrdma_core::QpInit {
+            qp_type: init.qp_type,
+            pd: self.id,
+            send_cq: init.send_cq.id,
+            recv_cq: init.recv_cq.id,
+            srq: init.srq.map(|s| s.id),
+            cap: init.cap,
+            sq_sig_all: init.sq_sig_all,
+        })?;
+        Ok(Qp {
+            eng: self.eng.clone(),
+            qpn,
+            pd: self.id,
+        })
+    }
+
+    pub fn create_srq(&self, depth: u32, max_sge: u32) -> Result<Srq> {
+        let id = self.eng.lock().ep.create_srq(self.id, depth, max_sge)?;
+        Ok(Srq {
+            eng: self.eng.clone(),
+            id,
+        })
+    }
+}
+
+impl Mr {
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    /// The address of the first byte (also its iova for owned buffers).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// An SGE for `len` bytes at `offset` (checked against the region).
+    pub fn sge(&self, offset: usize, len: u32) -> Sge {
+        assert!(
+            offset + len as usize <= self.len,
+            "SGE outside the memory region"
+        );
+        Sge {
+            addr: self.addr + offset as u64,
+            length: len,
+            lkey: self.lkey,
+        }
+    }
+
+    fn range(&self, offset: usize, n: usize) -> u64 {
+        assert!(
+            offset.checked_add(n).is_some_and(|e| e <= self.len),
+            "range outside the memory region"
+        );
+        self.addr + offset as u64
+    }
+
+    /// Copy out of the region.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        let a = self.range(offset, out.len());
+        // SAFETY: in bounds of the live region (checked above). The NIC may
+        // write concurrently, as with any RNIC; the copy then sees either
+        // byte value, which the application must order with completions.
+        unsafe { std::ptr::copy(a as *const u8, out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Copy into the region.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        let a = self.range(offset, data.len());
+        // SAFETY: as for `read`.
+        unsafe { std::ptr::copy(data.as_ptr(), a as *mut u8, data.len()) }
+    }
+
+    /// Volatile read of one byte: for spinning on a flag a remote WRITE sets.
+    pub fn read_volatile_u8(&self, offset: usize) -> u8 {
+        let a = self.range(offset, 1);
+        // SAFETY: in bounds of the live region.
+        unsafe { std::ptr::read_volatile(a as *const u8) }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let mut st = self.eng.lock();
+        let _ = st.ep.dereg_mr(self.lkey);
+        if let Some(b) = self.buf.take() {
+            st.graveyard.push(Box::new(b));
+        }
+    }
+}
+
+pub(crate) struct ChannelInner {
+    pub fd: EventFd,
+    pub pending: Mutex<std::collections::VecDeque<u32>>,
+}
+
+/// A completion channel (`ibv_comp_channel`): its fd becomes readable when an
+/// armed CQ gets a completion; it works with epoll.
+#[derive(Clone)]
+pub struct CompChannel {
+    inner: Arc<ChannelInner>,
+}
+
+impl CompChannel {
+    pub fn fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+
+    /// Wait for the next CQ event (`ibv_get_cq_event`); `None` on timeout.
+    pub fn get_event(&self, timeout: Option<std::time::Duration>) -> io::Result<Option<CqId>> {
+        loop {
+            if let Some(c) = self.inner.pending.lock().unwrap().pop_front() {
+                return Ok(Some(CqId(c)));
+            }
+            let mut p = libc::pollfd {
+                fd: self.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
+            // SAFETY: one valid pollfd.
+            let r = unsafe { libc::poll(&mut p, 1, ms) };
+            if r == 0 {
+                return Ok(None);
+            }
+            let _ = self.inner.fd.drain();
+        }
+    }
+}
+
+/// A completion queue.
+pub struct Cq {
+    eng: Arc<Engine>,
+    id: CqId,
+    depth: u32,
+}
+
+impl Cq {
+    pub fn id(&self) -> CqId {
+        self.id
+    }
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Move completions into `out`; returns how many.
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        Ok(self.eng.lock().ep.poll_cq(self.id, out)?)
+    }
+
+    /// Arm the completion channel for the next (solicited) completion.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        let mut st = self.eng.lock();
+        st.ep.req_notify_cq(self.id, solicited_only)?;
+        Ok(())
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        let mut st = self.eng.lock();
+        let _ = st.ep.destroy_cq(self.id);
+        st.channels.remove(&self.id.0);
+    }
+}
+
+/// A shared receive queue.
+pub struct Srq {
+    eng: Arc<Engine>,
+    id: u32,
+}
+
+impl Srq {
+    pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        self.eng.lock().ep.post_srq_recv(self.id, wr)?;
+        self.eng.ring();
+        Ok(())
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        let _ = self.eng.lock().ep.destroy_srq(self.id);
+    }
+}
+
+/// `struct ibv_qp_init_attr`.
+pub struct QpInitAttr<'a> {
+    pub qp_type: QpType,
+    pub send_cq: &'a Cq,
+    pub recv_cq: &'a Cq,
+    pub srq: Option<&'a Srq>,
+    pub cap: QpCap,
+    pub sq_sig_all: bool,
+}
+
+/// A queue pair.
+pub struct Qp {
+    eng: Arc<Engine>,
+    qpn: u32,
+    pd: PdId,
+}
+
+impl Qp {
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        self.eng.lock().ep.modify_qp(self.qpn, attr, mask)?;
+        self.eng.ring();
+        Ok(())
+    }
+
+    /// Current state and attributes (`ibv_query_qp`).
+    pub fn query(&self) -> Result<(QpState, QpAttr, QpCap)> {
+        let st = self.eng.lock();
+        let q = st.ep.qp(self.qpn)?;
+        Ok((q.state, q.attr.clone(), q.cap))
+    }
+
+    /// Post a send work request. Every SGE must lie in a memory region of
+    /// this QP's protection domain, inline ones included.
+    pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        let mut st = self.eng.lock();
+        if wr.flags.contains(SendFlags::INLINE) {
+            for s in wr.sgl {
+                st.ep
+                    .mrs()
+                    .check_local(self.pd, s.lkey, s.addr, s.length as u64, AccessFlags::EMPTY)
+                    .map_err(|_| {
+                        CoreError::InvalidArgument(
+                            "inline SGE is not inside a memory region of the QP's PD",
+                        )
+                    })?;
+            }
+        }
+        let mem = st.mem;
+        st.ep.post_send(self.qpn, wr, &mem)?;
+        drop(st);
+        self.eng.ring();
+        Ok(())
+    }
+
+    /// Post a send whose inline SGEs may point anywhere (verbs semantics).
+    ///
+    /// # Safety
+    /// Inline SGEs must point to readable memory of their length.
+    pub unsafe fn post_send_unchecked(&self, wr: &SendWr<'_>) -> Result<()> {
+        let mut st = self.eng.lock();
+        let mem = st.mem;
+        st.ep.post_send(self.qpn, wr, &mem)?;
+        drop(st);
+        self.eng.ring();
+        Ok(())
+    }
+
+    pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        self.eng.lock().ep.post_recv(self.qpn, wr)?;
+        self.eng.ring();
+        Ok(())
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        let _ = self.eng.lock().ep.destroy_qp(self.qpn);
+    }
+}

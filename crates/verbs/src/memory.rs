@@ -1,0 +1,57 @@
+//! Process memory as the transport core sees it.
+//!
+//! The core validates every address against its memory-region table before
+//! touching it; this is the one place where those validated addresses are
+//! turned back into pointers. The safe verbs API keeps every registered
+//! buffer alive until no work queue can reference it any more (see
+//! `Engine::retire`), which is what makes these accesses sound.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use softrdma_core::mr::Memory;
+
+/// Registered memory in this process's address space.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostMemory;
+
+impl Memory for HostMemory {
+    fn read(&self, addr: u64, out: &mut [u8]) {
+        // SAFETY: the core only passes ranges it validated against a live
+        // memory region; regions are only freed once no queue references
+        // them (Engine::retire). Overlap with `out` is impossible: `out` is
+        // an engine-owned buffer, never registered.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) }
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) {
+        // SAFETY: as for `read`; the region was validated as writable and
+        // `data` (a receive buffer of the engine) never aliases it.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) }
+    }
+
+    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> u64 {
+        // SAFETY: validated, live, and 8-byte aligned (the core rejects
+        // misaligned atomics with an Invalid Request NAK), so it is a valid
+        // AtomicU64 location for the duration of the call.
+        let a = unsafe { &*(addr as *const AtomicU64) };
+        match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(v) | Err(v) => v,
+        }
+    }
+
+    fn fetch_add(&mut self, addr: u64, add: u64) -> u64 {
+        // SAFETY: as for `compare_swap`.
+        let a = unsafe { &*(addr as *const AtomicU64) };
+        a.fetch_add(add, Ordering::SeqCst)
+    }
+}
+
+/// A payload segment as a byte slice, for the IO backend.
+///
+/// # Safety
+/// `addr..addr+len` must lie in live registered memory, which holds for the
+/// segments of a `Transmit` until the engine's next `retire` pass.
+pub(crate) unsafe fn segment<'a>(addr: u64, len: u32) -> &'a [u8] {
+    // SAFETY: guaranteed by the caller (see above).
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) }
+}

@@ -1,0 +1,137 @@
+//! The few Linux primitives the engine sleeps on: eventfd (doorbells and
+//! completion channels), timerfd (microsecond retransmission deadlines) and
+//! epoll. Each wrapper owns its descriptor.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// An eventfd counter: `signal` adds one, `drain` reads and resets.
+#[derive(Debug)]
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    pub fn new(nonblocking: bool) -> io::Result<EventFd> {
+        let flags = libc::EFD_CLOEXEC | if nonblocking { libc::EFD_NONBLOCK } else { 0 };
+        // SAFETY: eventfd has no pointer arguments; the result is checked.
+        let fd = cvt(unsafe { libc::eventfd(0, flags) })?;
+        // SAFETY: `fd` is a fresh descriptor we own.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64; failure (counter full) is
+        // harmless: the reader wakes anyway.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Read the counter (blocking if the fd is blocking and it is zero).
+    pub fn drain(&self) -> io::Result<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64.
+        let r = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if r == 8 {
+            Ok(v)
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// A monotonic timerfd armed to absolute nanosecond deadlines.
+#[derive(Debug)]
+pub struct TimerFd(OwnedFd);
+
+impl TimerFd {
+    pub fn new() -> io::Result<TimerFd> {
+        // SAFETY: no pointer arguments; result checked.
+        let fd = cvt(unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_CLOEXEC | libc::TFD_NONBLOCK,
+            )
+        })?;
+        // SAFETY: fresh descriptor we own.
+        Ok(TimerFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Fire after `ns` nanoseconds (0 disarms).
+    pub fn set_relative(&self, ns: u64) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (ns / 1_000_000_000) as libc::time_t,
+                tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: `spec` is a valid itimerspec; the old value is not wanted.
+        unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+
+    pub fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64; EAGAIN is fine.
+        unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for TimerFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// An epoll set of read-readiness interests.
+#[derive(Debug)]
+pub struct Epoll(OwnedFd);
+
+impl Epoll {
+    pub fn new() -> io::Result<Epoll> {
+        // SAFETY: no pointer arguments; result checked.
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: fresh descriptor we own.
+        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    pub fn add(&self, fd: RawFd) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: `ev` is a valid epoll_event for the duration of the call.
+        cvt(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
+        Ok(())
+    }
+
+    /// Wait until one of the fds is readable or `timeout_ms` passes (-1: forever).
+    pub fn wait(&self, timeout_ms: i32) -> io::Result<usize> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        // SAFETY: `evs` has room for the 8 events we allow.
+        let r = unsafe { libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), 8, timeout_ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        Ok(r as usize)
+    }
+}

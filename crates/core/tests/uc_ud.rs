@@ -155,18 +155,18 @@ fn uc_send_without_a_receive_is_dropped_not_nakked() {
 
 // ---- UD ----------------------------------------------------------------------
 
+/// Post a UD send of `len` bytes from `region(0)` to QP `to` with `qkey`.
 fn ud_send(
     h: &mut Host,
     q: &QpEnd,
     wr_id: u64,
     op: SendOp,
-    addr: u64,
     len: u32,
     to: &QpEnd,
     qkey: u32,
 ) -> Result<(), Error> {
     let sge = [Sge {
-        addr,
+        addr: region(0),
         length: len,
         lkey: q.lkey,
     }];
@@ -191,9 +191,9 @@ fn ud_delivers_grh_then_payload_with_the_source_qp() {
     pattern(sim.node_mut(0), region(0), 4096, 3);
     // One message is one packet, up to the path MTU (the port's: 4096).
     let a = sim.node_mut(0);
-    let too_big = ud_send(a, &qa, 1, SendOp::Send, region(0), 4097, &qb, QKEY);
+    let too_big = ud_send(a, &qa, 1, SendOp::Send, 4097, &qb, QKEY);
     assert!(matches!(too_big, Err(Error::InvalidArgument(_))));
-    ud_send(a, &qa, 1, SendOp::Send, region(0), 4096, &qb, QKEY).unwrap();
+    ud_send(a, &qa, 1, SendOp::Send, 4096, &qb, QKEY).unwrap();
     sim.run_until_idle(SEC).unwrap();
     assert_eq!(lines(&t), ["A UD_SEND_ONLY 100"]);
     let deth = t.borrow()[0].repr.ext.deth.unwrap();
@@ -229,10 +229,10 @@ fn ud_q_key_mismatch_is_dropped() {
     let (mut sim, qa, qb, _t) = setup(QpType::Ud);
     sim.node_mut(1).post_recv(&qb, 70, region(0), 256);
     let a = sim.node_mut(0);
-    ud_send(a, &qa, 1, SendOp::Send, region(0), 8, &qb, 0x2222).unwrap();
+    ud_send(a, &qa, 1, SendOp::Send, 8, &qb, 0x2222).unwrap();
     // The high bit means "use my own Q_Key", which matches.
     let imm = SendOp::SendWithImm { imm: 4 };
-    ud_send(a, &qa, 2, imm, region(0), 8, &qb, 0x8000_0000).unwrap();
+    ud_send(a, &qa, 2, imm, 8, &qb, 0x8000_0000).unwrap();
     sim.run_until_idle(SEC).unwrap();
     // Both sends complete at the sender: UD does not know what arrived.
     assert_eq!(
@@ -255,10 +255,10 @@ fn ud_receive_without_room_for_the_grh_is_a_length_error() {
     b.post_recv(&qb, 70, region(0), 40 + 99);
     b.post_recv(&qb, 71, region(0), 40 + 100);
     let a = sim.node_mut(0);
-    ud_send(a, &qa, 1, SendOp::Send, region(0), 100, &qb, QKEY).unwrap();
-    ud_send(a, &qa, 2, SendOp::Send, region(0), 100, &qb, QKEY).unwrap();
+    ud_send(a, &qa, 1, SendOp::Send, 100, &qb, QKEY).unwrap();
+    ud_send(a, &qa, 2, SendOp::Send, 100, &qb, QKEY).unwrap();
     // No receive left: the third is dropped.
-    ud_send(a, &qa, 3, SendOp::Send, region(0), 100, &qb, QKEY).unwrap();
+    ud_send(a, &qa, 3, SendOp::Send, 100, &qb, QKEY).unwrap();
     sim.run_until_idle(SEC).unwrap();
     assert_eq!(
         statuses(&sim.node_mut(1).poll_cq(qb.rcq)),
@@ -284,5 +284,5 @@ fn ud_keeps_the_port_mtu_across_a_reset() {
     a.ep.modify_qp(qa.qpn, &reset, AttrMask::STATE).unwrap();
     connect(a, &qa, &qb, 7, 0, &o);
     assert_eq!(a.ep.qp(qa.qpn).unwrap().mtu(), 4096);
-    ud_send(a, &qa, 1, SendOp::Send, region(0), 4096, &qb, QKEY).unwrap();
+    ud_send(a, &qa, 1, SendOp::Send, 4096, &qb, QKEY).unwrap();
 }

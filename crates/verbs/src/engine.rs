@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -28,6 +28,9 @@ use crate::sys::{Epoll, EventFd, TimerFd};
 
 /// How long the progress thread keeps spinning after its last useful work.
 const SPIN: Duration = Duration::from_micros(200);
+/// After the application last polled, how long the engine thread leaves
+/// progress to it.
+const APP_GRACE: Duration = Duration::from_micros(100);
 /// Packets sent per progress pass before receiving again (fairness).
 const TX_BUDGET: usize = 256;
 
@@ -147,6 +150,9 @@ pub(crate) struct Engine {
     pub async_fd: EventFd,
     sleeping: AtomicBool,
     stop: AtomicBool,
+    /// When the application last drove progress itself (ns since `origin`).
+    app_polled: AtomicU64,
+    origin: Instant,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -167,6 +173,8 @@ impl Engine {
             async_fd: EventFd::new(true)?,
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            app_polled: AtomicU64::new(0),
+            origin: Instant::now(),
             thread: Mutex::new(None),
         });
         let me = e.clone();
@@ -186,6 +194,24 @@ impl Engine {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Progress driven by the application thread (from `poll_cq`): the
+    /// application is spinning anyway, so it does the engine's work and the
+    /// engine thread stands back instead of competing for a core.
+    pub fn app_progress(&self, st: &mut State) {
+        self.app_polled
+            .store(self.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if let Err(e) = st.progress(&self.async_fd) {
+            eprintln!("softrdma: progress failed: {e}");
+        }
+    }
+
+    fn app_is_polling(&self) -> bool {
+        let last = self.app_polled.load(Ordering::Relaxed);
+        last != 0
+            && (self.origin.elapsed().as_nanos() as u64).saturating_sub(last)
+                < APP_GRACE.as_nanos() as u64
+    }
+
     /// Tell the progress thread there is new work.
     pub fn ring(&self) {
         if self.sleeping.load(Ordering::SeqCst) {
@@ -201,12 +227,20 @@ impl Engine {
         epoll.add(timer.as_raw_fd())?;
         let mut last_work = Instant::now();
         while !self.stop.load(Ordering::SeqCst) {
+            if self.app_is_polling() {
+                // The application drives progress from poll_cq; look again
+                // shortly in case it stops.
+                std::thread::sleep(APP_GRACE / 2);
+                continue;
+            }
             if self.lock().progress(&self.async_fd)? {
                 last_work = Instant::now();
                 continue;
             }
             if last_work.elapsed() < SPIN {
-                std::hint::spin_loop();
+                // Spin, but let a thread sharing this core run (a target
+                // application spinning on its own memory, on a 2-core host).
+                std::thread::yield_now();
                 continue;
             }
             // Going to sleep: announce it, then look once more so a post

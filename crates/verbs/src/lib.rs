@@ -265,6 +265,13 @@ impl Context {
         e
     }
 
+    /// Drive the device's progress from this thread once (what `poll_cq`
+    /// does), for applications that spin on memory instead of a CQ.
+    pub fn progress(&self) {
+        let mut st = self.eng.lock();
+        self.eng.app_progress(&mut st);
+    }
+
     /// Transport and port counters.
     pub fn stats(&self) -> (Stats, PortStats) {
         let st = self.eng.lock();
@@ -503,9 +510,16 @@ impl Cq {
         self.depth
     }
 
-    /// Move completions into `out`; returns how many.
+    /// Move completions into `out`; returns how many. Polling also drives
+    /// the device's progress from this thread.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        Ok(self.eng.lock().ep.poll_cq(self.id, out)?)
+        let mut st = self.eng.lock();
+        let n = st.ep.poll_cq(self.id, out)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        self.eng.app_progress(&mut st);
+        Ok(st.ep.poll_cq(self.id, out)?)
     }
 
     /// Arm the completion channel for the next (solicited) completion.

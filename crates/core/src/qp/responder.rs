@@ -103,7 +103,9 @@ pub(crate) struct Responder {
     res_next: usize,
     out: VecDeque<Resp>,
     out_cap: usize,
-    /// After this many responses leave, the QP goes to ERR (a fatal NAK).
+    /// A fatal NAK is queued: once this many queue entries (the NAK and
+    /// what is ahead of it; a READ response stream counts once) have left,
+    /// the QP goes to ERR and raises the event.
     fatal: Option<(usize, Event)>,
 }
 

@@ -6,6 +6,14 @@
 //! over IPv4 pseudo-headers (ID 0, DF — what our sockets send). On receive
 //! it checks the ICRC exactly and drops corrupted datagrams, as the real
 //! receive path does for softrdma peers.
+//!
+//! For tests that assert exact packets: a shared [`Trace`] records every
+//! datagram the hosts send (decoded, one [`Pkt::line`] each), drop rules
+//! ([`Host::drop_next`]) lose chosen datagrams deterministically, [`forge`]
+//! builds datagrams a peer never sent (for `Sim::inject`), and
+//! [`Host::take`] / [`Host::deliver`] carry packets by hand where the test
+//! needs an interleaving the simulator would not produce. [`Host::pace`]
+//! models a sender with a finite packet rate.
 #![allow(dead_code)]
 
 use std::cell::RefCell;

@@ -444,11 +444,32 @@ fn loopback(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let r = run(me);
     let status = child.wait()?;
     let code = r?;
+    if a.tsv && a.test.is_bw() {
+        // CPU time of both processes (all threads) per GB of payload moved.
+        let p = Params::from_args(a)?;
+        let bytes: u64 = p.sizes.iter().map(|s| s * p.iters * p.qps as u64).sum();
+        let cpu = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
+        println!(
+            "self.udp.{}.cpu_s_per_gb\t{}\t{:.3}\ts/GB",
+            a.test.name(),
+            p.sizes[0],
+            cpu / (bytes as f64 / 1e9)
+        );
+    }
     if !status.success() {
         eprintln!("softrdma perf: the server side exited with {status}");
         return Ok(ExitCode::from(1));
     }
     Ok(code)
+}
+
+fn cpu_seconds(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage fills the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid rusage to write.
+    unsafe { libc::getrusage(who, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
 }
 
 /// The command line the loopback server runs with: the same test

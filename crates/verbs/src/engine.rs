@@ -30,7 +30,7 @@ use crate::sys::{Epoll, EventFd, TimerFd};
 const SPIN: Duration = Duration::from_micros(200);
 /// After the application last polled, how long the engine thread leaves
 /// progress to it.
-const APP_GRACE: Duration = Duration::from_micros(100);
+const APP_GRACE: Duration = Duration::from_micros(500);
 /// Packets sent per progress pass before receiving again (fairness).
 const TX_BUDGET: usize = 256;
 
@@ -230,7 +230,7 @@ impl Engine {
             if self.app_is_polling() {
                 // The application drives progress from poll_cq; look again
                 // shortly in case it stops.
-                std::thread::sleep(APP_GRACE / 2);
+                std::thread::sleep(APP_GRACE);
                 continue;
             }
             if self.lock().progress(&self.async_fd)? {

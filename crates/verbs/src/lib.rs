@@ -558,6 +558,34 @@ impl Drop for Srq {
     }
 }
 
+/// An address handle: where UD sends go (`ibv_ah`). softrdma's port has one
+/// GID, so the handle is the destination GID plus the GRH fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ah {
+    pub dgid: [u8; 16],
+    pub traffic_class: u8,
+    pub hop_limit: u8,
+}
+
+impl Ah {
+    pub fn new(dgid: [u8; 16]) -> Ah {
+        Ah {
+            dgid,
+            traffic_class: 0,
+            hop_limit: 64,
+        }
+    }
+
+    /// The destination of a UD send through this handle (`wr.ud`).
+    pub fn ud(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
+        UdDest {
+            gid: self.dgid,
+            remote_qpn,
+            remote_qkey,
+        }
+    }
+}
+
 /// `struct ibv_qp_init_attr`.
 pub struct QpInitAttr<'a> {
     pub qp_type: QpType,

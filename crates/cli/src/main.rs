@@ -24,6 +24,8 @@ enum Cmd {
     Devinfo(cmd::devinfo::Args),
     /// perftest-style benchmarks: write_bw, read_lat, send_bw, atomic_lat, ...
     Perf(cmd::perf::Args),
+    /// rdma-core's ibv_rc/uc/ud_pingpong: same flags, exchange and output.
+    Pingpong(cmd::pingpong::Args),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
         Cmd::Decode(a) => cmd::decode::run(a),
         Cmd::Devinfo(a) => cmd::devinfo::run(a),
         Cmd::Perf(a) => cmd::perf::run(a),
+        Cmd::Pingpong(a) => cmd::pingpong::run(a),
     };
     match r {
         Ok(code) => code,

@@ -136,7 +136,7 @@ pub fn device_attr(dev: &DeviceInfo) -> DeviceAttr {
         fw_ver: env!("CARGO_PKG_VERSION").to_string(),
         node_guid: guid,
         sys_image_guid: guid,
-        vendor_id: 0x5352_44,
+        vendor_id: 0x0053_5244,
         vendor_part_id: 1,
         hw_ver: 0,
         max_mr_size: softrdma_core::MAX_MSG_SIZE,
@@ -173,7 +173,7 @@ impl Context {
             port: softrdma_wire::ROCEV2_UDP_PORT,
             batch: 32,
             shared: true,
-            fault: opts.fault.clone(),
+            fault: opts.fault,
             pcap: opts.pcap.clone(),
         })?;
         let slot = port.slot() as u32;
@@ -475,22 +475,38 @@ impl CompChannel {
 
     /// Wait for the next CQ event (`ibv_get_cq_event`); `None` on timeout.
     pub fn get_event(&self, timeout: Option<std::time::Duration>) -> io::Result<Option<CqId>> {
+        let deadline = timeout.map(|d| std::time::Instant::now() + d);
         loop {
-            if let Some(c) = self.inner.pending.lock().unwrap().pop_front() {
-                return Ok(Some(CqId(c)));
+            // Drain first, then take one event and re-signal if more are
+            // queued: the fd stays readable exactly while events are pending
+            // (the engine queues, then signals), so an application that
+            // polls the fd neither spins on a consumed event nor misses one.
+            let _ = self.inner.fd.drain();
+            {
+                let mut q = self.inner.pending.lock().unwrap();
+                if let Some(c) = q.pop_front() {
+                    if !q.is_empty() {
+                        self.inner.fd.signal();
+                    }
+                    return Ok(Some(CqId(c)));
+                }
             }
             let mut p = libc::pollfd {
                 fd: self.fd(),
                 events: libc::POLLIN,
                 revents: 0,
             };
-            let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
+            let ms = deadline.map_or(-1, |d| {
+                d.saturating_duration_since(std::time::Instant::now())
+                    .as_micros()
+                    .div_ceil(1000)
+                    .min(i32::MAX as u128) as i32
+            });
             // SAFETY: one valid pollfd.
             let r = unsafe { libc::poll(&mut p, 1, ms) };
             if r == 0 {
                 return Ok(None);
             }
-            let _ = self.inner.fd.drain();
         }
     }
 }

@@ -90,13 +90,10 @@ pub fn render(d: &DeviceInfo, verbose: bool) -> String {
 pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let all = devices()?;
     if a.list {
+        println!("    {:<16}\t    {:<16}\taddress", "device", "node GUID");
         println!(
-            "    {:<16}\t    {:<16}\t{}",
-            "device", "node GUID", "address"
-        );
-        println!(
-            "    {:<16}\t    {:<16}\t{}",
-            "------", "----------------", "-------"
+            "    {:<16}\t    {:<16}\t-------",
+            "------", "----------------"
         );
         for d in &all {
             let g = device_attr(d).node_guid;

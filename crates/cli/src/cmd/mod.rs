@@ -1,3 +1,4 @@
 pub mod decode;
 pub mod devinfo;
 pub mod perf;
+pub mod pingpong;

@@ -214,6 +214,9 @@ pub struct Params {
     pub test: Test,
     pub conn: QpType,
     pub sizes: Vec<u64>,
+    /// `-a`: perftest's RUN_ALL method, which changes the handshakes of
+    /// send_bw (one after every size).
+    pub all: bool,
     pub buf_size: u64,
     pub iters: u64,
     pub duration: Option<u64>,
@@ -261,6 +264,11 @@ impl Params {
         }
         if a.qps == 0 || a.qps > 16384 {
             return Err(fail(" Number of QPs must be 1..16384"));
+        }
+        if a.duration.is_some() && !t.is_bw() {
+            return Err(fail(
+                " Duration mode (-D) is supported for bandwidth tests only",
+            ));
         }
         if a.duration.is_some() && (a.all || a.events) {
             return Err(fail(" Duration mode cannot be combined with -a or -e"));
@@ -347,6 +355,7 @@ impl Params {
             test: t,
             conn,
             sizes,
+            all: a.all,
             buf_size,
             iters,
             duration: a.duration,
@@ -398,7 +407,7 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         None => softrdma_verbs::by_addr(chan.local_ip()?)?,
     };
     let opts = softrdma_verbs::OpenOptions {
-        fault: a.fault.clone(),
+        fault: a.fault,
         pcap: a.pcap.clone(),
         port_mtu: None,
     };
@@ -517,7 +526,7 @@ fn server_args(a: &Args, port: u16) -> Vec<String> {
         ),
     );
     if let Some(f) = &a.fault {
-        let mut f = f.clone();
+        let mut f = *f;
         f.seed = f.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1);
         push("--fault", Some(f.to_string()));
     }

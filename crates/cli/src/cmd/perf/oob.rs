@@ -93,7 +93,6 @@ pub struct Agreed {
     pub cache_line: u32,
     /// ibv_mtu enum value (1..=5).
     pub mtu: u8,
-    pub remote_version: f64,
 }
 
 impl Channel {
@@ -186,7 +185,6 @@ impl Channel {
             cycle_buffer,
             cache_line,
             mtu,
-            remote_version,
         })
     }
 

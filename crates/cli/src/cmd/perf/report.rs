@@ -21,7 +21,6 @@ pub fn bw_header(gbits: bool) -> &'static str {
 }
 
 pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
-pub const LAT_DUR_HEADER: &str = " #bytes        #iterations       t_avg[usec]    tps average";
 
 /// One bandwidth result.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -52,7 +51,7 @@ pub fn bw_row(r: &BwResult, gbits: bool) -> String {
     )
 }
 
-/// Latency statistics over samples in microseconds.
+/// Latency statistics in microseconds (computed by `bench::lat_stats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LatResult {
     pub size: u64,
@@ -64,29 +63,6 @@ pub struct LatResult {
     pub stdev: f64,
     pub p99: f64,
     pub p999: f64,
-}
-
-impl LatResult {
-    /// Statistics the way perftest takes them: sorted samples, median as
-    /// "typical", percentiles by index.
-    pub fn from_samples(size: u64, samples: &mut [f64]) -> LatResult {
-        samples.sort_by(|a, b| a.partial_cmp(b).expect("finite latencies"));
-        let n = samples.len().max(1);
-        let avg = samples.iter().sum::<f64>() / n as f64;
-        let var = samples.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n as f64;
-        let at = |q: f64| samples[(((n as f64) * q) as usize).min(n - 1)];
-        LatResult {
-            size,
-            iters: samples.len() as u64,
-            min: samples.first().copied().unwrap_or(0.0),
-            max: samples.last().copied().unwrap_or(0.0),
-            typical: samples.get(n / 2).copied().unwrap_or(0.0),
-            avg,
-            stdev: var.sqrt(),
-            p99: at(0.99),
-            p999: at(0.999),
-        }
-    }
 }
 
 pub fn lat_row(r: &LatResult) -> String {
@@ -101,16 +77,6 @@ pub fn lat_row(r: &LatResult) -> String {
         left(r.stdev, 7, 2),
         left(r.p99, 7, 2),
         left(r.p999, 7, 2)
-    )
-}
-
-pub fn lat_dur_row(size: u64, iters: u64, avg_us: f64, tps: f64) -> String {
-    format!(
-        " {:<7}       {}            {}        {}",
-        size,
-        iters,
-        left(avg_us, 7, 2),
-        left(tps, 7, 2)
     )
 }
 
@@ -189,9 +155,14 @@ mod tests {
             bw_row(&r, false),
             " 65536      5000             1234.50            1200.25\t\t   0.019204"
         );
-        let mut s = vec![3.0, 1.0, 2.0, 4.0];
-        let l = LatResult::from_samples(2, &mut s);
-        assert_eq!((l.min, l.max, l.typical), (1.0, 4.0, 3.0));
+        let l = LatResult {
+            size: 2,
+            iters: 4,
+            min: 1.0,
+            max: 4.0,
+            typical: 3.0,
+            ..Default::default()
+        };
         assert!(lat_row(&l).starts_with(" 2       4          1.00           4.00         3.00   "));
     }
 }

@@ -1,0 +1,179 @@
+//! `softrdma perf` end to end: every benchmark between two processes on
+//! loopback with `--check` (the data that moved is verified byte for byte
+//! and a mismatch fails the run), over each transport it allows, with
+//! several QPs, completion events, an impaired link, and with server and
+//! client started as separate commands the way perftest users run them.
+//!
+//! Iteration counts are small: these tests are about correctness, and the
+//! tables' figures are never asserted.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+fn spawn(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .arg("perf")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run softrdma perf")
+}
+
+/// Wait for `c` with a deadline; kill it (ours, by pid) if it overstays.
+fn finish(mut c: Child, what: &str) -> Output {
+    let start = Instant::now();
+    while c.try_wait().expect("try_wait").is_none() {
+        if start.elapsed() > LIMIT {
+            let _ = c.kill();
+            let o = c.wait_with_output().expect("output");
+            panic!(
+                "perf {what} still running after {LIMIT:?}; killed.\n{}\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    c.wait_with_output().expect("output")
+}
+
+/// Run `perf ARGS --loopback --check`; it must succeed and say every byte
+/// was verified. Returns stdout.
+fn checked(args: &[&str]) -> String {
+    let mut a = args.to_vec();
+    a.extend(["--loopback", "--check"]);
+    let what = a.join(" ");
+    let o = finish(spawn(&a), &what);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "perf {what}: {}\nstdout:\n{out}\nstderr:\n{err}",
+        o.status
+    );
+    assert!(
+        out.lines().any(|l| l == " --check: every byte verified"),
+        "perf {what}: no verification line\n{out}"
+    );
+    out
+}
+
+/// The result row for `size`: the line under the table header that starts
+/// with it.
+fn row(out: &str, size: u64) -> &str {
+    let mut lines = out.lines().skip_while(|l| !l.starts_with(" #bytes"));
+    assert!(lines.next().is_some(), "no table header in\n{out}");
+    lines
+        .find(|l| l.split_whitespace().next() == Some(&size.to_string()))
+        .unwrap_or_else(|| panic!("no row for {size} bytes in\n{out}"))
+}
+
+#[test]
+fn every_benchmark_verifies_its_data() {
+    let cases: [(&str, &str, u64); 8] = [
+        ("write_bw", "RDMA_Write BW Test", 65536),
+        ("write_lat", "RDMA_Write Latency Test", 2),
+        ("read_bw", "RDMA_Read BW Test", 65536),
+        ("read_lat", "RDMA_Read Latency Test", 2),
+        ("send_bw", "Send BW Test", 65536),
+        ("send_lat", "Send Latency Test", 2),
+        ("atomic_bw", "Atomic FETCH_AND_ADD BW Test", 8),
+        ("atomic_lat", "Atomic FETCH_AND_ADD Latency Test", 8),
+    ];
+    for (test, title, size) in cases {
+        let out = checked(&[test, "-n", "200"]);
+        assert!(
+            out.lines().any(|l| l.trim() == title),
+            "{test}: title {title:?} missing\n{out}"
+        );
+        let r = row(&out, size);
+        let f: Vec<&str> = r.split_whitespace().collect();
+        assert_eq!(f[1], "200", "{test}: iterations in {r:?}");
+    }
+}
+
+/// send_bw over RC, UC and UD at sizes that make the buffers cycle through
+/// several slots (and, for UD, slots that also hold the GRH), with one and
+/// several QPs.
+#[test]
+fn send_bw_on_every_transport() {
+    for conn in ["RC", "UC", "UD"] {
+        for size in ["1", "1000", "2048", "4096"] {
+            let out = checked(&["send_bw", "-c", conn, "-s", size, "-n", "300"]);
+            row(&out, size.parse().unwrap());
+        }
+        checked(&["send_bw", "-c", conn, "-s", "64", "-q", "3", "-n", "200"]);
+    }
+    checked(&["send_lat", "-c", "UD", "-s", "100", "-n", "200"]);
+    checked(&["write_lat", "-c", "UC", "-s", "100", "-n", "200"]);
+    checked(&["write_bw", "-c", "UC", "-s", "3000", "-n", "200"]);
+}
+
+#[test]
+fn several_qps_events_and_compare_swap() {
+    checked(&["write_bw", "-q", "4", "-s", "100", "-n", "300"]);
+    checked(&["read_bw", "-q", "4", "-s", "5000", "-n", "200"]);
+    checked(&["atomic_bw", "-q", "2", "-A", "CMP_AND_SWAP", "-n", "200"]);
+    checked(&["send_lat", "-e", "-n", "200"]);
+    checked(&["send_bw", "-e", "-n", "200", "-s", "10000"]);
+    checked(&["read_lat", "-e", "-n", "200", "-s", "4097"]);
+    checked(&["send_bw", "-a", "-n", "20"]);
+}
+
+/// Loss, reordering, duplication and corruption injected at the IO layer of
+/// both processes: RC recovers and every byte still arrives.
+#[test]
+fn lossy_link_still_delivers_every_byte() {
+    let f = "loss=0.02,reorder=0.02,dup=0.01,corrupt=0.001,seed=5";
+    checked(&["write_bw", "-s", "8192", "-n", "300", "--fault", f]);
+    checked(&["read_bw", "-s", "10000", "-n", "200", "--fault", f]);
+    checked(&["send_bw", "-s", "3000", "-n", "300", "--fault", f]);
+    checked(&["atomic_bw", "-n", "300", "--fault", f]);
+}
+
+/// Server and client as two commands, perftest style: both print the
+/// table, both exit 0, and the server's `--check` of the written memory
+/// holds.
+#[test]
+fn server_and_client_as_separate_commands() {
+    for test in ["write_bw", "read_bw", "send_bw"] {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+            .to_string();
+        let common = [test, "-p", &port, "-n", "200", "-s", "4000", "--check"];
+        let server = spawn(&common);
+        let mut ca = common.to_vec();
+        ca.push("127.0.0.1");
+        // perf's client retries its connection while the server starts.
+        let client = spawn(&ca);
+        let c = finish(client, &format!("{test} client"));
+        let s = finish(server, &format!("{test} server"));
+        for (who, o) in [("server", &s), ("client", &c)] {
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                o.status.success(),
+                "{test} {who}: {}\n{out}\n{}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let r = row(&out, 4000);
+            assert_eq!(
+                r.split_whitespace().nth(1),
+                Some("200"),
+                "{test} {who}: {r}"
+            );
+            assert!(
+                out.contains(" --check: every byte verified"),
+                "{test} {who}\n{out}"
+            );
+        }
+    }
+}

@@ -105,6 +105,13 @@ pub struct Completion {
     pub vendor_err: u32,
 }
 
+impl Default for Completion {
+    /// An empty slot to poll into.
+    fn default() -> Self {
+        Completion::new(0, WcStatus::Success, WcOpcode::Send, 0)
+    }
+}
+
 impl Completion {
     pub(crate) fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Completion {
         Completion {

@@ -48,7 +48,7 @@ use clap::ValueEnum;
 use softrdma_verbs::{
     by_addr, by_name, route_source, AccessFlags, AttrMask, CompChannel, Completion, Context, Cq,
     DeviceInfo, Mr, Mtu, OpenOptions, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RecvWr,
-    SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
+    SendFlags, SendOp, SendWr, UdDest, WcStatus,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -620,7 +620,7 @@ fn pingpong(a: &Args) -> Result<bool, Fail> {
     }
     let start = Instant::now();
     let (mut rcnt, mut scnt, mut routs) = (0u32, 0u32, pp.rx_depth);
-    let mut wc = [blank(); 2];
+    let mut wc = [Completion::default(); 2];
     let mut last = Instant::now();
     while rcnt < a.iters || scnt < a.iters {
         if let Some(ch) = &pp.chan {
@@ -731,20 +731,6 @@ fn start(dev: &DeviceInfo, a: &Args, size: u32) -> Result<(Pp, Dest), Fail> {
     };
     println!("{}", addr_line(true, pp.t, &my));
     Ok((pp, my))
-}
-
-fn blank() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm_or_inv: 0,
-        qp_num: 0,
-        src_qp: 0,
-        wc_flags: 0,
-        vendor_err: 0,
-    }
 }
 
 fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, Fail> {

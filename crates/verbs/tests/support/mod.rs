@@ -570,18 +570,9 @@ pub fn assert_bytes(got: &[u8], want: &[u8], what: &str) {
     }
 }
 
+/// An empty completion slot to poll into.
 pub fn blank() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm_or_inv: 0,
-        qp_num: 0,
-        src_qp: 0,
-        wc_flags: 0,
-        vendor_err: 0,
-    }
+    Completion::default()
 }
 
 /// Poll `cq` until `n` completions have arrived; fail after [`WAIT`].

@@ -14,20 +14,6 @@ use super::{AtomicType, Params, Verb};
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
 
-fn blank() -> Completion {
-    Completion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm_or_inv: 0,
-        qp_num: 0,
-        src_qp: 0,
-        wc_flags: 0,
-        vendor_err: 0,
-    }
-}
-
 fn check_wc(c: &Completion, side: &str) -> R<()> {
     if c.status != WcStatus::Success {
         return Err(format!(
@@ -141,7 +127,7 @@ pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
         Vec::with_capacity(if p.no_peak { 0 } else { total_target as usize });
     let mut tcompleted: Vec<u64> =
         Vec::with_capacity(if p.no_peak { 0 } else { total_target as usize });
-    let mut wcs = [blank(); 16];
+    let mut wcs = [Completion::default(); 16];
     let start = Instant::now();
     let ns = |t: Instant| t.duration_since(start).as_nanos() as u64;
     let deadline = p.duration.map(|d| start + Duration::from_secs(d));
@@ -305,7 +291,7 @@ pub fn send_bw_server(r: &Res, p: &Params, size: u64) -> R<(BwResult, bool)> {
     let mut posted = vec![p.rx_depth as u64; n];
     let ud = if p.conn == QpType::Ud { 40 } else { 0 };
     let (slots, step) = recv_slots(r, size + ud as u64);
-    let mut wcs = [blank(); 16];
+    let mut wcs = [Completion::default(); 16];
     let mut first: Option<Instant> = None;
     let mut ok = true;
     let mut dog = Watchdog::new();
@@ -418,7 +404,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     let poll_off = r.target_off(0) + size as usize - 1;
     let src = r.local_off(0);
     let mut stamps = Vec::with_capacity(p.iters as usize);
-    let mut wcs = [blank(); 1];
+    let mut wcs = [Completion::default(); 1];
     let mut dog = Watchdog::new();
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     while scnt < p.iters || rcnt < p.iters {
@@ -475,7 +461,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
 pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     let rcq = r.rcq.as_ref().expect("send tests have a receive CQ");
     let mut stamps = Vec::with_capacity(p.iters as usize);
-    let mut wcs = [blank(); 1];
+    let mut wcs = [Completion::default(); 1];
     let mut posted = p.rx_depth as u64;
     let mut dog = Watchdog::new();
     let ud = if p.conn == QpType::Ud { 40 } else { 0 };
@@ -542,7 +528,7 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
 /// read_lat / atomic_lat: one request at a time, full round trip.
 pub fn rd_atomic_lat(r: &Res, p: &Params, size: u64) -> R<LatResult> {
     let mut stamps = Vec::with_capacity(p.iters as usize);
-    let mut wcs = [blank(); 1];
+    let mut wcs = [Completion::default(); 1];
     let dog = Watchdog::new();
     for k in 0..p.iters {
         let sge = [r.mr.sge(r.local_off(0), size as u32)];

@@ -144,14 +144,62 @@ impl State {
     }
 }
 
+/// Whether the application's own threads keep a core busy: the process's
+/// CPU time minus this thread's, over the last millisecond of wall time.
+struct AppCpu {
+    at: Instant,
+    process: u64,
+    me: u64,
+    spinning: bool,
+}
+
+fn cpu_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl AppCpu {
+    fn new() -> AppCpu {
+        AppCpu {
+            at: Instant::now(),
+            process: cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID),
+            me: cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID),
+            spinning: false,
+        }
+    }
+
+    fn app_spinning(&mut self) -> bool {
+        let wall = self.at.elapsed();
+        if wall >= Duration::from_millis(1) {
+            let process = cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID);
+            let me = cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+            let others = (process - self.process).saturating_sub(me - self.me);
+            self.spinning = others as f64 > 0.5 * wall.as_nanos() as f64;
+            *self = AppCpu {
+                at: Instant::now(),
+                process,
+                me,
+                spinning: self.spinning,
+            };
+        }
+        self.spinning
+    }
+}
+
 pub(crate) struct Engine {
     state: Mutex<State>,
     doorbell: EventFd,
     pub async_fd: EventFd,
     sleeping: AtomicBool,
     stop: AtomicBool,
-    /// When the application last drove progress itself (ns since `origin`).
-    app_polled: AtomicU64,
+    /// Until when (ns since `origin`) the application is expected to keep
+    /// driving progress itself, so the engine thread stands back.
+    app_until: AtomicU64,
     origin: Instant,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -173,7 +221,7 @@ impl Engine {
             async_fd: EventFd::new(true)?,
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            app_polled: AtomicU64::new(0),
+            app_until: AtomicU64::new(0),
             origin: Instant::now(),
             thread: Mutex::new(None),
         });
@@ -198,18 +246,19 @@ impl Engine {
     /// application is spinning anyway, so it does the engine's work and the
     /// engine thread stands back instead of competing for a core.
     pub fn app_progress(&self, st: &mut State) {
-        self.app_polled
-            .store(self.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let now = self.origin.elapsed().as_nanos() as u64;
+        self.app_until
+            .store(now + APP_GRACE.as_nanos() as u64, Ordering::Relaxed);
         if let Err(e) = st.progress(&self.async_fd) {
             eprintln!("softrdma: progress failed: {e}");
         }
     }
 
-    fn app_is_polling(&self) -> bool {
-        let last = self.app_polled.load(Ordering::Relaxed);
-        last != 0
-            && (self.origin.elapsed().as_nanos() as u64).saturating_sub(last)
-                < APP_GRACE.as_nanos() as u64
+    /// How long the application is still expected to drive progress.
+    fn app_grace_left(&self) -> Option<Duration> {
+        let until = self.app_until.load(Ordering::Relaxed);
+        let now = self.origin.elapsed().as_nanos() as u64;
+        (until > now).then(|| Duration::from_nanos(until - now))
     }
 
     /// Tell the progress thread there is new work.
@@ -226,21 +275,32 @@ impl Engine {
         epoll.add(self.doorbell.as_raw_fd())?;
         epoll.add(timer.as_raw_fd())?;
         let mut last_work = Instant::now();
+        let mut app_cpu = AppCpu::new();
+        let few_cores = std::thread::available_parallelism().map_or(1, |n| n.get()) <= 2;
         while !self.stop.load(Ordering::SeqCst) {
-            if self.app_is_polling() {
+            if let Some(left) = self.app_grace_left() {
                 // The application drives progress from poll_cq; look again
-                // shortly in case it stops.
-                std::thread::sleep(APP_GRACE);
+                // when its grace ends (each poll extends it).
+                std::thread::sleep(left);
                 continue;
             }
             if self.lock().progress(&self.async_fd)? {
                 last_work = Instant::now();
                 continue;
             }
-            if last_work.elapsed() < SPIN {
-                // Spin, but let a thread sharing this core run (a target
-                // application spinning on its own memory, on a 2-core host).
-                std::thread::yield_now();
+            // Spin for a while after work — unless, on a small host, the
+            // application is itself spinning without calling us (a perftest
+            // target waiting on its own memory). Then spinning here only
+            // takes turns with it in scheduler slices of milliseconds;
+            // sleeping in epoll lets the kernel wake this thread when a
+            // packet arrives, which preempts the spinner at once.
+            let spin = if few_cores && app_cpu.app_spinning() {
+                Duration::ZERO
+            } else {
+                SPIN
+            };
+            if last_work.elapsed() < spin {
+                std::hint::spin_loop();
                 continue;
             }
             // Going to sleep: announce it, then look once more so a post

@@ -530,12 +530,12 @@ impl Cq {
     /// the device's progress from this thread.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         let mut st = self.eng.lock();
-        let n = st.ep.poll_cq(self.id, out)?;
-        if n > 0 {
-            return Ok(n);
+        let mut n = st.ep.poll_cq(self.id, out)?;
+        if n == 0 {
+            self.eng.app_progress(&mut st);
+            n = st.ep.poll_cq(self.id, out)?;
         }
-        self.eng.app_progress(&mut st);
-        Ok(st.ep.poll_cq(self.id, out)?)
+        Ok(n)
     }
 
     /// Arm the completion channel for the next (solicited) completion.

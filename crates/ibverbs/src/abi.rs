@@ -1,0 +1,780 @@
+//! The C structures of `<infiniband/verbs.h>` (rdma-core 44, x86_64) that
+//! cross the library boundary, field for field.
+//!
+//! Applications read and write these directly — `qp->qp_num`, `wc.byte_len`,
+//! `ctx->ops.post_send` — so the layout is the ABI. Only what this library
+//! reads or fills has a named field; the rest is padding of the right size.
+//! `tests::layout_matches_verbs_h` compiles a C program against the installed
+//! header and checks every offset and size named here.
+
+#![allow(non_camel_case_types)]
+
+use std::os::raw::{c_char, c_int, c_void};
+
+pub type pthread_mutex_t = libc::pthread_mutex_t;
+pub type pthread_cond_t = libc::pthread_cond_t;
+
+/// C structures for which all-zero bytes are a valid value (integers, raw
+/// pointers, `Option` of function pointers, glibc's pthread types, whose
+/// static initializers are all zeros).
+///
+/// # Safety
+/// Only implement for such types.
+pub unsafe trait Zeroed: Sized {
+    fn zeroed() -> Self {
+        // SAFETY: the trait's contract.
+        unsafe { std::mem::zeroed() }
+    }
+}
+
+macro_rules! zeroed {
+    ($($t:ty),*) => { $( unsafe impl Zeroed for $t {} )* };
+}
+zeroed!(
+    ibv_device,
+    verbs_context,
+    ibv_device_attr,
+    ibv_pd,
+    ibv_mr,
+    ibv_comp_channel,
+    ibv_cq,
+    ibv_srq,
+    ibv_qp,
+    ibv_ah,
+    ibv_send_wr,
+    ibv_recv_wr
+);
+
+// ---- enums and flags (libibverbs' numbers) ----
+
+pub const IBV_NODE_CA: c_int = 1;
+pub const IBV_TRANSPORT_IB: c_int = 0;
+
+pub const IBV_PORT_ACTIVE: u32 = 4;
+pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+pub const IBV_PORT_CM_SUP: u32 = 1 << 16;
+pub const IBV_PORT_IP_BASED_GIDS: u32 = 1 << 26;
+
+pub const IBV_ATOMIC_HCA: u32 = 1;
+
+pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+/// `enum ibv_gid_type_sysfs` (private API): RoCE v2.
+pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
+
+pub const IBV_FORK_UNNEEDED: c_int = 2;
+
+/// `IBV_ACCESS_OPTIONAL_RANGE`: access bits a provider may ignore
+/// (`IBV_ACCESS_RELAXED_ORDERING` is the first).
+pub const IBV_ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+
+pub const IBV_SRQ_MAX_WR: c_int = 1 << 0;
+pub const IBV_SRQ_LIMIT: c_int = 1 << 1;
+
+pub const IBV_WR_RDMA_WRITE: u32 = 0;
+pub const IBV_WR_RDMA_WRITE_WITH_IMM: u32 = 1;
+pub const IBV_WR_SEND: u32 = 2;
+pub const IBV_WR_SEND_WITH_IMM: u32 = 3;
+pub const IBV_WR_RDMA_READ: u32 = 4;
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: u32 = 5;
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
+pub const IBV_WR_SEND_WITH_INV: u32 = 9;
+
+/// FENCE | SIGNALED | SOLICITED | INLINE: the send flags the transport
+/// implements. `IBV_SEND_IP_CSUM` (TSO/raw Ethernet) is ignored.
+pub const IBV_SEND_FLAGS_KNOWN: u32 = 0xf;
+
+pub const IBV_EVENT_CQ_ERR: u32 = 0;
+pub const IBV_EVENT_QP_FATAL: u32 = 1;
+pub const IBV_EVENT_QP_REQ_ERR: u32 = 2;
+pub const IBV_EVENT_QP_ACCESS_ERR: u32 = 3;
+pub const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 16;
+
+// ---- device and context ----
+
+/// `struct ibv_device` (664 bytes).
+#[repr(C)]
+pub struct ibv_device {
+    /// `struct _ibv_device_ops`: obsolete, never called.
+    pub _ops: [usize; 2],
+    pub node_type: c_int,
+    pub transport_type: c_int,
+    pub name: [c_char; 64],
+    pub dev_name: [c_char; 64],
+    pub dev_path: [c_char; 256],
+    pub ibdev_path: [c_char; 256],
+}
+
+pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+pub type ReqNotifyCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+pub type PostSrqRecvFn =
+    unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type PostSendFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+pub type PostRecvFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+
+/// `struct ibv_context_ops` (32 slots). The `_compat_*` slots serve only
+/// binaries built before 2018 and stay NULL, as in rdma-core.
+#[repr(C)]
+pub struct ibv_context_ops {
+    /// `_compat_query_device` … `_compat_dereg_mr`.
+    pub _compat0: [usize; 7],
+    pub alloc_mw: usize,
+    pub bind_mw: usize,
+    pub dealloc_mw: usize,
+    pub _compat_create_cq: usize,
+    pub poll_cq: Option<PollCqFn>,
+    pub req_notify_cq: Option<ReqNotifyCqFn>,
+    /// `_compat_cq_event` … `_compat_destroy_srq`.
+    pub _compat1: [usize; 7],
+    pub post_srq_recv: Option<PostSrqRecvFn>,
+    /// `_compat_create_qp` … `_compat_destroy_qp`.
+    pub _compat2: [usize; 4],
+    pub post_send: Option<PostSendFn>,
+    pub post_recv: Option<PostRecvFn>,
+    /// `_compat_create_ah` … `_compat_async_event`.
+    pub _compat3: [usize; 5],
+}
+
+/// `struct ibv_context` (328 bytes).
+#[repr(C)]
+pub struct ibv_context {
+    pub device: *mut ibv_device,
+    pub ops: ibv_context_ops,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: pthread_mutex_t,
+    /// `UINTPTR_MAX` marks the context as the tail of a [`verbs_context`].
+    pub abi_compat: *mut c_void,
+}
+
+pub type QueryPortFn =
+    unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+pub type QueryDeviceExFn = unsafe extern "C" fn(
+    *mut ibv_context,
+    *const ibv_query_device_ex_input,
+    *mut ibv_device_attr_ex,
+    usize,
+) -> c_int;
+
+/// `struct verbs_context` (648 bytes): the extended operations, placed in
+/// front of the `ibv_context` so `verbs_get_ctx()` finds them at a fixed
+/// negative offset. It "grows up": newer operations come first, and `sz`
+/// says how far back the table reaches.
+#[repr(C)]
+pub struct verbs_context {
+    pub query_port: Option<QueryPortFn>,
+    /// `advise_mr` … `priv` (26 slots).
+    pub _ops1: [usize; 26],
+    pub query_device_ex: Option<QueryDeviceExFn>,
+    /// `ibv_destroy_flow` … `_ABI_placeholder3` (11 slots).
+    pub _ops2: [usize; 11],
+    pub sz: usize,
+    pub context: ibv_context,
+}
+
+/// `struct ibv_device_attr` (232 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_device_attr {
+    pub fw_ver: [c_char; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: u32,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: u32,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+#[repr(C)]
+pub struct ibv_query_device_ex_input {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_device_attr_ex` (400 bytes); only the legacy part and the
+/// port count are filled, every extended capability reads as absent.
+#[repr(C)]
+pub struct ibv_device_attr_ex {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    /// `odp_caps` … `pci_atomic_caps` (from offset 240).
+    pub _caps: [u64; 19],
+    pub xrc_odp_caps: u32,
+    pub phys_port_cnt_ex: u32,
+}
+
+/// `struct ibv_port_attr` (52 bytes). The exported `ibv_query_port` fills
+/// only the first 48 (`struct _compat_ibv_port_attr`, without
+/// `port_cap_flags2`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_port_attr {
+    pub state: u32,
+    pub max_mtu: u32,
+    pub active_mtu: u32,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+/// Bytes of `ibv_port_attr` the exported (compat) `ibv_query_port` writes.
+pub const COMPAT_PORT_ATTR_LEN: usize = 48;
+
+/// `union ibv_gid`: 16 bytes, 8-byte aligned (its other member is a pair
+/// of `__be64`), which the structures embedding it inherit.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
+/// `struct ibv_gid_entry` (32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_gid_entry {
+    pub gid: ibv_gid,
+    pub gid_index: u32,
+    pub port_num: u32,
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
+/// `struct ibv_async_event`.
+#[repr(C)]
+pub struct ibv_async_event {
+    /// The union `element`: a `cq`, `qp`, `srq` or `wq` pointer, or a port
+    /// number.
+    pub element: *mut c_void,
+    pub event_type: u32,
+}
+
+// ---- resources ----
+
+/// `struct ibv_pd`.
+#[repr(C)]
+pub struct ibv_pd {
+    pub context: *mut ibv_context,
+    pub handle: u32,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+pub struct ibv_mr {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+/// `struct ibv_cq` (128 bytes).
+#[repr(C)]
+pub struct ibv_cq {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+/// `struct ibv_srq` (128 bytes).
+#[repr(C)]
+pub struct ibv_srq {
+    pub context: *mut ibv_context,
+    pub srq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+}
+
+/// `struct ibv_qp` (160 bytes).
+#[repr(C)]
+pub struct ibv_qp {
+    pub context: *mut ibv_context,
+    pub qp_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: u32,
+    pub qp_type: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_qp_cap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+pub struct ibv_qp_init_attr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_global_route {
+    pub dgid: ibv_gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_qp_attr {
+    pub qp_state: u32,
+    pub cur_qp_state: u32,
+    pub path_mtu: u32,
+    pub path_mig_state: u32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: u32,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+pub struct ibv_ah {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+}
+
+// ---- work requests and completions ----
+
+/// `struct ibv_sge`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_rdma_wr {
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_atomic_wr {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_ud_wr {
+    pub ah: *mut ibv_ah,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+/// The `wr` union of `struct ibv_send_wr`; the opcode (and QP type) says
+/// which member is meant.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ibv_send_wr_wr {
+    pub rdma: ibv_rdma_wr,
+    pub atomic: ibv_atomic_wr,
+    pub ud: ibv_ud_wr,
+}
+
+/// `struct ibv_send_wr` (128 bytes).
+#[repr(C)]
+pub struct ibv_send_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_send_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub opcode: u32,
+    pub send_flags: u32,
+    /// `imm_data` (network byte order) or `invalidate_rkey`.
+    pub imm_data: u32,
+    pub wr: ibv_send_wr_wr,
+    /// `qp_type.xrc.remote_srqn`.
+    pub remote_srqn: u32,
+    /// The `bind_mw` / `tso` union.
+    pub _bind_mw_tso: [u64; 6],
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+pub struct ibv_recv_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_recv_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+}
+
+/// `struct ibv_wc` (48 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_wc {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `imm_data` (network byte order) or `invalidated_rkey`.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fmt::Write as _;
+    use std::mem::{offset_of, size_of};
+
+    /// Every (C type, field, Rust offset) this library relies on, and every
+    /// struct size.
+    fn rust_layout() -> Vec<(String, usize)> {
+        let mut v: Vec<(String, usize)> = Vec::new();
+        macro_rules! sizes {
+            ($($t:ident),* $(,)?) => { $( v.push((format!("sizeof(struct {})", stringify!($t)), size_of::<$t>())); )* };
+        }
+        macro_rules! offsets {
+            ($t:ident: $($f:ident),* $(,)?) => { $( v.push((format!("offsetof(struct {}, {})", stringify!($t), stringify!($f)), offset_of!($t, $f))); )* };
+        }
+        sizes!(
+            ibv_device,
+            ibv_context_ops,
+            ibv_context,
+            verbs_context,
+            ibv_device_attr,
+            ibv_device_attr_ex,
+            ibv_port_attr,
+            ibv_gid_entry,
+            ibv_async_event,
+            ibv_pd,
+            ibv_mr,
+            ibv_comp_channel,
+            ibv_cq,
+            ibv_srq,
+            ibv_srq_attr,
+            ibv_srq_init_attr,
+            ibv_qp,
+            ibv_qp_cap,
+            ibv_qp_init_attr,
+            ibv_global_route,
+            ibv_ah_attr,
+            ibv_qp_attr,
+            ibv_ah,
+            ibv_sge,
+            ibv_send_wr,
+            ibv_recv_wr,
+            ibv_wc,
+        );
+        offsets!(ibv_device: node_type, transport_type, name, dev_name, dev_path, ibdev_path);
+        offsets!(ibv_context_ops: alloc_mw, bind_mw, dealloc_mw, poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv);
+        offsets!(ibv_context: device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat);
+        offsets!(verbs_context: query_port, query_device_ex, sz, context);
+        offsets!(ibv_device_attr: fw_ver, node_guid, sys_image_guid, max_mr_size, page_size_cap,
+            vendor_id, vendor_part_id, hw_ver, max_qp, max_qp_wr, device_cap_flags, max_sge,
+            max_sge_rd, max_cq, max_cqe, max_mr, max_pd, max_qp_rd_atom, max_ee_rd_atom,
+            max_res_rd_atom, max_qp_init_rd_atom, max_ee_init_rd_atom, atomic_cap, max_ee,
+            max_rdd, max_mw, max_raw_ipv6_qp, max_raw_ethy_qp, max_mcast_grp,
+            max_mcast_qp_attach, max_total_mcast_qp_attach, max_ah, max_fmr, max_map_per_fmr,
+            max_srq, max_srq_wr, max_srq_sge, max_pkeys, local_ca_ack_delay, phys_port_cnt);
+        offsets!(ibv_device_attr_ex: orig_attr, comp_mask, xrc_odp_caps, phys_port_cnt_ex);
+        offsets!(ibv_port_attr: state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags,
+            max_msg_sz, bad_pkey_cntr, qkey_viol_cntr, pkey_tbl_len, lid, sm_lid, lmc,
+            max_vl_num, sm_sl, subnet_timeout, init_type_reply, active_width, active_speed,
+            phys_state, link_layer, flags, port_cap_flags2);
+        offsets!(ibv_gid_entry: gid, gid_index, port_num, gid_type, ndev_ifindex);
+        offsets!(ibv_async_event: element, event_type);
+        offsets!(ibv_pd: context, handle);
+        offsets!(ibv_mr: context, pd, addr, length, handle, lkey, rkey);
+        offsets!(ibv_comp_channel: context, fd, refcnt);
+        offsets!(ibv_cq: context, channel, cq_context, handle, cqe, mutex, cond,
+            comp_events_completed, async_events_completed);
+        offsets!(ibv_srq: context, srq_context, pd, handle, mutex, cond, events_completed);
+        offsets!(ibv_srq_attr: max_wr, max_sge, srq_limit);
+        offsets!(ibv_srq_init_attr: srq_context, attr);
+        offsets!(ibv_qp: context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state,
+            qp_type, mutex, cond, events_completed);
+        offsets!(ibv_qp_cap: max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data);
+        offsets!(ibv_qp_init_attr: qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all);
+        offsets!(ibv_global_route: dgid, flow_label, sgid_index, hop_limit, traffic_class);
+        offsets!(ibv_ah_attr: grh, dlid, sl, src_path_bits, static_rate, is_global, port_num);
+        offsets!(ibv_qp_attr: qp_state, cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn,
+            sq_psn, dest_qp_num, qp_access_flags, cap, ah_attr, alt_ah_attr, pkey_index,
+            alt_pkey_index, en_sqd_async_notify, sq_draining, max_rd_atomic,
+            max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry,
+            alt_port_num, alt_timeout, rate_limit);
+        offsets!(ibv_ah: context, pd, handle);
+        offsets!(ibv_sge: addr, length, lkey);
+        offsets!(ibv_send_wr: wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr);
+        offsets!(ibv_recv_wr: wr_id, next, sg_list, num_sge);
+        offsets!(ibv_wc: wr_id, status, opcode, vendor_err, byte_len, imm_data, qp_num, src_qp,
+            wc_flags, pkey_index, slid, sl, dlid_path_bits);
+        v.push(("sizeof(union ibv_gid)".into(), size_of::<ibv_gid>()));
+        v.push((
+            "_Alignof(union ibv_gid)".into(),
+            std::mem::align_of::<ibv_gid>(),
+        ));
+        // Union members and fields whose C name differs from ours.
+        let wr = offset_of!(ibv_send_wr, wr);
+        v.push((
+            "offsetof(struct ibv_send_wr, wr.rdma.remote_addr)".into(),
+            wr,
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, wr.rdma.rkey)".into(),
+            wr + offset_of!(ibv_rdma_wr, rkey),
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, wr.atomic.compare_add)".into(),
+            wr + offset_of!(ibv_atomic_wr, compare_add),
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, wr.atomic.swap)".into(),
+            wr + offset_of!(ibv_atomic_wr, swap),
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, wr.atomic.rkey)".into(),
+            wr + offset_of!(ibv_atomic_wr, rkey),
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, wr.ud.ah)".into(),
+            wr + offset_of!(ibv_ud_wr, ah),
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, wr.ud.remote_qpn)".into(),
+            wr + offset_of!(ibv_ud_wr, remote_qpn),
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, wr.ud.remote_qkey)".into(),
+            wr + offset_of!(ibv_ud_wr, remote_qkey),
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, qp_type.xrc.remote_srqn)".into(),
+            offset_of!(ibv_send_wr, remote_srqn),
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, invalidate_rkey)".into(),
+            offset_of!(ibv_send_wr, imm_data),
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, bind_mw)".into(),
+            offset_of!(ibv_send_wr, _bind_mw_tso),
+        ));
+        v.push((
+            "offsetof(struct ibv_wc, invalidated_rkey)".into(),
+            offset_of!(ibv_wc, imm_data),
+        ));
+        v.push(("offsetof(struct verbs_context, create_cq_ex)".into(), 200));
+        v.push((
+            "offsetof(struct verbs_context, advise_mr)".into(),
+            offset_of!(verbs_context, _ops1),
+        ));
+        v.push((
+            "offsetof(struct verbs_context, ibv_destroy_flow)".into(),
+            offset_of!(verbs_context, _ops2),
+        ));
+        v.push((
+            "offsetof(struct ibv_device_attr_ex, odp_caps)".into(),
+            offset_of!(ibv_device_attr_ex, _caps),
+        ));
+        v.push((
+            "offsetof(struct ibv_context_ops, _compat_create_cq)".into(),
+            offset_of!(ibv_context_ops, _compat_create_cq),
+        ));
+        v
+    }
+
+    /// The layout of every structure above, compared with what the C
+    /// compiler computes from the installed `<infiniband/verbs.h>`.
+    #[test]
+    fn layout_matches_verbs_h() {
+        let header = std::path::Path::new("/usr/include/infiniband/verbs.h");
+        assert!(
+            header.exists(),
+            "{} is missing: install libibverbs-dev (apt-get install -y libibverbs-dev)",
+            header.display()
+        );
+        let rust = rust_layout();
+        let mut c = String::from(
+            "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n",
+        );
+        for (expr, _) in &rust {
+            writeln!(c, "  printf(\"%zu\\n\", (size_t){expr});").unwrap();
+        }
+        c.push_str("  return 0;\n}\n");
+        let dir =
+            std::env::temp_dir().join(format!("softrdma-ibverbs-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("layout.c");
+        let exe = dir.join("layout");
+        std::fs::write(&src, c).unwrap();
+        let st = std::process::Command::new("cc")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .expect("a C compiler (cc) is needed for the layout check");
+        assert!(st.success(), "compiling {} failed", src.display());
+        let out = std::process::Command::new(&exe).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let c_values: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
+        assert_eq!(c_values.len(), rust.len());
+        let wrong: Vec<String> = rust
+            .iter()
+            .zip(&c_values)
+            .filter(|((_, r), c)| r != *c)
+            .map(|((e, r), c)| format!("{e}: C {c}, Rust {r}"))
+            .collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            wrong.is_empty(),
+            "layout differs from verbs.h:\n{}",
+            wrong.join("\n")
+        );
+    }
+}

@@ -1,0 +1,274 @@
+//! The data path: the operations in `ibv_context.ops` that verbs.h's static
+//! inline `ibv_post_send`, `ibv_post_recv`, `ibv_post_srq_recv`,
+//! `ibv_poll_cq` and `ibv_req_notify_cq` jump to.
+//!
+//! Work request chains are walked one request at a time and each is posted
+//! whole or not at all; on the first failure `*bad_wr` names it and the
+//! requests after it are not posted, as verbs specifies. Scatter/gather
+//! lists are copied onto the stack (no allocation per request).
+
+use std::os::raw::c_int;
+
+use softrdma_verbs as sv;
+
+use crate::abi::*;
+use crate::ffi::{errno_ret, Fail, Res};
+use crate::handles::*;
+use crate::non_null;
+
+const MAX_SGE: usize = softrdma_core::MAX_SGE;
+
+/// Copy an application's SGE list into `out`.
+///
+/// # Safety
+/// `sg_list` points at `num_sge` readable entries (or `num_sge` is 0).
+unsafe fn sges(
+    sg_list: *const ibv_sge,
+    num_sge: c_int,
+    out: &mut [sv::Sge; MAX_SGE],
+) -> Res<&[sv::Sge]> {
+    let n = usize::try_from(num_sge).map_err(|_| Fail::inval("num_sge is negative"))?;
+    if n > MAX_SGE {
+        return Err(Fail::inval(format!(
+            "num_sge {n} exceeds the device's max_sge {MAX_SGE}"
+        )));
+    }
+    if n > 0 && sg_list.is_null() {
+        return Err(Fail::inval("sg_list is NULL"));
+    }
+    for (i, o) in out.iter_mut().enumerate().take(n) {
+        // SAFETY: the caller's contract; i < n.
+        let s = unsafe { *sg_list.add(i) };
+        *o = sv::Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        };
+    }
+    Ok(&out[..n])
+}
+
+/// `struct ibv_send_wr` → the operation and its operands.
+fn send_op(wr: &ibv_send_wr) -> Res<sv::SendOp> {
+    // SAFETY (all union reads): the opcode says which member the
+    // application filled; every member is plain data.
+    let rdma = unsafe { wr.wr.rdma };
+    let atomic = unsafe { wr.wr.atomic };
+    Ok(match wr.opcode {
+        IBV_WR_RDMA_WRITE => sv::SendOp::Write {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        IBV_WR_RDMA_WRITE_WITH_IMM => sv::SendOp::WriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+            imm: u32::from_be(wr.imm_data),
+        },
+        IBV_WR_SEND => sv::SendOp::Send,
+        IBV_WR_SEND_WITH_IMM => sv::SendOp::SendWithImm {
+            imm: u32::from_be(wr.imm_data),
+        },
+        IBV_WR_RDMA_READ => sv::SendOp::Read {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        IBV_WR_ATOMIC_CMP_AND_SWP => sv::SendOp::CompareSwap {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => sv::SendOp::FetchAdd {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            add: atomic.compare_add,
+        },
+        IBV_WR_SEND_WITH_INV => sv::SendOp::SendWithInv { rkey: wr.imm_data },
+        op => {
+            return Err(Fail::inval(format!(
+                "ibv_wr_opcode {op} is not supported (memory windows, TSO, atomic write)"
+            )))
+        }
+    })
+}
+
+fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
+    let mut buf = [sv::Sge::default(); MAX_SGE];
+    // SAFETY: verbs' contract for ibv_post_send: sg_list holds num_sge
+    // entries.
+    let sgl = unsafe { sges(wr.sg_list, wr.num_sge, &mut buf)? };
+    let ud = if q.qp_type == sv::QpType::Ud {
+        // SAFETY: a UD QP's requests carry wr.ud.
+        let ud = unsafe { wr.wr.ud };
+        // SAFETY: checked by from_c.
+        let ah = unsafe { Ah::from_c(ud.ah)? };
+        Some(ah.sv.ud(ud.remote_qpn, ud.remote_qkey))
+    } else {
+        None
+    };
+    let swr = sv::SendWr {
+        wr_id: wr.wr_id,
+        op: send_op(wr)?,
+        sgl,
+        flags: sv::SendFlags(wr.send_flags & IBV_SEND_FLAGS_KNOWN),
+        ud,
+    };
+    // SAFETY: verbs' contract: inline SGEs point at readable memory (copied
+    // now); the others lie in registered regions the application keeps
+    // mapped until the request completes.
+    unsafe { q.sv.post_send_unchecked(&swr)? };
+    Ok(())
+}
+
+pub unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    let mut cur = wr;
+    let r = errno_ret("ibv_post_send", || {
+        // SAFETY: checked by from_c.
+        let q = unsafe { Qp::from_c(qp)? };
+        while !cur.is_null() {
+            // SAFETY: the application's chain of readable requests.
+            let w = unsafe { &*cur };
+            post_one_send(q, w)?;
+            cur = w.next;
+        }
+        Ok(())
+    });
+    if r != 0 && !bad_wr.is_null() {
+        // SAFETY: a writable out-pointer.
+        unsafe { *bad_wr = cur };
+    }
+    r
+}
+
+pub unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    let mut cur = wr;
+    let r = errno_ret("ibv_post_recv", || {
+        // SAFETY: checked by from_c.
+        let q = unsafe { Qp::from_c(qp)? };
+        let mut buf = [sv::Sge::default(); MAX_SGE];
+        while !cur.is_null() {
+            // SAFETY: the application's chain of readable requests.
+            let w = unsafe { &*cur };
+            // SAFETY: verbs' contract: sg_list holds num_sge entries.
+            let sgl = unsafe { sges(w.sg_list, w.num_sge, &mut buf)? };
+            q.sv.post_recv(&sv::RecvWr {
+                wr_id: w.wr_id,
+                sgl,
+            })?;
+            cur = w.next;
+        }
+        Ok(())
+    });
+    if r != 0 && !bad_wr.is_null() {
+        // SAFETY: a writable out-pointer.
+        unsafe { *bad_wr = cur };
+    }
+    r
+}
+
+pub unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    let mut cur = wr;
+    let r = errno_ret("ibv_post_srq_recv", || {
+        // SAFETY: checked by from_c.
+        let s = unsafe { Srq::from_c(srq)? };
+        let mut buf = [sv::Sge::default(); MAX_SGE];
+        while !cur.is_null() {
+            // SAFETY: the application's chain of readable requests.
+            let w = unsafe { &*cur };
+            // SAFETY: verbs' contract: sg_list holds num_sge entries.
+            let sgl = unsafe { sges(w.sg_list, w.num_sge, &mut buf)? };
+            s.sv.post_recv(&sv::RecvWr {
+                wr_id: w.wr_id,
+                sgl,
+            })?;
+            cur = w.next;
+        }
+        Ok(())
+    });
+    if r != 0 && !bad_wr.is_null() {
+        // SAFETY: a writable out-pointer.
+        unsafe { *bad_wr = cur };
+    }
+    r
+}
+
+fn wc_from(c: &sv::Completion) -> ibv_wc {
+    let with_imm = c.wc_flags & sv::wc_flags::WITH_IMM != 0;
+    ibv_wc {
+        wr_id: c.wr_id,
+        status: c.status as u32,
+        opcode: c.opcode as u32,
+        vendor_err: c.vendor_err,
+        byte_len: c.byte_len,
+        // Immediate data goes back to network order; an invalidated rkey
+        // stays a plain number.
+        imm_data: if with_imm {
+            c.imm_or_inv.to_be()
+        } else {
+            c.imm_or_inv
+        },
+        qp_num: c.qp_num,
+        src_qp: c.src_qp,
+        wc_flags: c.wc_flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+/// Completions moved per call into the core (a stack buffer).
+const POLL_BATCH: usize = 32;
+
+pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
+    let mut done = 0usize;
+    let r = errno_ret("ibv_poll_cq", || {
+        // SAFETY: checked by from_c.
+        let q = unsafe { Cq::from_c(cq)? };
+        let want =
+            usize::try_from(num_entries).map_err(|_| Fail::inval("num_entries is negative"))?;
+        if want > 0 {
+            non_null!(wc);
+        }
+        let mut buf = [sv::Completion::default(); POLL_BATCH];
+        while done < want {
+            let chunk = (want - done).min(POLL_BATCH);
+            let n = q.sv.poll(&mut buf[..chunk])?;
+            for (i, c) in buf[..n].iter().enumerate() {
+                // SAFETY: the caller passes num_entries writable ibv_wc.
+                unsafe { *wc.add(done + i) = wc_from(c) };
+            }
+            done += n;
+            if n < chunk {
+                break;
+            }
+        }
+        Ok(())
+    });
+    if r != 0 {
+        -r
+    } else {
+        done as c_int
+    }
+}
+
+pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    errno_ret("ibv_req_notify_cq", || {
+        // SAFETY: checked by from_c.
+        let q = unsafe { Cq::from_c(cq)? };
+        q.sv.req_notify(solicited_only != 0)?;
+        Ok(())
+    })
+}

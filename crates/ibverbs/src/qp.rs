@@ -1,0 +1,328 @@
+//! Queue pairs: create, modify, query, destroy, and the translation between
+//! `struct ibv_qp_attr` and softrdma's `QpAttr`.
+//!
+//! Mask bits, states, MTU codes and access flags are libibverbs' own numbers
+//! in softrdma's core, so the translation is field by field; the core checks
+//! the transition and every value and says what was wrong (logged with
+//! `SOFTRDMA_IBV_LOG=1`).
+
+use std::os::raw::c_int;
+
+use softrdma_verbs as sv;
+
+use crate::abi::*;
+use crate::ffi::{errno_ret, null_ret, Fail, Res};
+use crate::handles::*;
+use crate::non_null;
+
+crate::symver! {
+    "IBVERBS_1.1":
+        ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_query_qp;
+    "IBVERBS_1.6":
+        ibv_qp_to_qp_ex;
+    "IBVERBS_1.14":
+        ibv_query_qp_data_in_order;
+}
+
+fn qp_type(t: u32) -> Res<sv::QpType> {
+    sv::QpType::from_ibv(t).ok_or_else(|| {
+        Fail::unsupported(format!(
+            "QP type {t} is not supported: softrdma implements RC (2), UC (3) and UD (4)"
+        ))
+    })
+}
+
+fn cap_to_c(c: &sv::QpCap) -> ibv_qp_cap {
+    ibv_qp_cap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    null_ret("ibv_create_qp", || {
+        non_null!(init);
+        // SAFETY: checked by from_c.
+        let p = unsafe { Pd::from_c(pd)? };
+        // SAFETY: a readable and writable ibv_qp_init_attr.
+        let init = unsafe { &mut *init };
+        let t = qp_type(init.qp_type)?;
+        // SAFETY: each checked by from_c.
+        let send_cq = unsafe { Cq::from_c(init.send_cq)? };
+        // SAFETY: as above.
+        let recv_cq = unsafe { Cq::from_c(init.recv_cq)? };
+        let srq = if init.srq.is_null() {
+            None
+        } else {
+            // SAFETY: checked by from_c.
+            Some(unsafe { Srq::from_c(init.srq)? })
+        };
+        let cap = sv::QpCap {
+            max_send_wr: init.cap.max_send_wr.max(1),
+            max_recv_wr: if srq.is_some() {
+                0
+            } else {
+                init.cap.max_recv_wr
+            },
+            max_send_sge: init.cap.max_send_sge.max(1),
+            max_recv_sge: if srq.is_some() {
+                0
+            } else {
+                init.cap.max_recv_sge.max(1)
+            },
+            max_inline_data: init.cap.max_inline_data,
+        };
+        let qp = p.sv.create_qp(&sv::QpInitAttr {
+            qp_type: t,
+            send_cq: &send_cq.sv,
+            recv_cq: &recv_cq.sv,
+            srq: srq.map(|s| &s.sv),
+            cap,
+            sq_sig_all: init.sq_sig_all != 0,
+        })?;
+        let (_, _, actual) = qp.query()?;
+        init.cap = cap_to_c(&actual);
+        // SAFETY: live PD.
+        let context = unsafe { (*p.c_ptr()).context };
+        // SAFETY: a live context (its PD is live).
+        let ctx = unsafe { Context::from_c(context)? };
+        let mut c = ibv_qp::zeroed();
+        c.context = context;
+        c.qp_context = init.qp_context;
+        c.pd = pd;
+        c.send_cq = init.send_cq;
+        c.recv_cq = init.recv_cq;
+        c.srq = init.srq;
+        c.handle = qp.qpn();
+        c.qp_num = qp.qpn();
+        c.state = sv::QpState::Reset.to_ibv();
+        c.qp_type = init.qp_type;
+        let qpn = qp.qpn();
+        p.users.add();
+        send_cq.users.add();
+        recv_cq.users.add();
+        if let Some(s) = srq {
+            s.users.add();
+        }
+        let ptr = Qp::into_c(Qp::new(c, qp, t, init.sq_sig_all != 0));
+        ctx.qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qpn, ptr as usize);
+        Ok(ptr)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    errno_ret("ibv_destroy_qp", || {
+        // SAFETY: checked; the application gives the QP up.
+        let q = unsafe { Qp::take(qp)? };
+        // SAFETY: the C struct of a QP we just took back.
+        let c = unsafe { &*q.c_ptr() };
+        // SAFETY: a QP's context, PD, CQs and SRQ cannot be destroyed before
+        // it (each counts its users), so they are live.
+        unsafe {
+            if let Ok(ctx) = Context::from_c(c.context) {
+                ctx.qps
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&c.qp_num);
+            }
+            if let Ok(p) = Pd::from_c(c.pd) {
+                p.users.sub();
+            }
+            for cq in [c.send_cq, c.recv_cq] {
+                if let Ok(cq) = Cq::from_c(cq) {
+                    cq.users.sub();
+                }
+            }
+            if !c.srq.is_null() {
+                if let Ok(s) = Srq::from_c(c.srq) {
+                    s.users.sub();
+                }
+            }
+        }
+        // Dropping the softrdma QP flushes and destroys it.
+        drop(q);
+        Ok(())
+    })
+}
+
+fn state(v: u32, what: &str) -> Res<sv::QpState> {
+    sv::QpState::from_ibv(v).ok_or_else(|| Fail::inval(format!("{what} {v} is not a QP state")))
+}
+
+/// `struct ibv_qp_attr` → `QpAttr`, reading only the fields `mask` names.
+fn attr_from_c(a: &ibv_qp_attr, mask: sv::AttrMask, qp_type: sv::QpType) -> Res<sv::QpAttr> {
+    use sv::AttrMask as M;
+    let mut out = sv::QpAttr::default();
+    if mask.contains(M::STATE) {
+        out.qp_state = state(a.qp_state, "qp_state")?;
+    }
+    if mask.contains(M::CUR_STATE) {
+        out.cur_qp_state = state(a.cur_qp_state, "cur_qp_state")?;
+    }
+    out.en_sqd_async_notify = a.en_sqd_async_notify != 0;
+    out.qp_access_flags = sv::AccessFlags::from_bits_retain(a.qp_access_flags);
+    out.pkey_index = a.pkey_index;
+    out.port_num = a.port_num;
+    out.qkey = a.qkey;
+    if mask.contains(M::AV) {
+        let ah = &a.ah_attr;
+        if ah.is_global == 0 && qp_type != sv::QpType::Ud {
+            crate::ffi::warn(
+                "the QP's address vector has no GRH (ah_attr.is_global = 0), so it has no \
+                 destination on RoCE: give the peer's GID (ibv_*_pingpong: -g 0)",
+            );
+            return Err(Fail::inval(
+                "ah_attr.is_global is 0: RoCE needs the destination GID",
+            ));
+        }
+        out.av = sv::AddressVector {
+            dgid: ah.grh.dgid.raw,
+            sgid_index: ah.grh.sgid_index,
+            hop_limit: ah.grh.hop_limit,
+            traffic_class: ah.grh.traffic_class,
+            flow_label: ah.grh.flow_label,
+            sl: ah.sl,
+        };
+    }
+    if mask.contains(M::PATH_MTU) {
+        out.path_mtu = sv::Mtu::from_ibv(a.path_mtu)
+            .ok_or_else(|| Fail::inval(format!("path_mtu {} is not an ibv_mtu", a.path_mtu)))?;
+    }
+    out.timeout = a.timeout;
+    out.retry_cnt = a.retry_cnt;
+    out.rnr_retry = a.rnr_retry;
+    out.rq_psn = a.rq_psn;
+    out.max_rd_atomic = a.max_rd_atomic;
+    out.min_rnr_timer = a.min_rnr_timer;
+    out.sq_psn = a.sq_psn;
+    out.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    out.dest_qp_num = a.dest_qp_num;
+    Ok(out)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    attr_mask: c_int,
+) -> c_int {
+    errno_ret("ibv_modify_qp", || {
+        non_null!(attr);
+        // SAFETY: checked by from_c.
+        let q = unsafe { Qp::from_c(qp)? };
+        let mask = sv::AttrMask::from_bits_retain(attr_mask as u32);
+        // SAFETY: a readable ibv_qp_attr.
+        let a = attr_from_c(unsafe { &*attr }, mask, q.qp_type)?;
+        q.sv.modify(&a, mask)?;
+        if mask.contains(sv::AttrMask::STATE) {
+            // SAFETY: our QP's C struct; the application reads `state`.
+            unsafe { (*q.c_ptr()).state = a.qp_state.to_ibv() };
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _attr_mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    errno_ret("ibv_query_qp", || {
+        non_null!(attr, init_attr);
+        // SAFETY: checked by from_c.
+        let q = unsafe { Qp::from_c(qp)? };
+        let (st, a, cap) = q.sv.query()?;
+        // SAFETY: our QP's C struct.
+        let c = unsafe { &mut *q.c_ptr() };
+        c.state = st.to_ibv();
+        let mut out = ibv_qp_attr {
+            qp_state: st.to_ibv(),
+            cur_qp_state: st.to_ibv(),
+            path_mtu: a.path_mtu.to_ibv(),
+            qkey: a.qkey,
+            rq_psn: a.rq_psn,
+            sq_psn: a.sq_psn,
+            dest_qp_num: a.dest_qp_num,
+            qp_access_flags: a.qp_access_flags.bits(),
+            cap: cap_to_c(&cap),
+            pkey_index: a.pkey_index,
+            en_sqd_async_notify: a.en_sqd_async_notify as u8,
+            sq_draining: a.sq_draining as u8,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            port_num: if a.port_num == 0 { 1 } else { a.port_num },
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            ..Default::default()
+        };
+        if q.qp_type != sv::QpType::Ud {
+            let av = &a.av;
+            out.ah_attr = ibv_ah_attr {
+                grh: ibv_global_route {
+                    dgid: ibv_gid { raw: av.dgid },
+                    flow_label: av.flow_label,
+                    sgid_index: av.sgid_index,
+                    hop_limit: av.hop_limit,
+                    traffic_class: av.traffic_class,
+                },
+                sl: av.sl,
+                is_global: 1,
+                port_num: 1,
+                ..Default::default()
+            };
+        }
+        // SAFETY: writable out-structs, checked non-NULL.
+        unsafe {
+            *attr = out;
+            let i = &mut *init_attr;
+            i.qp_context = c.qp_context;
+            i.send_cq = c.send_cq;
+            i.recv_cq = c.recv_cq;
+            i.srq = c.srq;
+            i.cap = cap_to_c(&cap);
+            i.qp_type = c.qp_type;
+            i.sq_sig_all = q.sq_sig_all as c_int;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut std::ffi::c_void {
+    // No QP is created through create_qp_ex with send-ops flags, so no QP
+    // has the extended (ibv_wr_*) interface; rdma-core returns NULL then.
+    null_ret("ibv_qp_to_qp_ex", || {
+        // SAFETY: checked by from_c.
+        unsafe { Qp::from_c(qp)? };
+        Err(Fail::unsupported(
+            "the QP was not created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS",
+        ))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp_data_in_order(
+    qp: *mut ibv_qp,
+    _op: u32,
+    _flags: u32,
+) -> c_int {
+    // 0: no in-order data placement guarantee is promised.
+    // SAFETY: checked by from_c.
+    let _ = unsafe { Qp::from_c(qp) };
+    0
+}

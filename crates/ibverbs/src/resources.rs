@@ -1,0 +1,647 @@
+//! Protection domains, memory regions, completion channels and queues,
+//! shared receive queues, address handles, and the event calls
+//! (`ibv_get_cq_event`, `ibv_get_async_event`).
+//!
+//! Memory belongs to the application, as in verbs: a region is registered
+//! with softrdma's raw tier (`Pd::reg_mr_raw`), and the application promises
+//! to keep the memory mapped until it deregisters the region and its work
+//! has completed — the contract of `ibv_reg_mr`.
+
+use std::os::raw::{c_int, c_void};
+
+use softrdma_verbs as sv;
+
+use crate::abi::*;
+use crate::ffi::{errno_ret, minus_one, null_ret, void_ret, Fail, Res};
+use crate::handles::*;
+use crate::non_null;
+
+crate::symver! {
+    "IBVERBS_1.0":
+        ibv_create_comp_channel, ibv_destroy_comp_channel;
+    "IBVERBS_1.1":
+        ibv_ack_async_event, ibv_ack_cq_events, ibv_alloc_pd, ibv_create_ah,
+        ibv_create_ah_from_wc, ibv_create_cq, ibv_create_srq, ibv_dealloc_pd, ibv_dereg_mr,
+        ibv_destroy_ah, ibv_destroy_cq, ibv_destroy_srq, ibv_get_async_event,
+        ibv_get_cq_event, ibv_init_ah_from_wc, ibv_modify_srq, ibv_query_srq, ibv_reg_mr,
+        ibv_resize_cq;
+    "IBVERBS_1.7":
+        ibv_reg_mr_iova;
+    "IBVERBS_1.8":
+        ibv_reg_mr_iova2;
+}
+
+// ---- protection domains ----
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    null_ret("ibv_alloc_pd", || {
+        // SAFETY: checked by from_c.
+        let ctx = unsafe { Context::from_c(context)? };
+        let pd = ctx.sv.alloc_pd();
+        let c = ibv_pd {
+            context,
+            handle: pd.id().0,
+        };
+        ctx.users.add();
+        Ok(Pd::into_c(Pd::new(c, pd)))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    errno_ret("ibv_dealloc_pd", || {
+        // SAFETY: checked by from_c.
+        if unsafe { Pd::from_c(pd)? }.users.busy() {
+            return Err(Fail::new(
+                libc::EBUSY,
+                "the PD still has memory regions, QPs, SRQs or AHs",
+            ));
+        }
+        // SAFETY: checked; the application gives the PD up.
+        let p = unsafe { Pd::take(pd)? };
+        // SAFETY: a context with PDs is not freed (see ibv_close_device).
+        if let Ok(ctx) = unsafe { Context::from_c((*p.c_ptr()).context) } {
+            ctx.users.sub();
+        }
+        drop(p);
+        Ok(())
+    })
+}
+
+// ---- memory regions ----
+
+fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> Res<*mut ibv_mr> {
+    // SAFETY: checked by from_c.
+    let p = unsafe { Pd::from_c(pd)? };
+    if addr.is_null() && length != 0 {
+        return Err(Fail::inval("addr is NULL"));
+    }
+    // Optional access bits (relaxed ordering, …) are hints a provider may
+    // ignore; softrdma has nothing to relax.
+    let access = sv::AccessFlags::from_bits_retain(access as u32 & !IBV_ACCESS_OPTIONAL_RANGE);
+    // SAFETY: verbs' contract for ibv_reg_mr: the memory stays valid until
+    // ibv_dereg_mr and the completion of every work request using it.
+    let mr = unsafe { p.sv.reg_mr_raw(addr as u64, length, iova, access)? };
+    // SAFETY: p.c_ptr() is a live ibv_pd.
+    let context = unsafe { (*p.c_ptr()).context };
+    let c = ibv_mr {
+        context,
+        pd,
+        addr,
+        length,
+        handle: mr.lkey(),
+        lkey: mr.lkey(),
+        rkey: mr.rkey(),
+    };
+    p.users.add();
+    Ok(Mr::into_c(Mr::new(c, mr)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    null_ret("ibv_reg_mr", || {
+        reg_mr(pd, addr, length, addr as u64, access)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    null_ret("ibv_reg_mr_iova", || reg_mr(pd, addr, length, iova, access))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    null_ret("ibv_reg_mr_iova2", || {
+        reg_mr(pd, addr, length, iova, access as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    errno_ret("ibv_dereg_mr", || {
+        // SAFETY: checked; the application gives the region up.
+        let m = unsafe { Mr::take(mr)? };
+        // SAFETY: the region's pd pointer was checked at registration and a
+        // PD with regions cannot be deallocated.
+        if let Ok(p) = unsafe { Pd::from_c((*m.c_ptr()).pd) } {
+            p.users.sub();
+        }
+        drop(m);
+        Ok(())
+    })
+}
+
+// ---- completion channels and queues ----
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(
+    context: *mut ibv_context,
+) -> *mut ibv_comp_channel {
+    null_ret("ibv_create_comp_channel", || {
+        // SAFETY: checked by from_c.
+        let ctx = unsafe { Context::from_c(context)? };
+        let ch = ctx.sv.create_comp_channel()?;
+        // rdma-core's channel descriptor starts out blocking; applications
+        // that want EAGAIN set O_NONBLOCK themselves, and ibv_get_cq_event
+        // follows whichever mode the descriptor is in.
+        set_blocking(ch.fd())?;
+        let c = ibv_comp_channel {
+            context,
+            fd: ch.fd(),
+            refcnt: 0,
+        };
+        ctx.users.add();
+        Ok(CompChannel::into_c(CompChannel::new(c, ch)))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    errno_ret("ibv_destroy_comp_channel", || {
+        // SAFETY: checked by from_c.
+        if unsafe { CompChannel::from_c(channel)? }.users.busy() {
+            return Err(Fail::new(
+                libc::EBUSY,
+                "CQs still use this completion channel",
+            ));
+        }
+        // SAFETY: checked; the application gives it up.
+        let ch = unsafe { CompChannel::take(channel)? };
+        // SAFETY: a context with channels is not freed.
+        if let Ok(ctx) = unsafe { Context::from_c((*ch.c_ptr()).context) } {
+            ctx.users.sub();
+        }
+        drop(ch);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    null_ret("ibv_create_cq", || {
+        // SAFETY: checked by from_c.
+        let ctx = unsafe { Context::from_c(context)? };
+        let depth = u32::try_from(cqe)
+            .ok()
+            .filter(|&d| d > 0)
+            .ok_or_else(|| Fail::inval(format!("cqe {cqe} must be at least 1")))?;
+        if comp_vector != 0 {
+            return Err(Fail::inval("comp_vector must be 0 (num_comp_vectors is 1)"));
+        }
+        let ch = if channel.is_null() {
+            None
+        } else {
+            // SAFETY: checked by from_c.
+            Some(unsafe { CompChannel::from_c(channel)? })
+        };
+        let cq = ctx.sv.create_cq(depth, ch.map(|c| &c.sv))?;
+        let id = cq.id().0;
+        let mut c = ibv_cq::zeroed();
+        c.context = context;
+        c.channel = channel;
+        c.cq_context = cq_context;
+        c.handle = id;
+        c.cqe = cqe;
+        if let Some(ch) = ch {
+            ch.users.add();
+            // SAFETY: a live channel's C struct.
+            unsafe { (*ch.c_ptr()).refcnt += 1 };
+        }
+        let p = Cq::into_c(Cq::new(c, cq));
+        ctx.users.add();
+        ctx.cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, p as usize);
+        Ok(p)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    errno_ret("ibv_destroy_cq", || {
+        // SAFETY: checked by from_c.
+        let q = unsafe { Cq::from_c(cq)? };
+        if q.users.busy() {
+            return Err(Fail::new(libc::EBUSY, "QPs still use this CQ"));
+        }
+        // SAFETY: a live CQ's C struct; its context outlives it.
+        let (context, channel) = unsafe { ((*cq).context, (*cq).channel) };
+        // SAFETY: as above.
+        let ctx = unsafe { Context::from_c(context)? };
+        ctx.cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&q.sv.id().0);
+        ctx.users.sub();
+        if !channel.is_null() {
+            // SAFETY: a channel with CQs cannot be destroyed, so it is live.
+            if let Ok(ch) = unsafe { CompChannel::from_c(channel) } {
+                ch.users.sub();
+                // SAFETY: live channel.
+                unsafe { (*ch.c_ptr()).refcnt -= 1 };
+            }
+        }
+        // SAFETY: checked; the application gives the CQ up.
+        drop(unsafe { Cq::take(cq)? });
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    errno_ret("ibv_resize_cq", || {
+        // SAFETY: checked by from_c.
+        let q = unsafe { Cq::from_c(cq)? };
+        // A CQ keeps its depth; asking for no more than it has is a no-op.
+        if cqe > 0 && cqe as u32 <= q.sv.depth() {
+            return Ok(());
+        }
+        Err(Fail::unsupported(
+            "softrdma CQs cannot grow (ibv_resize_cq)",
+        ))
+    })
+}
+
+fn set_blocking(fd: c_int) -> Res<()> {
+    // SAFETY: fcntl on a descriptor the channel owns.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}
+
+/// Whether `fd` is in non-blocking mode (then event calls return EAGAIN
+/// instead of waiting, as rdma-core's do).
+fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL on a descriptor we own.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    minus_one("ibv_get_cq_event", || {
+        non_null!(cq, cq_context);
+        // SAFETY: checked by from_c.
+        let ch = unsafe { CompChannel::from_c(channel)? };
+        // SAFETY: a live channel's context.
+        let ctx = unsafe { Context::from_c((*ch.c_ptr()).context)? };
+        let timeout = nonblocking(ch.sv.fd()).then_some(std::time::Duration::ZERO);
+        loop {
+            let Some(id) = ch.sv.get_event(timeout)? else {
+                return Err(Fail::new(libc::EAGAIN, "no completion event pending"));
+            };
+            // An event for a CQ destroyed meanwhile is dropped.
+            let Some(&p) = ctx.cqs.lock().unwrap_or_else(|e| e.into_inner()).get(&id.0) else {
+                continue;
+            };
+            let p = p as *mut ibv_cq;
+            // SAFETY: out-pointers checked above; `p` is live.
+            unsafe {
+                *cq = p;
+                *cq_context = (*p).cq_context;
+            }
+            return Ok(0);
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
+    void_ret("ibv_ack_cq_events", || {
+        // SAFETY: checked by from_c.
+        let q = unsafe { Cq::from_c(cq)? };
+        // SAFETY: a live CQ; rdma-core updates this counter under the CQ's
+        // mutex, which only this library uses.
+        unsafe {
+            libc::pthread_mutex_lock(&mut (*q.c_ptr()).mutex);
+            (*q.c_ptr()).comp_events_completed =
+                (*q.c_ptr()).comp_events_completed.wrapping_add(nevents);
+            libc::pthread_cond_signal(&mut (*q.c_ptr()).cond);
+            libc::pthread_mutex_unlock(&mut (*q.c_ptr()).mutex);
+        }
+        Ok(())
+    })
+}
+
+// ---- shared receive queues ----
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    null_ret("ibv_create_srq", || {
+        non_null!(init);
+        // SAFETY: checked by from_c.
+        let p = unsafe { Pd::from_c(pd)? };
+        // SAFETY: a readable/writable ibv_srq_init_attr.
+        let init = unsafe { &mut *init };
+        let max_sge = init.attr.max_sge.max(1);
+        let srq = p.sv.create_srq(init.attr.max_wr, max_sge)?;
+        init.attr.max_sge = max_sge;
+        let mut c = ibv_srq::zeroed();
+        // SAFETY: live PD.
+        c.context = unsafe { (*p.c_ptr()).context };
+        c.srq_context = init.srq_context;
+        c.pd = pd;
+        p.users.add();
+        Ok(Srq::into_c(Srq::new(c, srq, init.attr)))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    errno_ret("ibv_modify_srq", || {
+        non_null!(attr);
+        // SAFETY: checked by from_c.
+        let s = unsafe { Srq::from_c(srq)? };
+        if mask & IBV_SRQ_MAX_WR != 0 {
+            return Err(Fail::unsupported("softrdma SRQs cannot be resized"));
+        }
+        if mask & IBV_SRQ_LIMIT != 0 {
+            // SAFETY: readable attr.
+            if unsafe { (*attr).srq_limit } != 0 {
+                return Err(Fail::unsupported(
+                    "softrdma SRQs have no limit event (srq_limit must be 0)",
+                ));
+            }
+            s.attr.lock().unwrap_or_else(|e| e.into_inner()).srq_limit = 0;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    errno_ret("ibv_query_srq", || {
+        non_null!(attr);
+        // SAFETY: checked by from_c.
+        let s = unsafe { Srq::from_c(srq)? };
+        // SAFETY: writable attr.
+        unsafe { *attr = *s.attr.lock().unwrap_or_else(|e| e.into_inner()) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    errno_ret("ibv_destroy_srq", || {
+        // SAFETY: checked by from_c.
+        if unsafe { Srq::from_c(srq)? }.users.busy() {
+            return Err(Fail::new(libc::EBUSY, "QPs are still attached to this SRQ"));
+        }
+        // SAFETY: checked; the application gives it up.
+        let s = unsafe { Srq::take(srq)? };
+        // SAFETY: the SRQ's PD cannot be freed while the SRQ exists.
+        if let Ok(p) = unsafe { Pd::from_c((*s.c_ptr()).pd) } {
+            p.users.sub();
+        }
+        drop(s);
+        Ok(())
+    })
+}
+
+// ---- address handles ----
+
+fn ah_from_attr(attr: &ibv_ah_attr) -> Res<sv::Ah> {
+    if attr.is_global == 0 {
+        crate::ffi::warn(
+            "an address handle without a GRH (is_global = 0) has no destination on RoCE: \
+             give the peer's GID (ibv_*_pingpong: -g 0)",
+        );
+        return Err(Fail::inval(
+            "is_global is 0: RoCE needs the destination GID",
+        ));
+    }
+    if attr.port_num > 1 {
+        return Err(Fail::inval("port_num must be 1"));
+    }
+    let mut ah = sv::Ah::new(attr.grh.dgid.raw);
+    ah.traffic_class = attr.grh.traffic_class;
+    if attr.grh.hop_limit != 0 {
+        ah.hop_limit = attr.grh.hop_limit;
+    }
+    Ok(ah)
+}
+
+fn create_ah(pd: *mut ibv_pd, attr: &ibv_ah_attr) -> Res<*mut ibv_ah> {
+    // SAFETY: checked by from_c.
+    let p = unsafe { Pd::from_c(pd)? };
+    let ah = ah_from_attr(attr)?;
+    let c = ibv_ah {
+        // SAFETY: live PD.
+        context: unsafe { (*p.c_ptr()).context },
+        pd,
+        handle: 0,
+    };
+    p.users.add();
+    Ok(Ah::into_c(Ah::new(c, ah)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    null_ret("ibv_create_ah", || {
+        non_null!(attr);
+        // SAFETY: a readable ibv_ah_attr.
+        create_ah(pd, unsafe { &*attr })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    errno_ret("ibv_destroy_ah", || {
+        // SAFETY: checked; the application gives it up.
+        let a = unsafe { Ah::take(ah)? };
+        // SAFETY: an AH's PD outlives it.
+        if let Ok(p) = unsafe { Pd::from_c((*a.c_ptr()).pd) } {
+            p.users.sub();
+        }
+        drop(a);
+        Ok(())
+    })
+}
+
+/// The sender's GID from the 40 bytes a UD receive buffer starts with: on
+/// RoCE v2 over IPv4 that is 20 unused bytes and the IPv4 header, otherwise
+/// an IPv6 header.
+fn source_gid(grh: &[u8; 40]) -> [u8; 16] {
+    if grh[20] >> 4 == 4 {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&grh[32..36]);
+        g
+    } else {
+        grh[8..24].try_into().expect("16 bytes")
+    }
+}
+
+fn init_ah_from_wc(wc: &ibv_wc, grh: *const [u8; 40], out: &mut ibv_ah_attr) -> Res<()> {
+    if wc.wc_flags & 1 == 0 || grh.is_null() {
+        return Err(Fail::inval(
+            "the completion has no GRH: RoCE needs one to reply",
+        ));
+    }
+    // SAFETY: the caller passes the 40-byte GRH of the receive buffer.
+    let g = unsafe { &*grh };
+    *out = ibv_ah_attr::default();
+    out.grh.dgid.raw = source_gid(g);
+    out.grh.hop_limit = 64;
+    out.is_global = 1;
+    out.port_num = 1;
+    out.sl = wc.sl;
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    context: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut [u8; 40],
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    minus_one("ibv_init_ah_from_wc", || {
+        non_null!(wc, ah_attr);
+        // SAFETY: checked by from_c.
+        unsafe { Context::from_c(context)? };
+        if port_num != 1 {
+            return Err(Fail::inval("port_num must be 1"));
+        }
+        // SAFETY: readable wc, writable ah_attr.
+        init_ah_from_wc(unsafe { &*wc }, grh, unsafe { &mut *ah_attr })?;
+        Ok(0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut [u8; 40],
+    port_num: u8,
+) -> *mut ibv_ah {
+    null_ret("ibv_create_ah_from_wc", || {
+        non_null!(wc);
+        if port_num != 1 {
+            return Err(Fail::inval("port_num must be 1"));
+        }
+        let mut attr = ibv_ah_attr::default();
+        // SAFETY: readable wc.
+        init_ah_from_wc(unsafe { &*wc }, grh, &mut attr)?;
+        create_ah(pd, &attr)
+    })
+}
+
+// ---- asynchronous events ----
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    context: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    minus_one("ibv_get_async_event", || {
+        non_null!(event);
+        // SAFETY: checked by from_c.
+        let ctx = unsafe { Context::from_c(context)? };
+        let fd = ctx.sv.async_fd();
+        loop {
+            if let Some(e) = ctx.sv.get_async_event() {
+                let (element, event_type) = match e {
+                    sv::AsyncEvent::CqErr(id) => {
+                        let cqs = ctx.cqs.lock().unwrap_or_else(|p| p.into_inner());
+                        (cqs.get(&id).copied(), IBV_EVENT_CQ_ERR)
+                    }
+                    sv::AsyncEvent::QpFatal(q)
+                    | sv::AsyncEvent::QpReqErr(q)
+                    | sv::AsyncEvent::QpAccessErr(q)
+                    | sv::AsyncEvent::QpLastWqeReached(q) => {
+                        let t = match e {
+                            sv::AsyncEvent::QpFatal(_) => IBV_EVENT_QP_FATAL,
+                            sv::AsyncEvent::QpReqErr(_) => IBV_EVENT_QP_REQ_ERR,
+                            sv::AsyncEvent::QpAccessErr(_) => IBV_EVENT_QP_ACCESS_ERR,
+                            _ => IBV_EVENT_QP_LAST_WQE_REACHED,
+                        };
+                        let qps = ctx.qps.lock().unwrap_or_else(|p| p.into_inner());
+                        (qps.get(&q).copied(), t)
+                    }
+                };
+                // An event for an object destroyed meanwhile is dropped.
+                let Some(element) = element else { continue };
+                // SAFETY: checked writable.
+                unsafe {
+                    *event = ibv_async_event {
+                        element: element as *mut c_void,
+                        event_type,
+                    }
+                };
+                return Ok(0);
+            }
+            // The engine keeps this descriptor non-blocking for itself, so
+            // its mode says nothing about the application's wish: wait, as
+            // rdma-core does by default.
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e.into());
+                }
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    void_ret("ibv_ack_async_event", || {
+        non_null!(event);
+        Ok(())
+    })
+}

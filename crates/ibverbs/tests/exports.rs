@@ -1,0 +1,99 @@
+//! The built library has libibverbs' ABI identity: its soname, every
+//! default-versioned symbol of rdma-core 44's library with the same
+//! version, nothing else exported, and every Debian RDMA binary (with the
+//! provider libraries perftest links, all bound at load time) loads
+//! against it.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+fn objdump(args: &[&str]) -> String {
+    let lib = common::lib_dir().join("libibverbs.so.1");
+    let out = Command::new("objdump")
+        .args(args)
+        .arg(&lib)
+        .output()
+        .expect("objdump (binutils) is needed to inspect the library");
+    assert!(out.status.success(), "objdump {args:?} failed");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn soname_and_versioned_exports_match_the_real_library() {
+    let want: BTreeSet<(String, String)> = include_str!("../exports.txt")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next().unwrap().into(), w.next().unwrap().into())
+        })
+        .collect();
+    assert_eq!(want.len(), 146);
+    // Defined dynamic symbols: "addr flags section size version name".
+    let have: BTreeSet<(String, String)> = objdump(&["-T"])
+        .lines()
+        .filter(|l| l.contains(" DF ") || l.contains(" DO "))
+        .filter(|l| !l.contains("*UND*"))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[w.len() - 2].to_string(), w[w.len() - 1].to_string())
+        })
+        .collect();
+    let missing: Vec<_> = want.difference(&have).collect();
+    let extra: Vec<_> = have.difference(&want).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "missing (version, symbol): {missing:?}\nexported but not in libibverbs: {extra:?}"
+    );
+    let dynamic = objdump(&["-p"]);
+    assert!(
+        dynamic.contains("SONAME               libibverbs.so.1"),
+        "soname is not libibverbs.so.1:\n{dynamic}"
+    );
+    // The data symbol is an object, not a function.
+    let t = objdump(&["-T"]);
+    let line = t
+        .lines()
+        .find(|l| l.ends_with(" verbs_allow_disassociate_destroy"))
+        .unwrap();
+    assert!(line.contains(" DO "), "{line}");
+}
+
+#[test]
+fn every_debian_rdma_binary_loads() {
+    let bins = [
+        "ibv_devices",
+        "ibv_devinfo",
+        "ibv_rc_pingpong",
+        "ibv_uc_pingpong",
+        "ibv_ud_pingpong",
+        "ibv_srq_pingpong",
+        "ibv_xsrq_pingpong",
+        "ibv_asyncwatch",
+        "ib_write_bw",
+        "ib_write_lat",
+        "ib_read_bw",
+        "ib_read_lat",
+        "ib_send_bw",
+        "ib_send_lat",
+        "ib_atomic_bw",
+        "ib_atomic_lat",
+    ];
+    for b in bins {
+        // An unknown option: each program prints its usage and exits, after
+        // the loader has bound every symbol of every library it links.
+        let mut c = common::command(b);
+        c.arg("--softrdma-no-such-option").env("LD_BIND_NOW", "1");
+        let out = common::run(c, Duration::from_secs(20));
+        assert!(
+            out.status != Some(127)
+                && !out.stderr.contains("symbol lookup error")
+                && !out.stderr.contains("error while loading shared libraries"),
+            "{b} does not load against our library:\n{}",
+            out.text()
+        );
+    }
+}

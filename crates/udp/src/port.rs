@@ -4,7 +4,7 @@
 use crate::capture::Capture;
 use crate::fault::Injector;
 use crate::rx::{Receiver, GRO_BUF, PLAIN_BUF};
-use crate::socket::new_socket;
+use crate::socket::{bind_addr, new_socket};
 use crate::steer::{self, JoinError, Joined, Steering};
 use crate::sys;
 use crate::tx::{self, gid_of, Local, TxQueue};
@@ -98,7 +98,7 @@ impl Port {
                 format!("batch {} must be 1..={MAX_BATCH}", cfg.batch),
             ));
         }
-        let addr = SocketAddr::new(cfg.local, cfg.port);
+        let addr = bind_addr(cfg.local, cfg.port)?;
         let sock = new_socket(cfg.local, opts.traffic_class)?;
         let bind_alone = |sock: &Socket, why: &dyn Fn(io::Error) -> io::Error| {
             sock.bind(&addr.into()).map_err(|e| {

@@ -8,11 +8,15 @@
 //! the `IPV6_*` options, and `UDP_NO_CHECK6_RX`, without which the kernel
 //! drops the zero-checksum IPv6 datagrams rxe sends. Buffers: 8 MiB each way,
 //! forced past `net.core.[rw]mem_max` where we may (root).
+//!
+//! A link-local IPv6 address (rxe's GID 0 is one) only binds with the
+//! interface it belongs to as its scope; binding with it also makes the
+//! kernel send to link-local peers out of that interface ([`bind_addr`]).
 
 use crate::sys;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::AsRawFd;
 
 /// Socket buffer size asked for (forced as root, capped by
@@ -99,4 +103,92 @@ pub(crate) fn new_socket(local: IpAddr, traffic_class: u8) -> io::Result<Socket>
         }
     }
     Ok(sock)
+}
+
+/// The address to bind for `local:port`. A link-local IPv6 address needs
+/// its interface as the scope id (the kernel refuses it without one, and
+/// sends to link-local peers out of the interface the socket is bound to);
+/// the device list names only the address, so the interface is the one
+/// that holds it.
+pub(crate) fn bind_addr(local: IpAddr, port: u16) -> io::Result<SocketAddr> {
+    match local {
+        IpAddr::V6(a) if is_link_local(a) => {
+            let owners = sys::ipv6_addr_owners(a)?
+                .into_iter()
+                .map(|o| {
+                    let enslaved =
+                        std::path::Path::new(&format!("/sys/class/net/{}/master", o.name)).exists();
+                    (o, enslaved)
+                })
+                .collect::<Vec<_>>();
+            let scope = pick_scope(a, &owners)?;
+            Ok(SocketAddr::V6(SocketAddrV6::new(a, port, 0, scope)))
+        }
+        _ => Ok(SocketAddr::new(local, port)),
+    }
+}
+
+fn is_link_local(a: Ipv6Addr) -> bool {
+    a.segments()[0] & 0xffc0 == 0xfe80
+}
+
+/// The scope of a link-local address from the interfaces that hold it
+/// (and whether each is enslaved to a bridge or bond, where it carries no
+/// IP traffic of its own): the one interface that is not enslaved.
+fn pick_scope(a: Ipv6Addr, owners: &[(sys::AddrOwner, bool)]) -> io::Result<u32> {
+    let usable: Vec<&sys::AddrOwner> = owners.iter().filter(|o| !o.1).map(|o| &o.0).collect();
+    match usable.as_slice() {
+        [one] => Ok(one.index),
+        [] => Err(io::Error::new(
+            io::ErrorKind::AddrNotAvailable,
+            format!("link-local address {a} is not on any interface that carries IP traffic"),
+        )),
+        many => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "link-local address {a} is on several interfaces ({}): cannot tell which one to use",
+                many.iter().map(|o| o.name.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(name: &str, index: u32) -> sys::AddrOwner {
+        sys::AddrOwner {
+            name: name.into(),
+            index,
+        }
+    }
+
+    #[test]
+    fn link_local_scope_skips_bridge_ports() {
+        let a: Ipv6Addr = "fe80::4c62:74ff:fe44:58e1".parse().unwrap();
+        // As in the rxe peer's namespace: the bridge has taken the MAC (and
+        // so the link-local address) of one of its taps.
+        let owners = [(owner("rxebr0", 2), false), (owner("rxetap2", 4), true)];
+        assert_eq!(pick_scope(a, &owners).unwrap(), 2);
+        assert_eq!(
+            pick_scope(a, &owners[1..]).unwrap_err().kind(),
+            io::ErrorKind::AddrNotAvailable
+        );
+        let two = [(owner("a", 2), false), (owner("b", 3), false)];
+        let e = pick_scope(a, &two).unwrap_err();
+        assert!(e.to_string().contains("(a, b)"), "{e}");
+        assert!(pick_scope(a, &[]).is_err());
+    }
+
+    #[test]
+    fn only_link_local_addresses_get_a_scope() {
+        let g: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(bind_addr(g, 4791).unwrap(), SocketAddr::new(g, 4791));
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        assert_eq!(bind_addr(v4, 4791).unwrap(), SocketAddr::new(v4, 4791));
+        // No interface here holds this one.
+        let ll: IpAddr = "fe80::dead:beef:1234:5678".parse().unwrap();
+        assert!(bind_addr(ll, 4791).is_err());
+    }
 }

@@ -394,3 +394,52 @@ mod tests {
         assert_eq!(&b.0[16..18], &0x1234u16.to_ne_bytes());
     }
 }
+
+/// One interface that holds a given IPv6 address: its name and index (the
+/// address's scope id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AddrOwner {
+    pub(crate) name: String,
+    pub(crate) index: u32,
+}
+
+/// Every interface that has `addr` configured (getifaddrs). A link-local
+/// address can be on several: a bridge takes the MAC, and so the EUI-64
+/// link-local address, of one of its ports.
+pub(crate) fn ipv6_addr_owners(addr: Ipv6Addr) -> io::Result<Vec<AddrOwner>> {
+    let mut out = Vec::new();
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into `ifap`, freed below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut p = ifap;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null ifa_addr points to a sockaddr; the family field
+        // is common to every sockaddr type.
+        if unsafe { (*ifa.ifa_addr).sa_family } as libc::c_int != libc::AF_INET6 {
+            continue;
+        }
+        // SAFETY: family AF_INET6 means ifa_addr points to a sockaddr_in6.
+        let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+        if Ipv6Addr::from(sin6.sin6_addr.s6_addr) != addr {
+            continue;
+        }
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        out.push(AddrOwner {
+            name: name.to_string_lossy().into_owned(),
+            index: sin6.sin6_scope_id,
+        });
+    }
+    // SAFETY: frees the list getifaddrs allocated, exactly once; no
+    // reference into it outlives this point.
+    unsafe { libc::freeifaddrs(ifap) };
+    Ok(out)
+}

@@ -35,6 +35,8 @@
 //! * `-c` checks every byte of the buffer, not only the first of each page,
 //!   and also at the client (the server echoes the client's bytes back);
 //!   bad data makes the exit status 1.
+//! * `--fault` (not in rdma-core) impairs what this side sends, as `perf
+//!   --fault` does; the interop suite's loss runs against rxe use it.
 //! * A client retries connecting for a few seconds while the server
 //!   starts; a run in which no completion arrives for a minute gives up
 //!   instead of hanging.
@@ -126,6 +128,11 @@ pub struct Args {
     /// Validate the received buffer.
     #[arg(short = 'c', long = "chk")]
     pub check: bool,
+    /// Impairments on what this side sends (softrdma only, as `perf
+    /// --fault`), e.g. loss=0.02,seed=7: the interop suite's loss runs
+    /// against rxe.
+    #[arg(long)]
+    pub fault: Option<softrdma_verbs::FaultConfig>,
 }
 
 const RECV_WRID: u64 = 1;
@@ -312,7 +319,11 @@ struct Pp {
 impl Pp {
     fn new(dev: &DeviceInfo, a: &Args, size: u32) -> Result<Pp, Fail> {
         let t = a.transport;
-        let ctx = Context::open(dev, &OpenOptions::default())
+        let opts = OpenOptions {
+            fault: a.fault,
+            ..OpenOptions::default()
+        };
+        let ctx = Context::open(dev, &opts)
             .map_err(|e| format!("Couldn't get context for {}: {e}", dev.name))?;
         if t == Transport::Ud {
             let mtu = ctx.query_port().active_mtu.bytes();

@@ -66,6 +66,13 @@ impl Completer {
             self.timer = local_ack_timeout_ns(timeout).map(|t| now + t);
         }
     }
+
+    /// Push the retransmission deadline a full timeout out, if it is running.
+    pub fn restart_timer(&mut self, now: Nanos, timeout: u8) {
+        if self.timer.is_some() {
+            self.timer = local_ack_timeout_ns(timeout).map(|t| now + t);
+        }
+    }
 }
 
 enum Flow {
@@ -88,6 +95,15 @@ impl Qp {
             ctx.stats.ghost_acks += 1;
             return;
         }
+        // Any response to a PSN we sent, stale or past a gap included, shows
+        // the responder alive and working through our requests: push the
+        // retransmission deadline out (the retry budget still refills only
+        // on progress). rxe replays each duplicate READ in full and in
+        // order; on a slow rxe a replay outlasts the timeout, and resending
+        // on every timeout queued replay after replay behind it until the
+        // retry budget ran out (read_bw -a against rxe, docs/INTEROP.md).
+        // rxe's own completer re-arms its timer whenever it runs, likewise.
+        self.comp.restart_timer(now, self.attr.timeout);
         if psn.before(self.comp.psn) {
             return; // stale: already acknowledged
         }

@@ -144,22 +144,27 @@ pub unsafe extern "C" fn post_send(
     r
 }
 
-pub unsafe extern "C" fn post_recv(
-    qp: *mut ibv_qp,
+/// Walk a receive chain, posting each request with `post`; on failure
+/// `*bad_wr` names the request that failed (verbs' contract).
+///
+/// # Safety
+/// `wr` is the application's chain of readable requests, each `sg_list`
+/// holding `num_sge` entries; `bad_wr` is null or writable.
+unsafe fn post_recv_chain(
+    name: &'static str,
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
+    mut post: impl FnMut(&sv::RecvWr<'_>) -> Result<(), crate::ffi::Fail>,
 ) -> c_int {
     let mut cur = wr;
-    let r = errno_ret("ibv_post_recv", || {
-        // SAFETY: checked by from_c.
-        let q = unsafe { Qp::from_c(qp)? };
+    let r = errno_ret(name, || {
         let mut buf = [sv::Sge::default(); MAX_SGE];
         while !cur.is_null() {
             // SAFETY: the application's chain of readable requests.
             let w = unsafe { &*cur };
             // SAFETY: verbs' contract: sg_list holds num_sge entries.
             let sgl = unsafe { sges(w.sg_list, w.num_sge, &mut buf)? };
-            q.sv.post_recv(&sv::RecvWr {
+            post(&sv::RecvWr {
                 wr_id: w.wr_id,
                 sgl,
             })?;
@@ -174,34 +179,31 @@ pub unsafe extern "C" fn post_recv(
     r
 }
 
+pub unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: the chain and out-pointer come from the application under
+    // verbs' contract; the QP is checked by from_c on each post.
+    unsafe {
+        post_recv_chain("ibv_post_recv", wr, bad_wr, |r| {
+            Ok(Qp::from_c(qp)?.sv.post_recv(r)?)
+        })
+    }
+}
+
 pub unsafe extern "C" fn post_srq_recv(
     srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    let mut cur = wr;
-    let r = errno_ret("ibv_post_srq_recv", || {
-        // SAFETY: checked by from_c.
-        let s = unsafe { Srq::from_c(srq)? };
-        let mut buf = [sv::Sge::default(); MAX_SGE];
-        while !cur.is_null() {
-            // SAFETY: the application's chain of readable requests.
-            let w = unsafe { &*cur };
-            // SAFETY: verbs' contract: sg_list holds num_sge entries.
-            let sgl = unsafe { sges(w.sg_list, w.num_sge, &mut buf)? };
-            s.sv.post_recv(&sv::RecvWr {
-                wr_id: w.wr_id,
-                sgl,
-            })?;
-            cur = w.next;
-        }
-        Ok(())
-    });
-    if r != 0 && !bad_wr.is_null() {
-        // SAFETY: a writable out-pointer.
-        unsafe { *bad_wr = cur };
+    // SAFETY: as for post_recv; the SRQ is checked by from_c on each post.
+    unsafe {
+        post_recv_chain("ibv_post_srq_recv", wr, bad_wr, |r| {
+            Ok(Srq::from_c(srq)?.sv.post_recv(r)?)
+        })
     }
-    r
 }
 
 fn wc_from(c: &sv::Completion) -> ibv_wc {

@@ -62,7 +62,10 @@ impl Default for EndpointConfig {
             max_cq: 1024,
             max_cqe: 1 << 16,
             max_qp_wr: 1 << 14,
-            max_rd_atom: 16,
+            // rxe's max_qp_rd_atom: perftest makes the peer's advertised
+            // out_reads our RTS max_rd_atomic without clamping it, so a
+            // smaller limit here fails read and atomic tests against rxe.
+            max_rd_atom: 128,
             port_mtu: Mtu::B4096,
             max_events: 4096,
         }

@@ -88,6 +88,14 @@ fn log_enabled() -> bool {
     *ON.get_or_init(|| std::env::var_os("SOFTRDMA_IBV_LOG").is_some_and(|v| v != "0"))
 }
 
+/// Print a diagnostic only when `SOFTRDMA_IBV_LOG` is on: for behaviour
+/// that is legal, which rdma-core accepts silently, but worth knowing.
+pub fn note(msg: &str) {
+    if log_enabled() {
+        eprintln!("softrdma: {msg}");
+    }
+}
+
 /// Print a message the user needs even without logging on (rare: a
 /// misconfiguration that would otherwise surface only as an errno).
 pub fn warn(msg: &str) {

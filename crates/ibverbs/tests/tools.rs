@@ -48,7 +48,7 @@ fn ibv_devinfo_verbose_shows_caps_and_the_roce_v2_gid() {
     let out = run("ibv_devinfo", &["-v"]);
     for want in [
         "atomic_cap:\t\t\tATOMIC_HCA (1)",
-        "max_qp_rd_atom:\t\t\t16",
+        "max_qp_rd_atom:\t\t\t128",
         "gid_tbl_len:\t\t1",
         "GID[  0]:\t\t::ffff:127.0.0.1, RoCE v2",
         "num_comp_vectors:\t\t1",

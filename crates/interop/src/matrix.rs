@@ -29,6 +29,9 @@ pub enum Program {
     Perf(&'static str),
     /// `ibv_<t>_pingpong` in the VM against `softrdma pingpong --transport <t>`.
     Pingpong(&'static str),
+    /// perftest's `ib_<test>` on the host, running on softrdma's drop-in
+    /// `libibverbs.so.1`, against perftest on rxe in the VM.
+    Library(&'static str),
     /// perftest against perftest, rxe against rxe between the two VMs: the
     /// reference figures for the same session (no softrdma involved).
     RxePair(&'static str),
@@ -42,6 +45,7 @@ pub enum Group {
     Sweep,
     Pingpong,
     Loss,
+    Library,
     Reference,
 }
 
@@ -53,6 +57,7 @@ impl Group {
             Group::Sweep => "perftest, size sweep (-a)",
             Group::Pingpong => "ibv_*_pingpong, buffer validation on (-c)",
             Group::Loss => "RC under loss (VM: netem loss 2%; ours: --fault loss=0.02)",
+            Group::Library => "perftest on softrdma's libibverbs.so.1 against perftest on rxe",
             Group::Reference => "rxe against rxe (reference figures, no softrdma)",
         }
     }
@@ -96,6 +101,7 @@ impl Combo {
     pub fn program_name(&self) -> String {
         let base = match self.program {
             Program::Perf(t) | Program::RxePair(t) => t.to_string(),
+            Program::Library(t) => format!("ib_{t} on libibverbs.so.1"),
             Program::Pingpong(t) => format!("{t}_pingpong"),
         };
         match self.atomic {
@@ -241,6 +247,17 @@ pub fn matrix(path_mtu: u32) -> Vec<Combo> {
         if atomic == Some("CMP_AND_SWAP") {
             continue;
         }
+        for ours in BOTH {
+            let mut c = Combo::new(Group::Library, Program::Library(t), ours, Gid::V4);
+            c.atomic = atomic;
+            c.iters = iters_for(t);
+            v.push(c);
+        }
+    }
+    for (t, atomic) in PERFTESTS {
+        if atomic == Some("CMP_AND_SWAP") {
+            continue;
+        }
         let mut c = Combo::new(Group::Reference, Program::RxePair(t), Ours::Client, Gid::V4);
         c.atomic = atomic;
         c.iters = iters_for(t);
@@ -293,6 +310,24 @@ mod tests {
                     assert!(has(Group::Loss, name, Gid::V4, ours), "{name} under loss");
                 }
                 assert!(has(Group::MultiQp, "write_bw", Gid::V4, ours));
+                for t in [
+                    "write_bw",
+                    "read_bw",
+                    "send_bw",
+                    "atomic_bw",
+                    "write_lat",
+                    "read_lat",
+                    "send_lat",
+                    "atomic_lat",
+                ] {
+                    let name = format!("ib_{t} on libibverbs.so.1");
+                    let name = if t.starts_with("atomic") {
+                        format!("{name} FAA")
+                    } else {
+                        name
+                    };
+                    assert!(has(Group::Library, &name, Gid::V4, ours), "{name}");
+                }
                 assert!(has(Group::Sweep, "write_bw", Gid::V4, ours));
                 assert_eq!(
                     has(Group::Sweep, "send_lat", Gid::V4, ours),

@@ -20,6 +20,19 @@ pub struct Env {
     pub path_mtu: u32,
 }
 
+impl Env {
+    /// Where `scripts/build-ibverbs` puts the drop-in `libibverbs.so.1`:
+    /// next to `softrdma`.
+    pub fn libibverbs_dir(&self) -> String {
+        self.softrdma
+            .parent()
+            .expect("softrdma lives in a directory")
+            .join("ibverbs")
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
 /// A figure from the client's result row.
 #[derive(Debug, Clone, Copy)]
 pub enum Figure {
@@ -85,7 +98,7 @@ fn vm_cmd(c: &Combo, env: &Env, host: Option<&str>) -> String {
         Gid::V6 => 0,
     };
     let mut s = match c.program {
-        Program::Perf(t) | Program::RxePair(t) => {
+        Program::Perf(t) | Program::RxePair(t) | Program::Library(t) => {
             format!("ib_{t} -d rxe0 -F -x {gid} -n {}", c.iters)
         }
         Program::Pingpong(t) => format!("ibv_{t}_pingpong -d rxe0 -g {gid} -n {} -c", c.iters),
@@ -143,6 +156,14 @@ fn our_args(c: &Combo, env: &Env, host: Option<&str>, seed: u64) -> Vec<String> 
             "-g".into(),
             "0".into(),
             "-c".into(),
+        ],
+        // perftest itself on our library: its own flags.
+        Program::Library(_) => vec![
+            "-d".into(),
+            "srdma4".into(),
+            "-x".into(),
+            "0".into(),
+            "-F".into(),
         ],
         Program::RxePair(_) => unreachable!("no softrdma side"),
     };
@@ -297,8 +318,12 @@ pub fn run(peer: &Peer, env: &Env, c: &Combo, idx: usize) -> Outcome {
             vm_cmd(c, env, Some(&vm1.ip))
         ),
         _ => format!(
-            "VM 1: {}\nours: softrdma {}",
+            "VM 1: {}\nours: {} {}",
             vm_cmd(c, env, vm_host),
+            match c.program {
+                Program::Library(t) => format!("LD_LIBRARY_PATH={} ib_{t}", env.libibverbs_dir()),
+                _ => "softrdma".to_string(),
+            },
             our_args(c, env, our_host, idx as u64).join(" ")
         ),
     };
@@ -344,7 +369,7 @@ pub fn run(peer: &Peer, env: &Env, c: &Combo, idx: usize) -> Outcome {
         .find(|l| l.contains("softrdma counters:"))
         .map(|l| l.trim().to_string());
     match c.program {
-        Program::Perf(t) | Program::RxePair(t) => {
+        Program::Perf(t) | Program::RxePair(t) | Program::Library(t) => {
             // The client measures (a bw server prints the client's report).
             let client_text = match (c.program, c.ours) {
                 (Program::RxePair(_), _) | (_, Ours::Server) => &vm_log,
@@ -406,7 +431,14 @@ fn ours_and_vm(
     let vm1 = &peer.vms[0];
     let ours = |host: Option<&str>| {
         let args = our_args(c, env, host, seed);
-        let mut cmd = peer.ns(&[env.softrdma.to_str().expect("utf-8 path")]);
+        let mut cmd = match c.program {
+            Program::Library(t) => {
+                let mut cmd = peer.ns(&[&format!("ib_{t}")]);
+                cmd.env("LD_LIBRARY_PATH", env.libibverbs_dir());
+                cmd
+            }
+            _ => peer.ns(&[env.softrdma.to_str().expect("utf-8 path")]),
+        };
         cmd.args(&args).env(
             "SOFTRDMA_DEVICES",
             format!("srdma4={},srdma6={}", peer.host_ip, peer.host_ll),

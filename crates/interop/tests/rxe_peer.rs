@@ -113,6 +113,22 @@ fn main() -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e),
     };
+    let lib = softrdma.with_file_name("ibverbs").join("libibverbs.so.1");
+    if !lib.exists() {
+        return fail(&format!(
+            "{} is missing: build it with scripts/build-ibverbs (scripts/test does)",
+            lib.display()
+        ));
+    }
+    for t in ["ib_write_bw", "ib_read_lat"] {
+        if !std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            return fail(&format!("{t} is missing: install perftest (.ci/run does)"));
+        }
+    }
     let target = root.join("target");
     let out = target.join("interop");
     let _ = std::fs::create_dir_all(&out);

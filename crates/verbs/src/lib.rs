@@ -33,7 +33,7 @@ pub use engine::AsyncEvent;
 pub use softrdma_core::cq::CqId;
 pub use softrdma_core::mr::PdId;
 pub use softrdma_core::qp::attr::{AccessFlags, AddressVector, AttrMask, Mtu, QpAttr};
-pub use softrdma_core::qp::state::{QpState, QpType};
+pub use softrdma_core::qp::state::{required_mask, QpState, QpType};
 pub use softrdma_core::qp::QpCap;
 pub use softrdma_core::stats::Stats;
 pub use softrdma_core::wc::{wc_flags, Completion, WcOpcode, WcStatus};

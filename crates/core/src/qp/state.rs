@@ -345,6 +345,13 @@ pub fn transition_rule(from: QpState, to: QpState, qp_type: QpType) -> Option<At
         .and_then(|t| t.rule(qp_type))
 }
 
+/// The minimal `modify_qp` mask for `from -> to` on a QP of type
+/// `qp_type`: `STATE` plus every required attribute, straight from the
+/// transition table (so tools and tests never spell it out again).
+pub fn required_mask(from: QpState, to: QpState, qp_type: QpType) -> Option<AttrMask> {
+    transition_rule(from, to, qp_type).map(|r| r.required | AttrMask::STATE)
+}
+
 /// Why a `modify_qp` call is not well-formed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModifyError {

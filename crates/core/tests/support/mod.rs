@@ -22,7 +22,7 @@ use std::rc::Rc;
 use softrdma_core::cq::CqId;
 use softrdma_core::mr::{Memory, PdId, VecMemory};
 use softrdma_core::qp::attr::{AccessFlags, AttrMask, Mtu, QpAttr};
-use softrdma_core::qp::state::{QpState, QpType};
+use softrdma_core::qp::state::{required_mask, QpState, QpType};
 use softrdma_core::qp::QpCap;
 use softrdma_core::wc::{Completion, WcStatus};
 use softrdma_core::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
@@ -399,25 +399,7 @@ pub fn connect(h: &mut Host, me: &QpEnd, remote: &QpEnd, sq_psn: u32, rq_psn: u3
     a.max_dest_rd_atomic = o.rd_atomic;
     a.min_rnr_timer = o.min_rnr_timer;
     a.av.dgid = gid_of(remote.node);
-    let rtr_mask = match o.qp_type {
-        QpType::Rc => {
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER
-        }
-        QpType::Uc => {
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-        }
-        QpType::Ud => AttrMask::STATE,
-    };
+    let rtr_mask = required_mask(QpState::Init, QpState::Rtr, o.qp_type).expect("INIT->RTR exists");
     h.ep.modify_qp(me.qpn, &a, rtr_mask).unwrap();
     a.qp_state = QpState::Rts;
     a.sq_psn = sq_psn;
@@ -425,17 +407,7 @@ pub fn connect(h: &mut Host, me: &QpEnd, remote: &QpEnd, sq_psn: u32, rq_psn: u3
     a.retry_cnt = o.retry_cnt;
     a.rnr_retry = o.rnr_retry;
     a.max_rd_atomic = o.rd_atomic;
-    let rts_mask = match o.qp_type {
-        QpType::Rc => {
-            AttrMask::STATE
-                | AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::SQ_PSN
-                | AttrMask::MAX_QP_RD_ATOMIC
-        }
-        _ => AttrMask::STATE | AttrMask::SQ_PSN,
-    };
+    let rts_mask = required_mask(QpState::Rtr, QpState::Rts, o.qp_type).expect("RTR->RTS exists");
     h.ep.modify_qp(me.qpn, &a, rts_mask).unwrap();
 }
 

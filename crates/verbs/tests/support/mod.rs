@@ -461,25 +461,7 @@ pub fn connect_with(qp: &Qp, t: QpType, my_psn: u32, remote: &QpAddr, timeout: u
     };
     a.av.dgid = remote.gid;
     a.av.hop_limit = 64;
-    let mask = match t {
-        QpType::Rc => {
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER
-        }
-        QpType::Uc => {
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-        }
-        QpType::Ud => AttrMask::STATE,
-    };
+    let mask = required_mask(QpState::Init, QpState::Rtr, t).expect("INIT->RTR exists");
     qp.modify(&a, mask).expect("modify to RTR");
     a.qp_state = QpState::Rts;
     a.sq_psn = my_psn;
@@ -487,17 +469,7 @@ pub fn connect_with(qp: &Qp, t: QpType, my_psn: u32, remote: &QpAddr, timeout: u
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = 16;
-    let mask = match t {
-        QpType::Rc => {
-            AttrMask::STATE
-                | AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::SQ_PSN
-                | AttrMask::MAX_QP_RD_ATOMIC
-        }
-        _ => AttrMask::STATE | AttrMask::SQ_PSN,
-    };
+    let mask = required_mask(QpState::Rtr, QpState::Rts, t).expect("RTR->RTS exists");
     qp.modify(&a, mask).expect("modify to RTS");
 }
 

@@ -536,25 +536,7 @@ fn connect(r: &Res, i: usize, rts: bool, p: &Params) -> Result<(), Box<dyn std::
     };
     a.av.dgid = rem.gid;
     a.av.hop_limit = 255;
-    let mask = match p.conn {
-        QpType::Rc => {
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER
-        }
-        QpType::Uc => {
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-        }
-        QpType::Ud => AttrMask::STATE,
-    };
+    let mask = required_mask(QpState::Init, QpState::Rtr, p.conn).expect("INIT->RTR exists");
     qp.modify(&a, mask)
         .map_err(|e| format!("Failed to modify QP {} to RTR: {e}", qp.qpn()))?;
     if !rts {
@@ -566,17 +548,7 @@ fn connect(r: &Res, i: usize, rts: bool, p: &Params) -> Result<(), Box<dyn std::
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = rem.out_reads.clamp(1, 16) as u8;
-    let mask = match p.conn {
-        QpType::Rc => {
-            AttrMask::STATE
-                | AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::SQ_PSN
-                | AttrMask::MAX_QP_RD_ATOMIC
-        }
-        _ => AttrMask::STATE | AttrMask::SQ_PSN,
-    };
+    let mask = required_mask(QpState::Rtr, QpState::Rts, p.conn).expect("RTR->RTS exists");
     qp.modify(&a, mask)
         .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
     Ok(())

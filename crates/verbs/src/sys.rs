@@ -85,10 +85,30 @@ impl TimerFd {
         unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
     }
 
-    pub fn drain(&self) {
+    /// Fire every `ns` nanoseconds from now on.
+    pub fn set_periodic(&self, ns: u64) {
+        let t = libc::timespec {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        };
+        let spec = libc::itimerspec {
+            it_interval: t,
+            it_value: t,
+        };
+        // SAFETY: `spec` is a valid itimerspec; the old value is not wanted.
+        unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+
+    /// Consume expirations; returns how many there were (0 if none).
+    pub fn drain(&self) -> u64 {
         let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid u64; EAGAIN is fine.
-        unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        // SAFETY: reads 8 bytes into a valid u64; EAGAIN leaves it 0.
+        let r = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if r == 8 {
+            v
+        } else {
+            0
+        }
     }
 }
 
@@ -111,12 +131,28 @@ impl Epoll {
     }
 
     pub fn add(&self, fd: RawFd) -> io::Result<()> {
+        self.add_with(fd, libc::EPOLLIN as u32)
+    }
+
+    /// Add with explicit event flags (e.g. `EPOLLIN | EPOLLET`).
+    pub fn add_with(&self, fd: RawFd, events: u32) -> io::Result<()> {
         let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
+            events,
             u64: fd as u64,
         };
         // SAFETY: `ev` is a valid epoll_event for the duration of the call.
         cvt(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
+        Ok(())
+    }
+
+    /// Change the events an added fd is watched for (0: none).
+    pub fn modify(&self, fd: RawFd, events: u32) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events,
+            u64: fd as u64,
+        };
+        // SAFETY: `ev` is a valid epoll_event for the duration of the call.
+        cvt(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_MOD, fd, &mut ev) })?;
         Ok(())
     }
 

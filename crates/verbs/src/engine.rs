@@ -102,6 +102,8 @@ pub(crate) struct State {
     /// The deadline the engine's timerfd is armed to (core time), so a pass
     /// re-arms it only when the core's next deadline moved.
     armed: Option<Nanos>,
+    /// A pass left its responses for the application's next call.
+    tx_deferred: bool,
     /// Packets the IO layer refused (a destination of the wrong address
     /// family, say): dropped and counted; the device keeps serving.
     pub tx_refused: u64,
@@ -114,7 +116,7 @@ impl State {
 
     /// One pass: receive what is waiting, run expired timers, transmit
     /// (within the budget), deliver events.
-    fn pass(&mut self, async_fd: &EventFd, rx: bool) -> Pass {
+    fn pass(&mut self, async_fd: &EventFd, rx: bool, defer: bool) -> Pass {
         let now = self.now();
         let mut p = Pass::default();
         if rx {
@@ -139,9 +141,17 @@ impl State {
             self.ep.handle_timeout(now);
             p.did = true;
         }
-        let (sent, more) = self.transmit(now);
-        p.did |= sent > 0;
-        p.more_tx = more;
+        if defer && p.rx {
+            // What these packets call for (ACKs, mostly) waits for the
+            // application's next call, which sends it together with what
+            // the application posts in reply: one system call, not two, on
+            // the critical path of a ping-pong. See `Engine::defers`.
+            self.tx_deferred = true;
+        } else {
+            let (sent, more) = self.transmit(now);
+            p.did |= sent > 0;
+            p.more_tx = more;
+        }
         p.did |= self.deliver_events(async_fd);
         self.retire();
         p
@@ -150,6 +160,7 @@ impl State {
     /// Send what the core has, up to the budget. Returns (sent, budget
     /// exhausted with more to send).
     fn transmit(&mut self, now: Nanos) -> (usize, bool) {
+        self.tx_deferred = false;
         let mut sent = 0;
         let mut more = false;
         while let Some(t) = self.ep.poll_transmit(now, &mut self.head) {
@@ -324,6 +335,7 @@ impl Engine {
                 head: vec![0; 4096 + 256],
                 origin: Instant::now(),
                 armed: None,
+                tx_deferred: false,
                 tx_refused: 0,
             }),
             pending: AtomicBool::new(false),
@@ -396,7 +408,8 @@ impl Engine {
     pub fn app_pass(&self, st: &mut State) {
         self.app_calls.fetch_add(1, Ordering::Relaxed);
         self.mask(st);
-        let p = st.pass(&self.async_fd, true);
+        let defer = self.progress_promised.load(Ordering::Relaxed);
+        let p = st.pass(&self.async_fd, true, defer);
         self.after_pass(st, p.more_tx);
     }
 
@@ -427,7 +440,11 @@ impl Engine {
 
     /// The application drives progress itself while it waits on memory
     /// (`Context::progress`), so taking a completion does not mean it
-    /// leaves.
+    /// leaves — UCX's contract with `ucp_worker_progress`. In return, what
+    /// the packets a poll received call for (ACKs) may wait for the
+    /// application's next call into the device, which then sends it with
+    /// what the application posts in reply; if the application makes no
+    /// call for a watchdog period, the engine thread sends it.
     pub fn promise_progress(&self) {
         self.progress_promised.store(true, Ordering::Relaxed);
     }
@@ -445,10 +462,13 @@ impl Engine {
     /// The engine thread serves the socket again. Re-adding a readable
     /// socket wakes it at once, so nothing that arrived while masked waits.
     /// The periodic watchdog is left running; its next tick stops it.
-    pub fn unmask(&self, _st: &mut State) {
+    pub fn unmask(&self, st: &mut State) {
         if self.masked.load(Ordering::Relaxed) {
             self.masked.store(false, Ordering::SeqCst);
             let _ = self.epoll.modify(self.sock_fd, SOCK_EVENTS);
+        }
+        if st.tx_deferred {
+            self.doorbell.signal();
         }
     }
 
@@ -535,7 +555,7 @@ impl Engine {
     /// empty, or rings its own doorbell to come back for the rest.
     fn drain(&self, st: &mut State) {
         for _ in 0..RX_ROUNDS {
-            let p = st.pass(&self.async_fd, true);
+            let p = st.pass(&self.async_fd, true, false);
             self.after_pass(st, p.more_tx);
             if !p.rx {
                 return;

@@ -298,13 +298,55 @@ pub struct Pd {
 /// A registered memory region. It owns its buffer; remote peers may read and
 /// write it at any time through the rkey, so the application reads and
 /// writes it through copies (`read`/`write`) rather than references.
+///
+/// Those copies take the device's state lock, under which the engine does
+/// every access of its own (placing a packet's payload, reading one onto
+/// the wire, an atomic): safe code cannot race with the engine. A remote
+/// WRITE is placed packet by packet, each packet under the lock, so a
+/// reader sees every packet of it whole or not at all and, RC placing in
+/// order, a prefix of the message's packets — as on an RNIC, only the
+/// completion (or a flag the peer writes last) says the message is all
+/// there.
 pub struct Mr {
     eng: Arc<Engine>,
     lkey: u32,
     rkey: u32,
     addr: u64,
     len: usize,
-    buf: Option<Box<[u8]>>,
+    buf: Option<OwnedBuf>,
+}
+
+/// The buffer an owned region was registered from, held as a raw
+/// allocation: a live `Box` asserts unique access, which the engine's raw
+/// reads and writes would contradict.
+struct OwnedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl OwnedBuf {
+    fn new(buf: Vec<u8>) -> OwnedBuf {
+        let b = Box::into_raw(buf.into_boxed_slice());
+        OwnedBuf {
+            ptr: b.cast::<u8>(),
+            len: b.len(),
+        }
+    }
+}
+
+// SAFETY: `OwnedBuf` only frees the allocation (in `drop`); every access to
+// the bytes goes through the engine's state lock (see `Mr`), so moving or
+// sharing the owner between threads creates no unsynchronised access.
+unsafe impl Send for OwnedBuf {}
+// SAFETY: as for `Send`: it has no method that touches the bytes.
+unsafe impl Sync for OwnedBuf {}
+
+impl Drop for OwnedBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` came from `Box::into_raw` of a boxed slice in
+        // `new` and are freed only here, once.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
 }
 
 impl Pd {
@@ -314,9 +356,9 @@ impl Pd {
 
     /// Register an owned buffer. Its address is the region's iova.
     pub fn reg_mr(&self, buf: Vec<u8>, access: AccessFlags) -> Result<Mr> {
-        let mut buf = buf.into_boxed_slice();
-        let addr = buf.as_mut_ptr() as u64;
-        let len = buf.len();
+        let buf = OwnedBuf::new(buf);
+        let addr = buf.ptr as u64;
+        let len = buf.len;
         let (lkey, rkey) = self
             .eng
             .lock()
@@ -426,27 +468,32 @@ impl Mr {
         self.addr + offset as u64
     }
 
-    /// Copy out of the region.
+    /// Copy out of the region (under the device's state lock: see [`Mr`]).
     pub fn read(&self, offset: usize, out: &mut [u8]) {
         let a = self.range(offset, out.len());
-        // SAFETY: in bounds of the live region (checked above). The NIC may
-        // write concurrently, as with any RNIC; the copy then sees either
-        // byte value, which the application must order with completions.
-        unsafe { std::ptr::copy(a as *const u8, out.as_mut_ptr(), out.len()) }
+        let _st = self.eng.lock();
+        // SAFETY: in bounds of this region, which is live while `self` is;
+        // the engine touches region memory only under the lock held here,
+        // so nothing writes these bytes during the copy. `out` is the
+        // caller's own buffer, not region memory it can reach through
+        // `&mut` (region bytes are never handed out as references).
+        unsafe { std::ptr::copy_nonoverlapping(a as *const u8, out.as_mut_ptr(), out.len()) }
     }
 
-    /// Copy into the region.
+    /// Copy into the region (under the device's state lock).
     pub fn write(&self, offset: usize, data: &[u8]) {
         let a = self.range(offset, data.len());
-        // SAFETY: as for `read`.
-        unsafe { std::ptr::copy(data.as_ptr(), a as *mut u8, data.len()) }
+        let _st = self.eng.lock();
+        // SAFETY: as for `read`; no other access to these bytes can run
+        // while the lock is held.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), a as *mut u8, data.len()) }
     }
 
-    /// Volatile read of one byte: for spinning on a flag a remote WRITE sets.
+    /// Read one byte: for spinning on a flag a remote WRITE sets.
     pub fn read_volatile_u8(&self, offset: usize) -> u8 {
-        let a = self.range(offset, 1);
-        // SAFETY: in bounds of the live region.
-        unsafe { std::ptr::read_volatile(a as *const u8) }
+        let mut b = [0u8];
+        self.read(offset, &mut b);
+        b[0]
     }
 }
 

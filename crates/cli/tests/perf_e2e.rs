@@ -177,3 +177,48 @@ fn server_and_client_as_separate_commands() {
         }
     }
 }
+
+/// `SOFTRDMA_TRANSPORT` picks the transport: `udp` (and `auto`) run, an
+/// unknown value and the not-yet-built `shm` are refused by name instead of
+/// being measured over something else.
+#[test]
+fn softrdma_transport_is_honoured() {
+    let run = |v: &str| {
+        let c = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+            .args([
+                "perf",
+                "write_bw",
+                "--loopback",
+                "--check",
+                "-n",
+                "20",
+                "-s",
+                "4096",
+            ])
+            .env("SOFTRDMA_TRANSPORT", v)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run softrdma perf");
+        finish(c, &format!("write_bw with SOFTRDMA_TRANSPORT={v}"))
+    };
+    let o = run("udp");
+    assert!(
+        o.status.success(),
+        "udp: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for (v, says) in [
+        ("shm", "the shared-memory transport is not built yet"),
+        ("rdma", "expected auto, udp or shm"),
+    ] {
+        let o = run(v);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{v} must be refused");
+        assert!(
+            err.contains(says),
+            "{v}: stderr does not say {says:?}:\n{err}"
+        );
+    }
+}

@@ -159,6 +159,29 @@ pub fn device_attr(dev: &DeviceInfo) -> DeviceAttr {
     }
 }
 
+/// The transport `SOFTRDMA_TRANSPORT` selects: `auto` (the default) and
+/// `udp` run over UDP, the only transport built so far; `shm` (shared
+/// memory between processes of one host) is refused until it exists, rather
+/// than silently measured over UDP.
+fn transport_from_env() -> Result<()> {
+    match std::env::var("SOFTRDMA_TRANSPORT") {
+        Err(std::env::VarError::NotPresent) => Ok(()),
+        Ok(v) if v.is_empty() || v == "auto" || v == "udp" => Ok(()),
+        Ok(v) if v == "shm" => Err(Error::Io(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "SOFTRDMA_TRANSPORT=shm: the shared-memory transport is not built yet (use auto or udp)",
+        ))),
+        Ok(v) => Err(Error::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("SOFTRDMA_TRANSPORT={v:?}: expected auto, udp or shm"),
+        ))),
+        Err(e) => Err(Error::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("SOFTRDMA_TRANSPORT: {e}"),
+        ))),
+    }
+}
+
 /// An open device: a progress engine on one UDP port.
 pub struct Context {
     dev: DeviceInfo,
@@ -168,6 +191,7 @@ pub struct Context {
 
 impl Context {
     pub fn open(dev: &DeviceInfo, opts: &OpenOptions) -> Result<Context> {
+        transport_from_env()?;
         let port = softrdma_udp::Port::open(softrdma_udp::PortConfig {
             local: dev.addr,
             port: softrdma_wire::ROCEV2_UDP_PORT,

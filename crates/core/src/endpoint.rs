@@ -8,13 +8,13 @@ use softrdma_wire::opcode::{Flags, Transport};
 use softrdma_wire::{Packet, PacketRepr};
 
 use crate::cq::{Armed, Cq, CqId};
-use crate::mr::{Memory, MrTable, PdId};
+use crate::mr::{KeySource, Memory, MrTable, PdId, Span};
 use crate::qp::attr::{AccessFlags, AttrLimits, AttrMask, Mtu, QpAttr};
 use crate::qp::queue::{RecvQueue, RecvWqe, SendState, SendWqe};
 use crate::qp::state::{check_modify, QpState, QpType};
 use crate::qp::{Qp, QpCap};
 use crate::stats::Stats;
-use crate::transmit::{Seg, Transmit};
+use crate::transmit::Transmit;
 use crate::wc::Completion;
 use crate::wr::{RecvWr, SendOp, SendWr};
 use crate::{Error, Nanos, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE};
@@ -31,15 +31,20 @@ pub enum Event {
     QpReqErr(u32),
     /// The responder saw an access violation (`IBV_EVENT_QP_ACCESS_ERR`).
     QpAccessErr(u32),
+    /// A receive WQE could not be completed (its buffer's region was
+    /// deregistered) and the QP entered ERR (`IBV_EVENT_QP_FATAL`).
+    QpFatal(u32),
     /// A QP attached to an SRQ entered ERR (`IBV_EVENT_QP_LAST_WQE_REACHED`).
     QpLastWqeReached(u32),
 }
 
 /// How an endpoint is set up.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct EndpointConfig {
-    /// Seeds the key generator (the core reads no randomness of its own).
-    pub seed: u64,
+    /// Where memory keys come from (the core reads no randomness of its
+    /// own): the real stack passes the operating system's CSPRNG; the
+    /// default is a fixed seed, deterministic and so only for tests.
+    pub key_source: KeySource,
     /// QP numbers are `qpn_base + index`; several processes sharing one
     /// address pick disjoint ranges.
     pub qpn_base: u32,
@@ -56,7 +61,7 @@ pub struct EndpointConfig {
 impl Default for EndpointConfig {
     fn default() -> Self {
         EndpointConfig {
-            seed: 0x5eed,
+            key_source: KeySource::default(),
             qpn_base: 0x11,
             max_qp: 1024,
             max_cq: 1024,
@@ -174,7 +179,7 @@ impl Shared {
         }
     }
 
-    pub fn srq_pop(&mut self, srq: u32, out: &mut [Seg; MAX_SGE]) -> Option<RecvWqe> {
+    pub fn srq_pop(&mut self, srq: u32, out: &mut [Span; MAX_SGE]) -> Option<RecvWqe> {
         self.srqs.get_mut(srq as usize)?.as_mut()?.1.pop(out)
     }
 }
@@ -191,10 +196,11 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    pub fn new(cfg: EndpointConfig) -> Endpoint {
+    pub fn new(mut cfg: EndpointConfig) -> Endpoint {
+        let keys = std::mem::take(&mut cfg.key_source);
         Endpoint {
             shared: Shared {
-                mrs: MrTable::new(cfg.seed),
+                mrs: MrTable::new(keys),
                 cqs: Vec::new(),
                 srqs: Vec::new(),
                 stats: Stats::default(),
@@ -234,6 +240,12 @@ impl Endpoint {
         self.shared.mrs.register(pd, iova, host_addr, len, access)
     }
 
+    /// Deregister a region. When this returns, nothing the endpoint does
+    /// afterwards reads or writes the region's memory: work in flight that
+    /// names it fails instead (a remote access NAK for a peer's WRITE or
+    /// READ, a local protection error for our own work requests). Payload
+    /// segments of a [`Transmit`] returned *before* this call may still
+    /// point into it, until the caller has sent them.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), Error> {
         self.shared.mrs.deregister(lkey).map(|_| ())
     }
@@ -334,7 +346,7 @@ impl Endpoint {
         pd: PdId,
         wr: &RecvWr<'_>,
         max_sge: u32,
-        out: &mut [Seg; MAX_SGE],
+        out: &mut [Span; MAX_SGE],
     ) -> Result<usize, Error> {
         if wr.sgl.len() > max_sge as usize {
             return Err(Error::TooManySge {
@@ -343,25 +355,15 @@ impl Endpoint {
             });
         }
         for (o, s) in out.iter_mut().zip(wr.sgl) {
-            let addr = self
+            *o = self
                 .shared
                 .mrs
-                .check_local(
-                    pd,
-                    s.lkey,
-                    s.addr,
-                    s.length as u64,
-                    AccessFlags::LOCAL_WRITE,
-                )
+                .resolve_local(pd, s.lkey, s.addr, s.length, AccessFlags::LOCAL_WRITE)
                 .map_err(|_| {
                     Error::InvalidArgument(
                         "receive SGE not covered by a local-writable MR of the QP's PD",
                     )
                 })?;
-            *o = Seg {
-                addr,
-                len: s.length,
-            };
         }
         Ok(wr.sgl.len())
     }
@@ -377,7 +379,7 @@ impl Endpoint {
                 depth,
             });
         }
-        let mut segs = [Seg::default(); MAX_SGE];
+        let mut segs = [Span::default(); MAX_SGE];
         let n = self.translate_recv(pd, wr, max_sge, &mut segs)?;
         self.shared.srqs[srq as usize]
             .as_mut()
@@ -556,7 +558,7 @@ impl Endpoint {
                 max: qp.cap.max_inline_data,
             });
         }
-        let mut segs = [Seg::default(); MAX_SGE];
+        let mut segs = [Span::default(); MAX_SGE];
         let mut ibuf = [0u8; MAX_INLINE];
         let mut ilen = 0usize;
         let need = if matches!(wr.op, SendOp::Read { .. }) || wr.op.is_atomic() {
@@ -571,10 +573,10 @@ impl Endpoint {
                 ilen += sge.length as usize;
                 continue;
             }
-            let addr = self
+            segs[i] = self
                 .shared
                 .mrs
-                .check_local(qp.pd, sge.lkey, sge.addr, sge.length as u64, need)
+                .resolve_local(qp.pd, sge.lkey, sge.addr, sge.length, need)
                 .map_err(|e| match e {
                     crate::mr::LocalAccessError::BadLkey => {
                         Error::InvalidArgument("SGE lkey matches no memory region")
@@ -589,10 +591,6 @@ impl Endpoint {
                         "SGE memory region lacks LOCAL_WRITE for a READ/atomic result",
                     ),
                 })?;
-            segs[i] = Seg {
-                addr,
-                len: sge.length,
-            };
         }
         let nsge = if inline { 0 } else { wr.sgl.len() };
         let signaled = qp.sq_sig_all || wr.flags.contains(crate::wr::SendFlags::SIGNALED);
@@ -637,7 +635,7 @@ impl Endpoint {
                 state,
             });
         }
-        let mut segs = [Seg::default(); MAX_SGE];
+        let mut segs = [Span::default(); MAX_SGE];
         let n = self.translate_recv(pd, wr, max_sge, &mut segs)?;
         let qp = self.qps[s].as_mut().expect("slot checked");
         if qp.rq.is_full() {
@@ -716,7 +714,9 @@ impl Endpoint {
     }
 
     /// The next packet to send: headers (and inline payload) are written
-    /// into `buf`, which must hold at least 4096 + 128 bytes.
+    /// into `buf`, which must hold at least 4096 + 128 bytes. The payload
+    /// segments stay valid only until the next call into the endpoint (see
+    /// [`Transmit`]).
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
         assert!(
             buf.len() >= 4096 + 128,

@@ -13,8 +13,8 @@
 /// scatter/gather list, which has at most [`crate::MAX_SGE`] entries.
 pub const MAX_SEGS: usize = crate::MAX_SGE;
 
-/// A run of payload bytes in local memory (validated against its memory
-/// region before it is handed out).
+/// A run of payload bytes in local memory, translated through its memory
+/// region when it was handed out (see [`Transmit`] for how long it holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Seg {
     pub addr: u64,
@@ -71,6 +71,16 @@ impl Segs {
 }
 
 /// One packet ready to send.
+///
+/// # Lifetime of the payload segments
+///
+/// `segs` are host addresses inside registered memory, translated through
+/// the region table when `poll_transmit` built this packet. They are valid
+/// only until the caller's next call into the [`crate::Endpoint`] — any
+/// call: `dereg_mr` among them, after which the memory may be freed. The IO
+/// layer must have copied or sent the bytes (e.g. `sendmsg` returned)
+/// before it calls into the endpoint again, and must not hold a `Transmit`
+/// across such a call.
 #[derive(Debug, Clone, Copy)]
 pub struct Transmit {
     /// Destination GID (IPv6, or IPv4-mapped).

@@ -216,6 +216,7 @@ impl State {
                 Event::CqErr(cq) => self.raise(AsyncEvent::CqErr(cq.0), async_fd),
                 Event::QpReqErr(q) => self.raise(AsyncEvent::QpReqErr(q), async_fd),
                 Event::QpAccessErr(q) => self.raise(AsyncEvent::QpAccessErr(q), async_fd),
+                Event::QpFatal(q) => self.raise(AsyncEvent::QpFatal(q), async_fd),
                 Event::QpLastWqeReached(q) => self.raise(AsyncEvent::QpLastWqeReached(q), async_fd),
             }
         }

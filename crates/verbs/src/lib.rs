@@ -207,8 +207,10 @@ impl Context {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
             ^ ((std::process::id() as u64) << 32);
+        // Still the old time ^ pid seed: the engine change passes the OS
+        // CSPRNG here (KeySource::new over getrandom).
         let cfg = softrdma_core::EndpointConfig {
-            seed,
+            key_source: softrdma_core::mr::KeySource::seeded(seed),
             qpn_base: (slot << 16) | 0x100,
             port_mtu,
             ..Default::default()

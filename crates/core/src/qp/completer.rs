@@ -184,6 +184,7 @@ impl Qp {
         }
         if progressed {
             self.progress(now);
+            self.settle_failed(ctx);
         }
         Flow::Continue
     }
@@ -267,7 +268,11 @@ impl Qp {
             self.fail_tail(WcStatus::BadRespErr, ctx);
             return;
         }
-        scatter(self.sq.sges(self.sq.tail), off, data, mem);
+        if scatter(&ctx.mrs, self.sq.sges(self.sq.tail), off, data, mem).is_err() {
+            // The READ's destination was deregistered mid-response.
+            self.fail_tail(WcStatus::LocProtErr, ctx);
+            return;
+        }
         self.comp.psn = psn.next();
         if ends {
             self.complete_tail(w.length, ctx);
@@ -293,7 +298,11 @@ impl Qp {
         let Some(ack) = repr.ext.atomic_ack_eth else {
             return;
         };
-        scatter(self.sq.sges(self.sq.tail), 0, &ack.orig.to_ne_bytes(), mem);
+        let orig = ack.orig.to_ne_bytes();
+        if scatter(&ctx.mrs, self.sq.sges(self.sq.tail), 0, &orig, mem).is_err() {
+            self.fail_tail(WcStatus::LocProtErr, ctx);
+            return;
+        }
         self.comp.psn = psn.next();
         self.complete_tail(8, ctx);
         self.progress(now);
@@ -315,11 +324,24 @@ impl Qp {
             c.byte_len = byte_len;
             ctx.complete(self.send_cq, c, false);
         }
+        self.settle_failed(ctx);
+    }
+
+    /// If the oldest WQE is one the requester gave up on (an SGE's region
+    /// vanished), complete it now that everything before it has.
+    fn settle_failed(&mut self, ctx: &mut Ctx<'_>) {
+        if self
+            .sq
+            .get(self.sq.tail)
+            .is_some_and(|w| w.state == SendState::Failed)
+        {
+            self.fail_tail(WcStatus::LocProtErr, ctx);
+        }
     }
 
     /// Complete the tail WQE with an error and move the QP to ERR, flushing
     /// the rest in order.
-    fn fail_tail(&mut self, status: WcStatus, ctx: &mut Ctx<'_>) {
+    pub(super) fn fail_tail(&mut self, status: WcStatus, ctx: &mut Ctx<'_>) {
         if let Some(w) = self.sq.pop_tail() {
             if w.op.is_read_or_atomic() && w.state == SendState::Sent {
                 self.req.rd_atomic_inflight -= 1;
@@ -389,7 +411,7 @@ impl Qp {
     pub(crate) fn rewind(&mut self, p: Psn) {
         let mut idx = self.sq.tail;
         while let Some(w) = self.sq.get(idx).copied() {
-            if w.state == SendState::Posted {
+            if w.state != SendState::Sent {
                 break;
             }
             if !p.after(w.last_psn()) {

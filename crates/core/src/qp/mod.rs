@@ -200,7 +200,7 @@ impl Qp {
             ctx.complete(self.send_cq, c, false);
         }
         self.sq.send = self.sq.tail;
-        let mut sges = [crate::transmit::Seg::default(); crate::MAX_SGE];
+        let mut sges = [crate::mr::Span::default(); crate::MAX_SGE];
         if self.srq.is_none() {
             while let Some(w) = self.rq.pop(&mut sges) {
                 let c = Completion::new(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);

@@ -1,12 +1,19 @@
 //! Work queue rings with preallocated slots: a queue of depth N holds N
-//! entries, each with room for `max_sge` translated scatter/gather entries
+//! entries, each with room for `max_sge` validated scatter/gather entries
 //! (and, for send queues, `max_inline` bytes), so posting never allocates.
+//!
+//! An entry holds its SGEs as [`Span`]s — a region reference and an offset,
+//! never a host address — and [`gather`] / [`scatter`] translate them
+//! through the region table at the moment of each access, so a region
+//! deregistered while work that names it is queued or half done is never
+//! touched (see `crate::mr`).
 
+use crate::mr::{Memory, MrTable, Span};
 use crate::transmit::Seg;
 use crate::wr::{SendFlags, SendOp, UdDest};
 use softrdma_wire::Psn;
 
-/// A posted receive, with its SGEs translated to host addresses.
+/// A posted receive (its SGEs sit in the queue's SGE slots).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct RecvWqe {
     pub wr_id: u64,
@@ -21,7 +28,7 @@ pub(crate) struct RecvQueue {
     pub depth: u32,
     pub max_sge: u32,
     wqes: Vec<RecvWqe>,
-    sges: Vec<Seg>,
+    sges: Vec<Span>,
     head: u64,
     tail: u64,
 }
@@ -32,7 +39,7 @@ impl RecvQueue {
             depth,
             max_sge,
             wqes: vec![RecvWqe::default(); depth as usize],
-            sges: vec![Seg::default(); (depth * max_sge) as usize],
+            sges: vec![Span::default(); (depth * max_sge) as usize],
             head: 0,
             tail: 0,
         }
@@ -47,7 +54,7 @@ impl RecvQueue {
     }
 
     /// Add a receive; the caller has checked `is_full` and the SGE count.
-    pub fn push(&mut self, wr_id: u64, sges: &[Seg]) {
+    pub fn push(&mut self, wr_id: u64, sges: &[Span]) {
         let slot = (self.head % self.depth as u64) as usize;
         let base = slot * self.max_sge as usize;
         self.sges[base..base + sges.len()].copy_from_slice(sges);
@@ -60,7 +67,7 @@ impl RecvQueue {
     }
 
     /// Take the oldest receive, copying its SGEs into `out`.
-    pub fn pop(&mut self, out: &mut [Seg; crate::MAX_SGE]) -> Option<RecvWqe> {
+    pub fn pop(&mut self, out: &mut [Span; crate::MAX_SGE]) -> Option<RecvWqe> {
         if self.head == self.tail {
             return None;
         }
@@ -81,6 +88,11 @@ pub(crate) enum SendState {
     Posted,
     /// Packets sent (PSNs assigned), not yet acknowledged.
     Sent,
+    /// A region one of its SGEs names was deregistered before all of its
+    /// payload was sent: nothing more of it goes out, and it completes with
+    /// a local protection error once it is the oldest (what comes before it
+    /// completes first, in order).
+    Failed,
 }
 
 /// A posted send.
@@ -118,7 +130,7 @@ pub(crate) struct SendQueue {
     pub max_sge: u32,
     pub max_inline: u32,
     wqes: Vec<Option<SendWqe>>,
-    sges: Vec<Seg>,
+    sges: Vec<Span>,
     inline: Vec<u8>,
     pub head: u64,
     pub send: u64,
@@ -132,7 +144,7 @@ impl SendQueue {
             max_sge,
             max_inline,
             wqes: vec![None; depth as usize],
-            sges: vec![Seg::default(); (depth * max_sge) as usize],
+            sges: vec![Span::default(); (depth * max_sge) as usize],
             inline: vec![0; (depth * max_inline) as usize],
             head: 0,
             send: 0,
@@ -148,7 +160,7 @@ impl SendQueue {
         (idx % self.depth as u64) as usize
     }
 
-    pub fn push(&mut self, wqe: SendWqe, sges: &[Seg], inline: &[u8]) {
+    pub fn push(&mut self, wqe: SendWqe, sges: &[Span], inline: &[u8]) {
         let slot = self.slot(self.head);
         let b = slot * self.max_sge as usize;
         self.sges[b..b + sges.len()].copy_from_slice(sges);
@@ -173,7 +185,7 @@ impl SendQueue {
         self.wqes[s].as_mut()
     }
 
-    pub fn sges(&self, idx: u64) -> &[Seg] {
+    pub fn sges(&self, idx: u64) -> &[Span] {
         let slot = self.slot(idx);
         let n = self.wqes[slot].map_or(0, |w| w.nsge as usize);
         let b = slot * self.max_sge as usize;
@@ -202,9 +214,20 @@ impl SendQueue {
     }
 }
 
+/// A region an SGE names was deregistered: the access did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unmapped;
+
 /// Gather `len` bytes at byte offset `off` of a scatter/gather list into
-/// payload segments.
-pub(crate) fn gather(sges: &[Seg], mut off: u64, mut len: u64, out: &mut crate::transmit::Segs) {
+/// payload segments, translating each piece now. The host addresses in
+/// `out` are good until the caller next changes the region table.
+pub(crate) fn gather(
+    mrs: &MrTable,
+    sges: &[Span],
+    mut off: u64,
+    mut len: u64,
+    out: &mut crate::transmit::Segs,
+) -> Result<(), Unmapped> {
     out.clear();
     for s in sges {
         if len == 0 {
@@ -216,26 +239,31 @@ pub(crate) fn gather(sges: &[Seg], mut off: u64, mut len: u64, out: &mut crate::
             continue;
         }
         let take = (sl - off).min(len);
+        let addr = mrs.host(s.mem, s.off + off, take).ok_or(Unmapped)?;
         out.push(Seg {
-            addr: s.addr + off,
+            addr,
             len: take as u32,
         });
         len -= take;
         off = 0;
     }
+    Ok(())
 }
 
-/// Scatter `data` into a scatter/gather list starting at byte offset `off`.
-/// Returns false if the list is too short (nothing beyond it is written).
+/// Scatter `data` into a scatter/gather list starting at byte offset `off`,
+/// translating each piece just before writing it. The caller has checked
+/// that the list is long enough; nothing beyond it is written. On
+/// `Unmapped` the pieces before the missing region were written.
 pub(crate) fn scatter(
-    sges: &[Seg],
+    mrs: &MrTable,
+    sges: &[Span],
     mut off: u64,
     mut data: &[u8],
-    mem: &mut impl crate::mr::Memory,
-) -> bool {
+    mem: &mut impl Memory,
+) -> Result<(), Unmapped> {
     for s in sges {
         if data.is_empty() {
-            return true;
+            break;
         }
         let sl = s.len as u64;
         if off >= sl {
@@ -243,9 +271,10 @@ pub(crate) fn scatter(
             continue;
         }
         let take = ((sl - off) as usize).min(data.len());
-        mem.write(s.addr + off, &data[..take]);
+        let addr = mrs.host(s.mem, s.off + off, take as u64).ok_or(Unmapped)?;
+        mem.write(addr, &data[..take]);
         data = &data[take..];
         off = 0;
     }
-    data.is_empty()
+    Ok(())
 }

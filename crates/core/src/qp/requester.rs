@@ -121,6 +121,13 @@ impl Qp {
         }
         let idx = self.sq.send;
         let wqe = *self.sq.get(idx)?;
+        if wqe.state == SendState::Failed {
+            // Nothing more of it goes out; it completes once it is the oldest.
+            if idx == self.sq.tail {
+                self.fail_tail(WcStatus::LocProtErr, ctx);
+            }
+            return None;
+        }
         let mtu = self.mtu();
         let rc = self.qp_type == QpType::Rc;
         if wqe.state == SendState::Posted {
@@ -275,8 +282,24 @@ impl Qp {
                 let data = &self.sq.inline(idx)[off as usize..off as usize + payload_len];
                 buf[head_len..head_len + payload_len].copy_from_slice(data);
                 head_len += payload_len;
-            } else {
-                gather(self.sq.sges(idx), off, payload_len as u64, &mut segs);
+            } else if gather(
+                &ctx.mrs,
+                self.sq.sges(idx),
+                off,
+                payload_len as u64,
+                &mut segs,
+            )
+            .is_err()
+            {
+                // An SGE's region was deregistered after the post: the local
+                // protection error IBA defines (rxe's finish_packet gives
+                // LOC_PROT_ERR for a range it cannot copy, LOC_QP_OP_ERR for
+                // an lkey it cannot find; mlx5 gives LOC_PROT_ERR for both).
+                self.sq.get_mut(idx).expect("present").state = SendState::Failed;
+                if idx == self.sq.tail {
+                    self.fail_tail(WcStatus::LocProtErr, ctx);
+                }
+                return None;
             }
         }
 

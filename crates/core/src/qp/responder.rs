@@ -20,7 +20,7 @@ use super::attr::AccessFlags;
 use super::state::QpType;
 use super::Qp;
 use crate::endpoint::{Ctx, RxMeta};
-use crate::mr::{Memory, RemoteAccessError};
+use crate::mr::{MemRef, Memory, RemoteAccessError, Span};
 use crate::transmit::{Seg, Segs, Transmit};
 use crate::wc::{wc_flags, Completion, WcOpcode, WcStatus};
 use crate::Event;
@@ -40,10 +40,13 @@ enum Resp {
         /// Answers a duplicate (see `Responder::reads_and_atomics_queued`).
         replay: bool,
     },
-    /// A READ response stream: `idx` of `npkts` packets sent so far.
+    /// A READ response stream: `idx` of `npkts` packets sent so far. The
+    /// bytes are `len` at offset `off` of `mem`, translated as each packet
+    /// is built.
     Read {
         psn: Psn,
-        addr: u64,
+        mem: MemRef,
+        off: u64,
         len: u64,
         idx: u32,
         npkts: u32,
@@ -71,8 +74,10 @@ enum Cur {
         capacity: u64,
         offset: u64,
     },
+    /// The next byte goes to offset `off` of `mem`.
     Write {
-        addr: u64,
+        mem: MemRef,
+        off: u64,
         remaining: u64,
         total: u64,
     },
@@ -86,6 +91,8 @@ enum Fault {
     /// Drop silently (UC/UD).
     Drop,
     Nak(NakCode, Event),
+    /// UC/UD: the QP enters ERR at once (there is no NAK to send first).
+    Fatal,
 }
 
 #[derive(Debug)]
@@ -95,7 +102,8 @@ pub(crate) struct Responder {
     /// A NAK (sequence or RNR) for `epsn` went out; stay quiet until it arrives.
     nak_sent: bool,
     cur: Cur,
-    sges: [Seg; crate::MAX_SGE],
+    /// The SGEs of the receive WQE `cur` (or `spare`) holds.
+    sges: [Span; crate::MAX_SGE],
     /// UC: a receive WQE taken for a message that was then dropped, reused
     /// by the next message.
     spare: Option<(u64, u8, u64)>,
@@ -117,7 +125,7 @@ impl Responder {
             msn: 0,
             nak_sent: false,
             cur: Cur::Idle,
-            sges: [Seg::default(); crate::MAX_SGE],
+            sges: [Span::default(); crate::MAX_SGE],
             spare: None,
             res: vec![None; resources],
             res_next: 0,
@@ -257,6 +265,7 @@ impl Qp {
             }
             Ok(false) => {} // RNR NAK queued; epsn unchanged
             Err(Fault::Drop) => {}
+            Err(Fault::Fatal) => self.fatal_now(Event::QpFatal(self.qpn), ctx),
             Err(Fault::Nak(code, ev)) => {
                 let msn = self.resp.msn;
                 self.resp.out.push_back(Resp::Ack {
@@ -266,6 +275,7 @@ impl Qp {
                 });
                 let ev = match ev {
                     Event::QpAccessErr(_) => Event::QpAccessErr(self.qpn),
+                    Event::QpFatal(_) => Event::QpFatal(self.qpn),
                     _ => Event::QpReqErr(self.qpn),
                 };
                 self.resp.fatal = Some((self.resp.out.len(), ev));
@@ -337,7 +347,15 @@ impl Qp {
                 self.resp.cur = Cur::Idle;
                 return Err(invalid);
             }
-            super::queue::scatter(&self.resp.sges[..nsge as usize], offset, data, mem);
+            let sges = &self.resp.sges[..nsge as usize];
+            if super::queue::scatter(&ctx.mrs, sges, offset, data, mem).is_err() {
+                // A region of the receive buffer was deregistered while the
+                // WQE was posted or half filled: rxe's malformed-WQE case.
+                let c = Completion::new(wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qpn);
+                ctx.complete(self.recv_cq, c, false);
+                self.resp.cur = Cur::Idle;
+                return Err(self.local_fault());
+            }
             self.resp.cur = Cur::Send {
                 wr_id,
                 nsge,
@@ -373,34 +391,51 @@ impl Qp {
             return Ok(true);
         }
         if info.has(Flags::WRITE) {
-            if let Some(reth) = repr.ext.reth {
-                if !self.allows(AccessFlags::REMOTE_WRITE) {
-                    return Err(self.access_fault());
+            // Where this packet's bytes go: a new message's RETH, or the
+            // message in progress. Nothing is stored until the packet is
+            // accepted, so an RNR NAK (a WRITE with immediate finding no
+            // receive) leaves the responder as the retransmission expects it.
+            let (target, off, remaining, total) = match (repr.ext.reth, self.resp.cur) {
+                (Some(reth), _) => {
+                    if !self.allows(AccessFlags::REMOTE_WRITE) {
+                        return Err(self.access_fault());
+                    }
+                    let len = reth.dma_len as u64;
+                    if len > crate::MAX_MSG_SIZE {
+                        return Err(invalid);
+                    }
+                    let (target, off) = ctx
+                        .mrs
+                        .resolve_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_WRITE)
+                        .map_err(|e| if rc { nak_for(e) } else { Fault::Drop })?;
+                    (target, off, len, len)
                 }
-                let len = reth.dma_len as u64;
-                let addr = ctx
-                    .mrs
-                    .check_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_WRITE)
-                    .map_err(|e| if rc { nak_for(e) } else { Fault::Drop })?;
-                self.resp.cur = Cur::Write {
-                    addr,
-                    remaining: len,
-                    total: len,
-                };
-            }
-            let Cur::Write {
-                addr,
-                remaining,
-                total,
-            } = self.resp.cur
-            else {
-                unreachable!("checked by the sequence test")
+                (
+                    None,
+                    Cur::Write {
+                        mem,
+                        off,
+                        remaining,
+                        total,
+                    },
+                ) => (mem, off, remaining, total),
+                (None, _) => unreachable!("checked by the sequence test"),
             };
             let n = data.len() as u64;
             if n > remaining || (ends && n != remaining) {
                 self.resp.cur = Cur::Idle;
                 return Err(invalid);
             }
+            // Translated now, for this packet alone: the region may have
+            // been deregistered since the message's first packet.
+            let Some(addr) = ctx.mrs.host(target, off, n) else {
+                self.resp.cur = Cur::Idle;
+                return Err(if rc {
+                    nak_for(RemoteAccessError::BadRkey)
+                } else {
+                    Fault::Drop
+                });
+            };
             let mut imm_wqe = None;
             if ends && info.has(Flags::IMMDT) {
                 match self.take_recv(ctx) {
@@ -408,11 +443,12 @@ impl Qp {
                     None => return self.not_ready(repr.bth.psn, ctx),
                 }
             }
-            if !data.is_empty() {
-                mem.write(addr, data); // `addr` is 0 for a zero-length WRITE
+            if n > 0 {
+                mem.write(addr, data);
             }
             self.resp.cur = Cur::Write {
-                addr: addr + n,
+                mem: target,
+                off: off + n,
                 remaining: remaining - n,
                 total,
             };
@@ -443,9 +479,13 @@ impl Qp {
                 return Err(invalid);
             }
             let len = reth.dma_len as u64;
-            let addr = ctx
+            if len > crate::MAX_MSG_SIZE {
+                // IBA's largest message; rxe's check_length NAKs it too.
+                return Err(invalid);
+            }
+            let (target, off) = ctx
                 .mrs
-                .check_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)
+                .resolve_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)
                 .map_err(nak_for)?;
             let npkts = (len.div_ceil(mtu as u64)).max(1) as u32;
             let psn = repr.bth.psn;
@@ -454,7 +494,8 @@ impl Qp {
             let msn = self.resp.msn;
             self.resp.out.push_back(Resp::Read {
                 psn,
-                addr,
+                mem: target,
+                off,
                 len,
                 idx: 0,
                 npkts,
@@ -475,10 +516,22 @@ impl Qp {
             if !a.va.is_multiple_of(8) {
                 return Err(invalid);
             }
+            let (target, off) = ctx
+                .mrs
+                .resolve_remote(self.pd, a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+                .map_err(nak_for)?;
             let addr = ctx
                 .mrs
-                .check_remote(self.pd, a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
-                .map_err(nak_for)?;
+                .host(target, off, 8)
+                .ok_or(nak_for(RemoteAccessError::BadRkey))?;
+            // An aligned VA can still land on a misaligned host address (a
+            // region registered at buf + 4 with an aligned iova); the memory
+            // behind `Memory::compare_swap` needs a real 8-byte word. rxe's
+            // atomic_reply checks the translated address likewise
+            // (RESPST_ERR_MISALIGNED_ATOMIC: Invalid Request NAK).
+            if !addr.is_multiple_of(8) {
+                return Err(invalid);
+            }
             let orig = if repr.bth.opcode == Opcode::RC_COMPARE_SWAP {
                 mem.compare_swap(addr, a.compare, a.swap_add)
             } else {
@@ -497,6 +550,17 @@ impl Qp {
             return Ok(true);
         }
         Err(invalid)
+    }
+
+    /// A receive buffer could not be written (its region is gone): for RC
+    /// rxe's class A answer, a Remote Operational Error NAK and ERR; UC and
+    /// UD have no one to tell and go to ERR.
+    fn local_fault(&self) -> Fault {
+        if self.qp_type == QpType::Rc {
+            Fault::Nak(NakCode::RemoteOperationalError, Event::QpFatal(0))
+        } else {
+            Fault::Fatal
+        }
     }
 
     fn access_fault(&self) -> Fault {
@@ -557,16 +621,17 @@ impl Qp {
                 return;
             }
             let len = reth.dma_len as u64;
-            let Ok(addr) =
+            let Ok((target, off)) =
                 ctx.mrs
-                    .check_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)
+                    .resolve_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)
             else {
                 return;
             };
             let npkts = (len.div_ceil(self.mtu() as u64)).max(1) as u32;
             self.resp.out.push_back(Resp::Read {
                 psn,
-                addr,
+                mem: target,
+                off,
                 len,
                 idx: 0,
                 npkts,
@@ -631,7 +696,12 @@ impl Qp {
                 return;
             }
         }
-        if self.execute(pkt, repr, ctx, mem).is_err() {
+        let r = self.execute(pkt, repr, ctx, mem);
+        if let Err(Fault::Fatal) = r {
+            self.fatal_now(Event::QpFatal(self.qpn), ctx);
+            return;
+        }
+        if r.is_err() {
             if let Cur::Send {
                 wr_id,
                 nsge,
@@ -675,8 +745,14 @@ impl Qp {
         }
         let grh = meta.grh(pkt.bytes().len());
         let sges = &self.resp.sges[..nsge as usize];
-        super::queue::scatter(sges, 0, &grh, mem);
-        super::queue::scatter(sges, 40, data, mem);
+        let written = super::queue::scatter(&ctx.mrs, sges, 0, &grh, mem)
+            .and_then(|()| super::queue::scatter(&ctx.mrs, sges, 40, data, mem));
+        if written.is_err() {
+            let c = Completion::new(wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qpn);
+            ctx.complete(self.recv_cq, c, false);
+            self.fatal_now(Event::QpFatal(self.qpn), ctx);
+            return;
+        }
         let mut c = Completion::new(wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
         c.byte_len = total as u32;
         c.src_qp = deth.src_qp;
@@ -688,65 +764,92 @@ impl Qp {
         ctx.complete(self.recv_cq, c, repr.bth.solicited);
     }
 
+    /// Raise `ev` and enter ERR now.
+    fn fatal_now(&mut self, ev: Event, ctx: &mut Ctx<'_>) {
+        self.resp.fatal = None;
+        ctx.push_event(ev);
+        self.enter_error(ctx);
+    }
+
     /// The next response packet, if any.
     pub(crate) fn poll_response(&mut self, buf: &mut [u8], ctx: &mut Ctx<'_>) -> Option<Transmit> {
         let front = *self.resp.out.front()?;
         let mut segs = Segs::default();
         let mtu = self.mtu() as u64;
         let queued = self.resp.out.len();
-        let (op, psn, ext, payload_len) = match front {
-            Resp::Ack { psn, syndrome, msn } => {
-                self.resp.out.pop_front();
-                let ext = ExtRepr {
-                    aeth: Some(AethRepr::new(syndrome, msn)),
-                    ..Default::default()
-                };
-                (Opcode::RC_ACKNOWLEDGE, psn, ext, 0)
-            }
-            Resp::Atomic { psn, orig, msn, .. } => {
-                self.resp.out.pop_front();
-                let ext = ExtRepr {
-                    aeth: Some(AethRepr::new(Syndrome::ACK_UNLIMITED, msn)),
-                    atomic_ack_eth: Some(AtomicAckEthRepr { orig }),
-                    ..Default::default()
-                };
-                (Opcode::RC_ATOMIC_ACKNOWLEDGE, psn, ext, 0)
-            }
-            Resp::Read {
-                psn,
-                addr,
-                len,
-                idx,
-                npkts,
-                msn,
-                ..
-            } => {
-                let off = idx as u64 * mtu;
-                let n = (len - off.min(len)).min(mtu);
-                segs.push(Seg {
-                    addr: addr + off,
-                    len: n as u32,
-                });
-                let op = match (idx, npkts) {
-                    (_, 1) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
-                    (0, _) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
-                    (i, n) if i + 1 == n => Opcode::RC_RDMA_READ_RESPONSE_LAST,
-                    _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
-                };
-                let ext = ExtRepr {
-                    aeth: op
-                        .info()
-                        .expect("table")
-                        .has(Flags::AETH)
-                        .then(|| AethRepr::new(Syndrome::ACK_UNLIMITED, msn)),
-                    ..Default::default()
-                };
-                if idx + 1 >= npkts {
+        let mut gone = false;
+        let (op, psn, ext, payload_len) = 'pick: {
+            match front {
+                Resp::Ack { psn, syndrome, msn } => {
                     self.resp.out.pop_front();
-                } else if let Some(Resp::Read { idx, .. }) = self.resp.out.front_mut() {
-                    *idx += 1;
+                    let ext = ExtRepr {
+                        aeth: Some(AethRepr::new(syndrome, msn)),
+                        ..Default::default()
+                    };
+                    (Opcode::RC_ACKNOWLEDGE, psn, ext, 0)
                 }
-                (op, psn.add(idx), ext, n as usize)
+                Resp::Atomic { psn, orig, msn, .. } => {
+                    self.resp.out.pop_front();
+                    let ext = ExtRepr {
+                        aeth: Some(AethRepr::new(Syndrome::ACK_UNLIMITED, msn)),
+                        atomic_ack_eth: Some(AtomicAckEthRepr { orig }),
+                        ..Default::default()
+                    };
+                    (Opcode::RC_ATOMIC_ACKNOWLEDGE, psn, ext, 0)
+                }
+                Resp::Read {
+                    psn,
+                    mem,
+                    off: base,
+                    len,
+                    idx,
+                    npkts,
+                    msn,
+                    ..
+                } => {
+                    let off = idx as u64 * mtu;
+                    let n = (len - off.min(len)).min(mtu);
+                    let Some(addr) = ctx.mrs.host(mem, base + off, n) else {
+                        // The region was deregistered while its READ was being
+                        // answered: not one byte more of it goes out. As rxe's
+                        // read_reply (rxe_recheck_mr failing), NAK this PSN with
+                        // a remote access error and go to ERR.
+                        self.resp.out.pop_front();
+                        gone = true;
+                        let ext = ExtRepr {
+                            aeth: Some(AethRepr::new(
+                                Syndrome::Nak(NakCode::RemoteAccessError),
+                                self.resp.msn,
+                            )),
+                            ..Default::default()
+                        };
+                        break 'pick (Opcode::RC_ACKNOWLEDGE, psn.add(idx), ext, 0);
+                    };
+                    segs.push(Seg {
+                        addr,
+                        len: n as u32,
+                    });
+                    let op = match (idx, npkts) {
+                        (_, 1) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                        (0, _) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                        (i, n) if i + 1 == n => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                        _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                    };
+                    let ext = ExtRepr {
+                        aeth: op
+                            .info()
+                            .expect("table")
+                            .has(Flags::AETH)
+                            .then(|| AethRepr::new(Syndrome::ACK_UNLIMITED, msn)),
+                        ..Default::default()
+                    };
+                    if idx + 1 >= npkts {
+                        self.resp.out.pop_front();
+                    } else if let Some(Resp::Read { idx, .. }) = self.resp.out.front_mut() {
+                        *idx += 1;
+                    }
+                    (op, psn.add(idx), ext, n as usize)
+                }
             }
         };
         let repr = PacketRepr {
@@ -766,6 +869,9 @@ impl Qp {
             payload_len,
         };
         repr.emit_headers(buf);
+        if gone {
+            self.fatal_now(Event::QpAccessErr(self.qpn), ctx);
+        }
         // The fatal NAK's countdown is in queue entries, not packets: a READ
         // response stream ahead of it is one entry, and the QP may go to
         // ERR only once the NAK itself has left.

@@ -16,11 +16,14 @@
 //! models a sender with a finite packet rate.
 #![allow(dead_code)]
 
+mod guarded;
+pub use guarded::GuardedMemory;
+
 use std::cell::RefCell;
 use std::rc::Rc;
 
 use softrdma_core::cq::CqId;
-use softrdma_core::mr::{Memory, PdId, VecMemory};
+use softrdma_core::mr::{KeySource, Memory, PdId};
 use softrdma_core::qp::attr::{AccessFlags, AttrMask, Mtu, QpAttr};
 use softrdma_core::qp::state::{required_mask, QpState, QpType};
 use softrdma_core::qp::QpCap;
@@ -64,7 +67,9 @@ pub struct DropRule {
 pub struct Host {
     pub id: NodeId,
     pub ep: Endpoint,
-    pub mem: VecMemory,
+    /// Fails the test on any access outside a live region (see
+    /// [`GuardedMemory`]); refreshed at every call into the endpoint.
+    pub mem: GuardedMemory,
     pub icrc_drops: u64,
     /// Datagrams this host sent, if recording.
     pub sent: Vec<Vec<u8>>,
@@ -87,14 +92,14 @@ pub struct Host {
 impl Host {
     pub fn new(id: NodeId, mem_len: usize, seed: u64) -> Host {
         let cfg = EndpointConfig {
-            seed,
+            key_source: KeySource::seeded(seed),
             qpn_base: 0x100 * (id as u32 + 1),
             ..Default::default()
         };
         Host {
             id,
             ep: Endpoint::new(cfg),
-            mem: VecMemory::new(MEM_BASE, mem_len),
+            mem: GuardedMemory::new(MEM_BASE, mem_len),
             icrc_drops: 0,
             sent: Vec::new(),
             record: false,
@@ -151,7 +156,13 @@ impl Host {
             flags,
             ud: None,
         };
+        self.sync();
         self.ep.post_send(q.qpn, &wr, &self.mem)
+    }
+
+    /// Tell the guarded memory which regions are live now.
+    pub fn sync(&mut self) {
+        self.mem.sync(self.ep.mrs());
     }
 
     /// Post a receive of one SGE over `[addr, addr + len)`.
@@ -204,6 +215,7 @@ impl Node for Host {
             traffic_class: 0,
             hop_limit: 64,
         };
+        self.sync();
         self.ep.handle_packet(now, &meta, bytes, &mut self.mem);
     }
 
@@ -256,6 +268,7 @@ impl Node for Host {
         if now >= self.next_tx {
             self.next_tx = 0;
         }
+        self.sync();
         self.ep.handle_timeout(now);
     }
 }
@@ -264,6 +277,7 @@ impl Host {
     /// What the real UDP backend does with a `Transmit`: one datagram with
     /// payload, pad and ICRC, into `buf`.
     fn build(&mut self, now: u64, buf: &mut [u8]) -> Option<(NodeId, usize)> {
+        self.sync();
         let t = self.ep.poll_transmit(now, &mut self.head)?;
         let mut n = t.head_len;
         buf[..n].copy_from_slice(&self.head[..n]);
@@ -556,6 +570,7 @@ impl Host {
 
     /// Fire the host's timers due at `now`.
     pub fn handle_timeout_at(&mut self, now: u64) {
+        self.sync();
         self.ep.handle_timeout(now);
     }
 

@@ -1,0 +1,155 @@
+//! Memory keys: where their bits come from, and the record that keeps any
+//! key from being handed out twice in a device's lifetime.
+//!
+//! A key is the only thing standing between a remote peer and a region, so
+//! every bit of it comes from the caller's [`KeySource`] — the operating
+//! system's CSPRNG in the real stack; the core, being sans-IO, reads no
+//! randomness of its own. The key reveals nothing else: the table finds a
+//! region's slot through a map, not through bits of the key.
+//!
+//! A key that was ever issued is never issued again, so a key observed once
+//! (or guessed) can never come to name a later registration. That takes
+//! memory per key ever issued: [`IssuedKeys`] stores each as 16 bits in one
+//! of 65 536 sorted buckets chosen by its upper 16 bits — 2 bytes per key
+//! (up to 4 while a bucket's vector has grown but not filled), plus the
+//! bucket array (1.5 MiB, allocated on the first key). A region takes two
+//! keys (lkey and rkey), so a registration costs 4–8 bytes for the rest of
+//! the device's life; 10^8 registrations cost well under 1 GiB.
+
+use std::fmt;
+
+/// Where key material comes from: called once per key drawn. Every bit of
+/// a key is a bit of its output.
+pub struct KeySource(Box<dyn FnMut() -> u32 + Send>);
+
+impl KeySource {
+    /// Keys from `f`, e.g. the `getrandom` crate's output.
+    pub fn new(f: impl FnMut() -> u32 + Send + 'static) -> KeySource {
+        KeySource(Box::new(f))
+    }
+
+    /// Deterministic keys from `seed` (splitmix64), for tests and the
+    /// simulator: the same seed gives the same keys, so every run of a test
+    /// is the same run. Not unpredictable: a real device must pass the
+    /// operating system's CSPRNG through [`KeySource::new`].
+    pub fn seeded(seed: u64) -> KeySource {
+        let mut s = seed;
+        KeySource::new(move || {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) as u32
+        })
+    }
+
+    pub(crate) fn draw(&mut self) -> u32 {
+        (self.0)()
+    }
+}
+
+impl Default for KeySource {
+    fn default() -> Self {
+        KeySource::seeded(0x5eed)
+    }
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeySource")
+    }
+}
+
+/// Every key issued so far (see the module docs for the cost).
+#[derive(Debug, Default)]
+pub(crate) struct IssuedKeys {
+    /// Indexed by a key's upper 16 bits; each holds the lower 16, sorted.
+    buckets: Vec<Vec<u16>>,
+    count: u64,
+}
+
+impl IssuedKeys {
+    fn split(k: u32) -> (usize, u16) {
+        ((k >> 16) as usize, k as u16)
+    }
+
+    #[allow(dead_code)] // memory windows use it
+    pub fn contains(&self, k: u32) -> bool {
+        let (b, lo) = Self::split(k);
+        self.buckets
+            .get(b)
+            .is_some_and(|v| v.binary_search(&lo).is_ok())
+    }
+
+    /// Whether any issued key has the upper 24 bits `prefix` (a memory
+    /// window's rkeys share their upper 24 bits and differ in the low 8,
+    /// which the consumer picks).
+    #[allow(dead_code)] // memory windows use it
+    pub fn any_with_prefix(&self, prefix: u32) -> bool {
+        let (b, lo) = Self::split(prefix << 8);
+        let Some(v) = self.buckets.get(b) else {
+            return false;
+        };
+        let i = v.partition_point(|&x| x < lo);
+        v.get(i).is_some_and(|&x| x <= lo | 0xff)
+    }
+
+    /// Record `k`; returns false if it was already issued.
+    pub fn insert(&mut self, k: u32) -> bool {
+        if self.buckets.is_empty() {
+            self.buckets = vec![Vec::new(); 1 << 16];
+        }
+        let (b, lo) = Self::split(k);
+        let v = &mut self.buckets[b];
+        match v.binary_search(&lo) {
+            Ok(_) => false,
+            Err(i) => {
+                v.insert(i, lo);
+                self.count += 1;
+                true
+            }
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issued_keys_remember_and_answer_prefixes() {
+        let mut s = IssuedKeys::default();
+        assert!(!s.contains(7));
+        assert!(s.insert(0x1234_5678));
+        assert!(!s.insert(0x1234_5678));
+        assert!(s.contains(0x1234_5678));
+        assert!(!s.contains(0x1234_5679));
+        assert!(s.any_with_prefix(0x12_3456));
+        assert!(!s.any_with_prefix(0x12_3457));
+        assert!(!s.any_with_prefix(0x12_3455));
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn seeded_sources_repeat_and_differ() {
+        let a: Vec<u32> = (0..4)
+            .map({
+                let mut k = KeySource::seeded(1);
+                move |_| k.draw()
+            })
+            .collect();
+        let b: Vec<u32> = (0..4)
+            .map({
+                let mut k = KeySource::seeded(1);
+                move |_| k.draw()
+            })
+            .collect();
+        let c = KeySource::seeded(2).draw();
+        assert_eq!(a, b);
+        assert_ne!(a[0], c);
+    }
+}

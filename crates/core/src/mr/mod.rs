@@ -1,0 +1,470 @@
+//! Memory regions, protection domains, and the memory the core reads and
+//! writes on behalf of remote peers.
+//!
+//! The core decides *whether* an access is allowed (key, protection domain,
+//! bounds, access flags) from the table here; the bytes themselves are
+//! reached through the [`Memory`] trait, implemented by whoever owns the
+//! address space: the verbs layer over real process memory (where the one
+//! `unsafe` pointer access lives), the tests over plain vectors. The core
+//! stays free of `unsafe` and of any notion of what an address is.
+//!
+//! # Translation per access
+//!
+//! As an RNIC translates every DMA through its memory translation table,
+//! nothing the core keeps across calls holds a host address. Work that
+//! spans packets — a WRITE's later segments, a queued READ response stream,
+//! the receive buffers a multi-packet SEND fills, a send queue's SGEs, a
+//! READ's or atomic's result buffer — holds a [`MemRef`] (table slot plus
+//! the slot's generation) and an offset, and translates through the table
+//! at the moment of each access with [`MrTable::host`]. Deregistration
+//! empties the slot, so every later translation of that reference fails and
+//! the work fails the way IBA says (remote access NAK, local protection
+//! error); the generation makes a reused slot a different region. Hence the
+//! guarantee the verbs layer builds on: once [`MrTable::deregister`]
+//! returns, the core never again hands the region's addresses to
+//! [`Memory`], nor into a [`crate::Transmit`] built after it.
+
+mod keys;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use keys::IssuedKeys;
+pub use keys::KeySource;
+
+use crate::qp::attr::AccessFlags;
+
+/// Byte access to registered memory at addresses the core has validated.
+pub trait Memory {
+    /// Copy `out.len()` bytes from `addr`.
+    fn read(&self, addr: u64, out: &mut [u8]);
+    /// Copy `data` to `addr`.
+    fn write(&mut self, addr: u64, data: &[u8]);
+    /// 64-bit compare-and-swap at an 8-byte aligned `addr`, atomically with
+    /// respect to other atomics; returns the previous value.
+    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> u64;
+    /// 64-bit fetch-and-add at an 8-byte aligned `addr`; returns the previous value.
+    fn fetch_add(&mut self, addr: u64, add: u64) -> u64;
+}
+
+/// A protection domain handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PdId(pub u32);
+
+/// One registration, as work that outlives a call holds it: its table slot
+/// and the slot's generation when it was registered. It never dangles: once
+/// the registration is gone, [`MrTable::host`] refuses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemRef {
+    slot: u32,
+    /// 0 is no registration's (generations start at 1).
+    gen: u32,
+}
+
+/// `len` bytes at byte offset `off` of a registration: a scatter/gather
+/// entry as a work queue keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Span {
+    pub mem: MemRef,
+    pub off: u64,
+    pub len: u32,
+}
+
+/// A registered memory region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mr {
+    pub pd: PdId,
+    /// The address remote peers (and SGEs) use for the first byte.
+    pub iova: u64,
+    /// Where the first byte is in the owner's address space.
+    pub host_addr: u64,
+    pub len: u64,
+    pub access: AccessFlags,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+impl Mr {
+    /// Translate `[iova, iova + len)` to a host address if it lies inside.
+    pub fn translate(&self, iova: u64, len: u64) -> Option<u64> {
+        let off = self.offset_of(iova, len)?;
+        Some(self.host_addr + off)
+    }
+
+    /// The byte offset of `[iova, iova + len)` in the region, if inside.
+    fn offset_of(&self, iova: u64, len: u64) -> Option<u64> {
+        let off = iova.checked_sub(self.iova)?;
+        let end = off.checked_add(len)?;
+        (end <= self.len).then_some(off)
+    }
+}
+
+/// Why a remote access was refused; each maps to a NAK and a completion
+/// status on the requester.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteAccessError {
+    /// No region has this rkey.
+    BadRkey,
+    /// The region belongs to another protection domain than the QP.
+    WrongPd,
+    /// The range is not inside the region.
+    OutOfBounds,
+    /// The region does not grant the access (remote read/write/atomic).
+    AccessDenied,
+}
+
+/// Why a local SGE was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalAccessError {
+    BadLkey,
+    WrongPd,
+    OutOfBounds,
+    AccessDenied,
+}
+
+/// Regions per context. A slot costs nothing until used; a live region
+/// costs its slot (72 bytes), two key-map entries (~20 bytes) and 4–8
+/// bytes of issued-key record that outlive it (see [`keys`]).
+pub const MAX_MR: usize = 1 << 20;
+
+/// How many draws a key may take before the source is declared broken
+/// (a healthy 32-bit source collides with probability < 2^-11 per draw even
+/// with 2^21 keys issued; 64 collisions in a row mean it repeats itself).
+const MAX_DRAWS: usize = 64;
+
+/// Hashes a key by one multiplication. Keys are uniformly random and only
+/// the table inserts them, so a peer choosing which keys to look up cannot
+/// lengthen any probe sequence: a keyed hash would buy nothing.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, k: u32) {
+        self.0 = (k as u64 | (k as u64) << 32).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type KeyMap = HashMap<u32, u32, BuildHasherDefault<KeyHasher>>;
+
+#[derive(Debug)]
+struct Slot {
+    /// Bumped each time the slot takes a new registration.
+    gen: u32,
+    mr: Option<Mr>,
+}
+
+/// The memory regions of one device context.
+#[derive(Debug, Default)]
+pub struct MrTable {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Every live lkey and rkey, to its slot.
+    by_key: KeyMap,
+    issued: IssuedKeys,
+    source: KeySource,
+    live: usize,
+}
+
+impl MrTable {
+    /// A table whose keys come from `source`.
+    pub fn new(source: KeySource) -> MrTable {
+        MrTable {
+            source,
+            ..Default::default()
+        }
+    }
+
+    /// A key never issued before (and not 0, which verbs callers use for
+    /// "no key"); recorded as issued.
+    fn draw_key(&mut self) -> Result<u32, crate::Error> {
+        for _ in 0..MAX_DRAWS {
+            let k = self.source.draw();
+            if k != 0 && self.issued.insert(k) {
+                return Ok(k);
+            }
+        }
+        Err(crate::Error::OutOfResources(
+            "memory keys (the key source keeps repeating itself)",
+        ))
+    }
+
+    /// Keys issued over the table's lifetime.
+    pub fn keys_issued(&self) -> u64 {
+        self.issued.len()
+    }
+
+    fn alloc_slot(&mut self) -> u32 {
+        match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot { gen: 0, mr: None });
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Register a region; returns its (lkey, rkey).
+    pub fn register(
+        &mut self,
+        pd: PdId,
+        iova: u64,
+        host_addr: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> Result<(u32, u32), crate::Error> {
+        access
+            .validate_for_mr()
+            .map_err(crate::Error::InvalidAccess)?;
+        if iova.checked_add(len).is_none() || host_addr.checked_add(len).is_none() {
+            return Err(crate::Error::InvalidArgument(
+                "memory region wraps the address space",
+            ));
+        }
+        if self.live >= MAX_MR {
+            return Err(crate::Error::OutOfResources("memory regions"));
+        }
+        let lkey = self.draw_key()?;
+        let rkey = self.draw_key()?;
+        let idx = self.alloc_slot();
+        let s = &mut self.slots[idx as usize];
+        s.gen += 1;
+        s.mr = Some(Mr {
+            pd,
+            iova,
+            host_addr,
+            len,
+            access,
+            lkey,
+            rkey,
+        });
+        self.by_key.insert(lkey, idx);
+        self.by_key.insert(rkey, idx);
+        self.live += 1;
+        Ok((lkey, rkey))
+    }
+
+    /// Remove the region whose lkey is `lkey`. From the moment this returns
+    /// no reference to it translates: the core will not touch its memory.
+    pub fn deregister(&mut self, lkey: u32) -> Result<Mr, crate::Error> {
+        let (idx, mr) = self.lookup(lkey).filter(|(_, m)| m.lkey == lkey).ok_or(
+            crate::Error::InvalidArgument("no memory region has this lkey"),
+        )?;
+        self.by_key.remove(&mr.lkey);
+        self.by_key.remove(&mr.rkey);
+        let s = &mut self.slots[idx as usize];
+        s.mr = None;
+        // A slot whose generation would wrap is retired rather than let a
+        // reference from 2^32 registrations ago match again.
+        if s.gen < u32::MAX {
+            self.free.push(idx);
+        }
+        self.live -= 1;
+        Ok(mr)
+    }
+
+    fn lookup(&self, key: u32) -> Option<(u32, Mr)> {
+        let idx = *self.by_key.get(&key)?;
+        let mr = self.slots[idx as usize].mr?;
+        Some((idx, mr))
+    }
+
+    fn mem_ref(&self, idx: u32) -> MemRef {
+        MemRef {
+            slot: idx,
+            gen: self.slots[idx as usize].gen,
+        }
+    }
+
+    /// Live regions.
+    pub fn iter(&self) -> impl Iterator<Item = &Mr> {
+        self.slots.iter().filter_map(|s| s.mr.as_ref())
+    }
+
+    /// How many regions are registered.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Look up a region by lkey.
+    pub fn get_by_lkey(&self, lkey: u32) -> Option<&Mr> {
+        let idx = *self.by_key.get(&lkey)?;
+        self.slots[idx as usize]
+            .mr
+            .as_ref()
+            .filter(|m| m.lkey == lkey)
+    }
+
+    /// The host address of `[off, off + len)` of the registration `r`, if
+    /// it is still registered — the one translation every access of queued
+    /// work goes through. A zero-length range translates to 0, which no
+    /// caller dereferences (there are no bytes to move).
+    pub fn host(&self, r: MemRef, off: u64, len: u64) -> Option<u64> {
+        if len == 0 {
+            return Some(0);
+        }
+        let s = self.slots.get(r.slot as usize)?;
+        if s.gen != r.gen {
+            return None;
+        }
+        let mr = s.mr.as_ref()?;
+        let end = off.checked_add(len)?;
+        (end <= mr.len).then(|| mr.host_addr + off)
+    }
+
+    /// Validate a remote access; returns the registration and the offset of
+    /// `va` in it, for [`MrTable::host`].
+    ///
+    /// A zero-length access touches no memory, and IBA (C9-88) says its
+    /// R_Key and VA are not validated — a zero-byte RDMA WRITE (with
+    /// immediate, typically) or READ need not carry either, and rxe and mlx5
+    /// accept one with rkey 0. It resolves to no registration.
+    pub fn resolve_remote(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(MemRef, u64), RemoteAccessError> {
+        if len == 0 {
+            return Ok((MemRef::default(), 0));
+        }
+        let (idx, mr) = self
+            .lookup(rkey)
+            .filter(|(_, m)| m.rkey == rkey)
+            .ok_or(RemoteAccessError::BadRkey)?;
+        if mr.pd != pd {
+            return Err(RemoteAccessError::WrongPd);
+        }
+        if !mr.access.contains(need) {
+            return Err(RemoteAccessError::AccessDenied);
+        }
+        let off = mr
+            .offset_of(va, len)
+            .ok_or(RemoteAccessError::OutOfBounds)?;
+        Ok((self.mem_ref(idx), off))
+    }
+
+    /// Validate a local SGE; returns it as a [`Span`] of its region.
+    pub fn resolve_local(
+        &self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u32,
+        need: AccessFlags,
+    ) -> Result<Span, LocalAccessError> {
+        let (idx, mr) = self
+            .lookup(lkey)
+            .filter(|(_, m)| m.lkey == lkey)
+            .ok_or(LocalAccessError::BadLkey)?;
+        if mr.pd != pd {
+            return Err(LocalAccessError::WrongPd);
+        }
+        if !mr.access.contains(need) {
+            return Err(LocalAccessError::AccessDenied);
+        }
+        let off = if len == 0 {
+            0
+        } else {
+            mr.offset_of(addr, len as u64)
+                .ok_or(LocalAccessError::OutOfBounds)?
+        };
+        Ok(Span {
+            mem: self.mem_ref(idx),
+            off,
+            len,
+        })
+    }
+
+    /// Validate a local SGE and translate it to a host address now.
+    pub fn check_local(
+        &self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<u64, LocalAccessError> {
+        let len32 = u32::try_from(len).map_err(|_| LocalAccessError::OutOfBounds)?;
+        let s = self.resolve_local(pd, lkey, addr, len32, need)?;
+        let mr = self.slots[s.mem.slot as usize].mr.expect("just resolved");
+        Ok(mr.host_addr + s.off)
+    }
+
+    /// Revoke an rkey for a Send with Invalidate. An ordinary region is not
+    /// invalidatable (IBA 10.6.7: only memory windows of type 2 and
+    /// fast-registered regions are; rxe's `rxe_invalidate_mr` refuses any
+    /// region that is not `IB_MR_TYPE_MEM_REG`), and this device has
+    /// neither, so every rkey is refused and the responder answers with the
+    /// Invalid Request NAK IBA prescribes.
+    pub fn invalidate_rkey(&mut self, _pd: PdId, _rkey: u32) -> bool {
+        false
+    }
+}
+
+/// A [`Memory`] over one vector: address `base + i` is byte `i`. Used by
+/// tests and the simulator.
+#[derive(Debug, Clone)]
+pub struct VecMemory {
+    pub base: u64,
+    pub bytes: Vec<u8>,
+}
+
+impl VecMemory {
+    pub fn new(base: u64, len: usize) -> VecMemory {
+        VecMemory {
+            base,
+            bytes: vec![0; len],
+        }
+    }
+
+    fn at(&self, addr: u64, len: usize) -> std::ops::Range<usize> {
+        let off = (addr - self.base) as usize;
+        off..off + len
+    }
+
+    pub fn slice(&self, addr: u64, len: usize) -> &[u8] {
+        &self.bytes[self.at(addr, len)]
+    }
+
+    pub fn slice_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
+        let r = self.at(addr, len);
+        &mut self.bytes[r]
+    }
+}
+
+impl Memory for VecMemory {
+    fn read(&self, addr: u64, out: &mut [u8]) {
+        out.copy_from_slice(self.slice(addr, out.len()));
+    }
+    fn write(&mut self, addr: u64, data: &[u8]) {
+        self.slice_mut(addr, data.len()).copy_from_slice(data);
+    }
+    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> u64 {
+        let s = self.slice_mut(addr, 8);
+        let old = u64::from_ne_bytes(s.try_into().unwrap());
+        if old == compare {
+            s.copy_from_slice(&swap.to_ne_bytes());
+        }
+        old
+    }
+    fn fetch_add(&mut self, addr: u64, add: u64) -> u64 {
+        let s = self.slice_mut(addr, 8);
+        let old = u64::from_ne_bytes(s.try_into().unwrap());
+        s.copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
+        old
+    }
+}

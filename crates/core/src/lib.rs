@@ -15,8 +15,8 @@
 //!   passed in by the caller, never read from a clock.
 //!
 //! Memory is reached only through the [`mr::Memory`] trait at addresses the
-//! core has validated against its region table, so this crate contains no
-//! `unsafe`.
+//! core has just translated through its region table (nothing keeps a host
+//! address across calls; see [`mr`]), so this crate contains no `unsafe`.
 //!
 //! Inside, each queue pair is one owner ([`qp::Qp`]) of three pieces that
 //! hand work to each other by return values: the requester turns send work

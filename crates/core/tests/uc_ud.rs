@@ -85,6 +85,51 @@ fn uc_psn_gap_drops_the_rest_of_the_message_and_reuses_its_receive() {
 }
 
 #[test]
+fn uc_out_of_sequence_packets_never_join_a_message() {
+    // rxe's UC rule (check_psn): a packet whose PSN is not the next one
+    // drops the message in progress, and only a FIRST or ONLY starts one
+    // again, at whatever PSN it carries. Reordered, the message's packets
+    // arrive 100, 102, 101, 103: nothing of it may be delivered.
+    let (mut sim, qa, qb, _t) = setup(QpType::Uc);
+    sim.node_mut(1).post_recv(&qb, 70, region(0), 8192);
+    pattern(sim.node_mut(0), region(0), 4096, 3);
+    let a = sim.node_mut(0);
+    a.post(&qa, 1, SendOp::Send, region(0), 4096, SIG).unwrap();
+    a.post(&qa, 2, SendOp::Send, region(0) + 100, 10, SIG)
+        .unwrap();
+    let p = a.take(0, usize::MAX);
+    assert_eq!(
+        describe_all(0, &p),
+        [
+            "A UC_SEND_FIRST 100",
+            "A UC_SEND_MIDDLE 101",
+            "A UC_SEND_MIDDLE 102",
+            "A UC_SEND_LAST 103",
+            "A UC_SEND_ONLY 104"
+        ]
+    );
+    let b = sim.node_mut(1);
+    for i in [0, 2, 1, 3, 4] {
+        b.deliver(0, 0, &p[i]);
+    }
+    let rc = b.poll_cq(qb.rcq);
+    assert_eq!(statuses(&rc), [(70, WcStatus::Success)]);
+    assert_eq!(rc[0].byte_len, 10, "only the second message arrived");
+    assert_eq!(
+        sim.node(1).mem.slice(region(0), 10),
+        sim.node(0).mem.slice(region(0) + 100, 10)
+    );
+    // The FIRST's bytes landed before the message was dropped (and were
+    // then overwritten in part); the MIDDLE and LAST packets wrote nothing.
+    assert!(sim
+        .node(1)
+        .mem
+        .slice(region(0) + 1024, 3072)
+        .iter()
+        .all(|&x| x == 0));
+}
+
+#[test]
 fn uc_write_after_a_gap_is_dropped_up_to_the_next_first_packet() {
     let (mut sim, qa, qb, t) = setup(QpType::Uc);
     sim.node_mut(1).post_recv(&qb, 70, region(0), 0);

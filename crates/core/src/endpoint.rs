@@ -8,7 +8,7 @@ use softrdma_wire::opcode::{Flags, Transport};
 use softrdma_wire::{Packet, PacketRepr};
 
 use crate::cq::{Armed, Cq, CqId};
-use crate::mr::{KeySource, Memory, MrTable, PdId, Span};
+use crate::mr::{KeySource, Memory, MrTable, MwBind, MwType, PdId, Span};
 use crate::qp::attr::{AccessFlags, AttrLimits, AttrMask, Mtu, QpAttr};
 use crate::qp::queue::{RecvQueue, RecvWqe, SendState, SendWqe};
 use crate::qp::state::{check_modify, QpState, QpType};
@@ -252,6 +252,53 @@ impl Endpoint {
 
     pub fn mrs(&self) -> &MrTable {
         &self.shared.mrs
+    }
+
+    /// `ibv_alloc_mw`: a memory window in `pd`; returns its rkey.
+    pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> Result<u32, Error> {
+        self.shared.mrs.alloc_mw(pd, kind)
+    }
+
+    /// `ibv_dealloc_mw`, by the window's current rkey. Like deregistration,
+    /// nothing in flight reaches memory through the window afterwards.
+    pub fn dealloc_mw(&mut self, rkey: u32) -> Result<(), Error> {
+        self.shared.mrs.dealloc_mw(rkey)
+    }
+
+    /// `ibv_bind_mw` for a type-1 window: posts the bind work request on
+    /// `qpn` (the window's rkey moves on by one in its low 8 bits, as
+    /// `ibv_inc_rkey` does) and returns the rkey the window will have once
+    /// it executes. `bind.mw_rkey` is the window's current rkey;
+    /// `bind.new_rkey` is ignored. A type-2 window is bound by posting
+    /// [`SendOp::BindMw`] instead.
+    pub fn bind_mw(
+        &mut self,
+        qpn: u32,
+        wr_id: u64,
+        bind: MwBind,
+        flags: crate::wr::SendFlags,
+        mem: &impl Memory,
+    ) -> Result<u32, Error> {
+        match self.shared.mrs.get_mw(bind.mw_rkey) {
+            Some(w) if w.kind == MwType::Type1 => {}
+            Some(_) => {
+                return Err(Error::InvalidArgument(
+                    "ibv_bind_mw binds type-1 windows; bind a type-2 window with a BIND_MW work request",
+                ))
+            }
+            None => return Err(Error::InvalidArgument("no memory window has this rkey")),
+        }
+        let r = bind.mw_rkey;
+        let new_rkey = (r & !0xff) | (r.wrapping_add(1) & 0xff);
+        let wr = SendWr {
+            wr_id,
+            op: SendOp::BindMw(MwBind { new_rkey, ..bind }),
+            sgl: &[],
+            flags,
+            ud: None,
+        };
+        self.post_send(qpn, &wr, mem)?;
+        Ok(new_rkey)
     }
 
     pub fn create_cq(&mut self, depth: u32) -> Result<CqId, Error> {
@@ -504,6 +551,8 @@ impl Endpoint {
                     | SendOp::SendWithImm { .. }
                     | SendOp::Write { .. }
                     | SendOp::WriteWithImm { .. }
+                    | SendOp::BindMw(_)
+                    | SendOp::LocalInv { .. }
             ),
             QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
         };
@@ -512,6 +561,11 @@ impl Endpoint {
                 op: wr.op.name(),
                 qp_type: tname,
             });
+        }
+        if wr.op.is_local() && !wr.sgl.is_empty() {
+            return Err(Error::InvalidArgument(
+                "BIND_MW and LOCAL_INV take no scatter/gather list",
+            ));
         }
         if qp.qp_type == QpType::Ud && wr.ud.is_none() {
             return Err(Error::InvalidArgument("UD send without an address handle"));

@@ -44,6 +44,14 @@ pub enum SendOp {
         rkey: u32,
         add: u64,
     },
+    /// `IBV_WR_BIND_MW`: bind a type-2 window (and what `ibv_bind_mw`
+    /// posts for a type-1 one). Executed when the requester reaches it; it
+    /// sends nothing.
+    BindMw(crate::mr::MwBind),
+    /// `IBV_WR_LOCAL_INV`: invalidate a type-2 window's rkey.
+    LocalInv {
+        rkey: u32,
+    },
 }
 
 impl SendOp {
@@ -60,6 +68,11 @@ impl SendOp {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
 
+    /// Memory operations the requester carries out itself, sending nothing.
+    pub fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindMw(_) | SendOp::LocalInv { .. })
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             SendOp::Send => "SEND",
@@ -70,6 +83,8 @@ impl SendOp {
             SendOp::Read { .. } => "RDMA_READ",
             SendOp::CompareSwap { .. } => "ATOMIC_CMP_AND_SWP",
             SendOp::FetchAdd { .. } => "ATOMIC_FETCH_AND_ADD",
+            SendOp::BindMw(_) => "BIND_MW",
+            SendOp::LocalInv { .. } => "LOCAL_INV",
         }
     }
 }

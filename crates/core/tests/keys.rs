@@ -40,7 +40,7 @@ fn keys_are_unique_over_a_million_registrations_with_churn() {
             assert!(ep.mrs().get_by_lkey(l).is_none());
             assert_eq!(
                 ep.mrs()
-                    .resolve_remote(pd, r, va, 8, AccessFlags::REMOTE_READ),
+                    .resolve_remote(0, pd, r, va, 8, AccessFlags::REMOTE_READ),
                 Err(RemoteAccessError::BadRkey)
             );
             assert!(ep.dereg_mr(l).is_err(), "deregistered twice");
@@ -53,7 +53,7 @@ fn keys_are_unique_over_a_million_registrations_with_churn() {
         assert_eq!(ep.mrs().get_by_lkey(l).unwrap().rkey, r);
         assert!(ep
             .mrs()
-            .resolve_remote(pd, r, va, 8, AccessFlags::REMOTE_READ)
+            .resolve_remote(0, pd, r, va, 8, AccessFlags::REMOTE_READ)
             .is_ok());
     }
 }

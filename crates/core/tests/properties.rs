@@ -19,6 +19,7 @@ mod support;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
+use softrdma_core::mr::{MwBind, MwType};
 use softrdma_core::qp::attr::{AccessFlags, Mtu};
 use softrdma_core::qp::state::QpState;
 use softrdma_core::wc::{wc_flags, Completion, WcOpcode, WcStatus};
@@ -101,8 +102,7 @@ fn op() -> impl Strategy<Value = Op> {
         Just(Kind::Send),
         Just(Kind::SendImm),
         Just(Kind::SendInline),
-        // Kind::SendInv needs an invalidatable rkey (a type-2 memory
-        // window); ordinary regions are not (rc_features.rs).
+        Just(Kind::SendInv),
         Just(Kind::Write),
         Just(Kind::WriteImm),
         Just(Kind::Read),
@@ -279,17 +279,35 @@ fn check(s: &Scenario, must_succeed: bool) {
                 }
             }
             if o.kind == Kind::SendInv {
+                // Something the SEND_WITH_INV may invalidate: a type-2
+                // window, bound through the responder's QP before any
+                // request arrives (the bind runs when its requester is
+                // next polled; nothing else is queued there yet).
                 let h = sim.node_mut(rs);
-                let (_, rkey) =
-                    h.ep.reg_mr(
-                        qb.pd,
-                        p.remote,
-                        p.remote,
-                        64,
-                        AccessFlags::REMOTE_WRITE.union(AccessFlags::LOCAL_WRITE),
-                    )
-                    .unwrap();
-                p.inv_rkey = rkey;
+                let access = AccessFlags::REMOTE_WRITE
+                    .union(AccessFlags::LOCAL_WRITE)
+                    .union(AccessFlags::MW_BIND);
+                let (lkey, _) = h.ep.reg_mr(qb.pd, p.remote, p.remote, 64, access).unwrap();
+                let mw = h.ep.alloc_mw(qb.pd, MwType::Type2).unwrap();
+                let bind = MwBind {
+                    mw_rkey: mw,
+                    new_rkey: 0x5a,
+                    mr_lkey: lkey,
+                    addr: p.remote,
+                    len: 64,
+                    access: AccessFlags::REMOTE_WRITE,
+                };
+                let wr = SendWr {
+                    wr_id: u64::MAX,
+                    op: SendOp::BindMw(bind),
+                    sgl: &[],
+                    flags: SendFlags::default(),
+                    ud: None,
+                };
+                h.ep.post_send(qb.qpn, &wr, &h.mem).unwrap();
+                assert!(h.take(0, usize::MAX).is_empty());
+                p.inv_rkey = (mw & !0xff) | 0x5a;
+                assert!(h.ep.mrs().get_mw(p.inv_rkey).is_some());
             }
             pl.push(p);
         }

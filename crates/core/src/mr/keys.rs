@@ -73,7 +73,7 @@ impl IssuedKeys {
         ((k >> 16) as usize, k as u16)
     }
 
-    #[allow(dead_code)] // memory windows use it
+    #[cfg(test)]
     pub fn contains(&self, k: u32) -> bool {
         let (b, lo) = Self::split(k);
         self.buckets
@@ -84,7 +84,6 @@ impl IssuedKeys {
     /// Whether any issued key has the upper 24 bits `prefix` (a memory
     /// window's rkeys share their upper 24 bits and differ in the low 8,
     /// which the consumer picks).
-    #[allow(dead_code)] // memory windows use it
     pub fn any_with_prefix(&self, prefix: u32) -> bool {
         let (b, lo) = Self::split(prefix << 8);
         let Some(v) = self.buckets.get(b) else {

@@ -25,12 +25,14 @@
 //! [`Memory`], nor into a [`crate::Transmit`] built after it.
 
 mod keys;
+mod window;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use keys::IssuedKeys;
 pub use keys::KeySource;
+pub use window::{Mw, MwBind, MwBindError, MwType, MAX_MW};
 
 use crate::qp::attr::AccessFlags;
 
@@ -82,6 +84,8 @@ pub struct Mr {
     pub access: AccessFlags,
     pub lkey: u32,
     pub rkey: u32,
+    /// Memory windows bound to it; it cannot be deregistered while any is.
+    pub windows: u32,
 }
 
 impl Mr {
@@ -122,10 +126,14 @@ pub enum LocalAccessError {
     AccessDenied,
 }
 
+/// Bytes of one table slot (a region's or a window's).
+#[cfg(test)]
+const SLOT_BYTES: usize = 72;
+
 /// Regions per context. A slot costs nothing until used; a live region
-/// costs its slot (56 bytes, kept for reuse after it is deregistered), two
+/// costs its slot (72 bytes, kept for reuse after it is deregistered), two
 /// key-map entries (16 bytes plus hash table slack: 18–40) and 4–8 bytes of
-/// issued-key record that outlive it (see `keys`): about 80–105 bytes.
+/// issued-key record that outlive it (see `keys`): about 95–120 bytes.
 pub const MAX_MR: usize = 1 << 20;
 
 /// How many draws a key may take before the source is declared broken
@@ -157,9 +165,26 @@ type KeyMap = HashMap<u32, u32, BuildHasherDefault<KeyHasher>>;
 
 #[derive(Debug)]
 struct Slot {
-    /// Bumped each time the slot takes a new registration.
+    /// Bumped each time the slot takes a new registration, and each time a
+    /// window in it is bound or invalidated: a reference taken before no
+    /// longer translates.
     gen: u32,
-    mr: Option<Mr>,
+    obj: Option<Obj>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Obj {
+    Mr(Mr),
+    Mw(Mw),
+}
+
+impl Slot {
+    fn mr(&self) -> Option<&Mr> {
+        match &self.obj {
+            Some(Obj::Mr(m)) => Some(m),
+            _ => None,
+        }
+    }
 }
 
 /// The memory regions of one device context.
@@ -170,8 +195,12 @@ pub struct MrTable {
     /// Every live lkey and rkey, to its slot.
     by_key: KeyMap,
     issued: IssuedKeys,
+    /// The upper 24 bits of every memory window's rkeys, ever (a window's
+    /// rkeys differ only in the 8 bits its consumer picks).
+    mw_prefixes: std::collections::HashSet<u32, BuildHasherDefault<KeyHasher>>,
     source: KeySource,
     live: usize,
+    live_mws: usize,
 }
 
 impl MrTable {
@@ -188,7 +217,7 @@ impl MrTable {
     fn draw_key(&mut self) -> Result<u32, crate::Error> {
         for _ in 0..MAX_DRAWS {
             let k = self.source.draw();
-            if k != 0 && self.issued.insert(k) {
+            if k != 0 && !self.mw_prefixes.contains(&(k >> 8)) && self.issued.insert(k) {
                 return Ok(k);
             }
         }
@@ -206,7 +235,7 @@ impl MrTable {
         match self.free.pop() {
             Some(i) => i,
             None => {
-                self.slots.push(Slot { gen: 0, mr: None });
+                self.slots.push(Slot { gen: 0, obj: None });
                 (self.slots.len() - 1) as u32
             }
         }
@@ -237,7 +266,7 @@ impl MrTable {
         let idx = self.alloc_slot();
         let s = &mut self.slots[idx as usize];
         s.gen += 1;
-        s.mr = Some(Mr {
+        s.obj = Some(Obj::Mr(Mr {
             pd,
             iova,
             host_addr,
@@ -245,7 +274,8 @@ impl MrTable {
             access,
             lkey,
             rkey,
-        });
+            windows: 0,
+        }));
         self.by_key.insert(lkey, idx);
         self.by_key.insert(rkey, idx);
         self.live += 1;
@@ -258,22 +288,32 @@ impl MrTable {
         let (idx, mr) = self.lookup(lkey).filter(|(_, m)| m.lkey == lkey).ok_or(
             crate::Error::InvalidArgument("no memory region has this lkey"),
         )?;
+        if mr.windows > 0 {
+            // rxe refuses too: a bound window would outlive its memory.
+            return Err(crate::Error::Busy(
+                "memory region (memory windows are bound to it)",
+            ));
+        }
         self.by_key.remove(&mr.lkey);
         self.by_key.remove(&mr.rkey);
-        let s = &mut self.slots[idx as usize];
-        s.mr = None;
-        // A slot whose generation would wrap is retired rather than let a
-        // reference from 2^32 registrations ago match again.
-        if s.gen < u32::MAX {
-            self.free.push(idx);
-        }
+        self.release_slot(idx);
         self.live -= 1;
         Ok(mr)
     }
 
+    fn release_slot(&mut self, idx: u32) {
+        let s = &mut self.slots[idx as usize];
+        s.obj = None;
+        // A slot whose generation would wrap is retired rather than let a
+        // reference from 2^32 registrations ago match again.
+        if s.gen < u32::MAX - 1 {
+            self.free.push(idx);
+        }
+    }
+
     fn lookup(&self, key: u32) -> Option<(u32, Mr)> {
         let idx = *self.by_key.get(&key)?;
-        let mr = self.slots[idx as usize].mr?;
+        let mr = *self.slots[idx as usize].mr()?;
         Some((idx, mr))
     }
 
@@ -286,7 +326,7 @@ impl MrTable {
 
     /// Live regions.
     pub fn iter(&self) -> impl Iterator<Item = &Mr> {
-        self.slots.iter().filter_map(|s| s.mr.as_ref())
+        self.slots.iter().filter_map(|s| s.mr())
     }
 
     /// How many regions are registered.
@@ -301,10 +341,7 @@ impl MrTable {
     /// Look up a region by lkey.
     pub fn get_by_lkey(&self, lkey: u32) -> Option<&Mr> {
         let idx = *self.by_key.get(&lkey)?;
-        self.slots[idx as usize]
-            .mr
-            .as_ref()
-            .filter(|m| m.lkey == lkey)
+        self.slots[idx as usize].mr().filter(|m| m.lkey == lkey)
     }
 
     /// The host address of `[off, off + len)` of the registration `r`, if
@@ -319,9 +356,19 @@ impl MrTable {
         if s.gen != r.gen {
             return None;
         }
-        let mr = s.mr.as_ref()?;
         let end = off.checked_add(len)?;
-        (end <= mr.len).then(|| mr.host_addr + off)
+        match s.obj.as_ref()? {
+            Obj::Mr(mr) => (end <= mr.len).then(|| mr.host_addr + off),
+            Obj::Mw(mw) => {
+                let b = mw.binding.as_ref()?;
+                if end > b.len {
+                    return None;
+                }
+                // Through the window to its region, which must still be
+                // the one it was bound to.
+                self.host(b.mr, b.mr_off + off, len)
+            }
+        }
     }
 
     /// Validate a remote access; returns the registration and the offset of
@@ -331,8 +378,12 @@ impl MrTable {
     /// R_Key and VA are not validated — a zero-byte RDMA WRITE (with
     /// immediate, typically) or READ need not carry either, and rxe and mlx5
     /// accept one with rkey 0. It resolves to no registration.
+    ///
+    /// `qpn` is the QP the request arrived on: a type-2 window admits only
+    /// the QP it was bound through.
     pub fn resolve_remote(
         &self,
+        qpn: u32,
         pd: PdId,
         rkey: u32,
         va: u64,
@@ -342,10 +393,15 @@ impl MrTable {
         if len == 0 {
             return Ok((MemRef::default(), 0));
         }
-        let (idx, mr) = self
-            .lookup(rkey)
-            .filter(|(_, m)| m.rkey == rkey)
-            .ok_or(RemoteAccessError::BadRkey)?;
+        let idx = *self.by_key.get(&rkey).ok_or(RemoteAccessError::BadRkey)?;
+        let (idx, mr) = match self.slots[idx as usize].obj {
+            Some(Obj::Mr(m)) if m.rkey == rkey => (idx, m),
+            Some(Obj::Mw(w)) if w.rkey == rkey => {
+                let off = w.resolve(qpn, pd, va, len, need)?;
+                return Ok((self.mem_ref(idx), off));
+            }
+            _ => return Err(RemoteAccessError::BadRkey),
+        };
         if mr.pd != pd {
             return Err(RemoteAccessError::WrongPd);
         }
@@ -401,18 +457,8 @@ impl MrTable {
     ) -> Result<u64, LocalAccessError> {
         let len32 = u32::try_from(len).map_err(|_| LocalAccessError::OutOfBounds)?;
         let s = self.resolve_local(pd, lkey, addr, len32, need)?;
-        let mr = self.slots[s.mem.slot as usize].mr.expect("just resolved");
+        let mr = self.slots[s.mem.slot as usize].mr().expect("just resolved");
         Ok(mr.host_addr + s.off)
-    }
-
-    /// Revoke an rkey for a Send with Invalidate. An ordinary region is not
-    /// invalidatable (IBA 10.6.7: only memory windows of type 2 and
-    /// fast-registered regions are; rxe's `rxe_invalidate_mr` refuses any
-    /// region that is not `IB_MR_TYPE_MEM_REG`), and this device has
-    /// neither, so every rkey is refused and the responder answers with the
-    /// Invalid Request NAK IBA prescribes.
-    pub fn invalidate_rkey(&mut self, _pd: PdId, _rkey: u32) -> bool {
-        false
     }
 }
 
@@ -476,7 +522,7 @@ mod tests {
 
     #[test]
     fn a_slot_is_as_small_as_the_docs_say() {
-        assert_eq!(std::mem::size_of::<Slot>(), 56);
+        assert_eq!(std::mem::size_of::<Slot>(), SLOT_BYTES);
     }
 
     #[test]
@@ -485,14 +531,14 @@ mod tests {
         let rw = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
         let (l, r) = t.register(PdId(1), 0x1000, 0x1000, 64, rw).unwrap();
         let (old, off) = t
-            .resolve_remote(PdId(1), r, 0x1010, 8, AccessFlags::REMOTE_WRITE)
+            .resolve_remote(0, PdId(1), r, 0x1010, 8, AccessFlags::REMOTE_WRITE)
             .unwrap();
         assert_eq!((t.host(old, off, 8), off), (Some(0x1010), 0x10));
         t.deregister(l).unwrap();
         assert_eq!(t.host(old, off, 8), None);
         let (_, r2) = t.register(PdId(1), 0x1000, 0x9000, 64, rw).unwrap();
         let (new, _) = t
-            .resolve_remote(PdId(1), r2, 0x1010, 8, AccessFlags::REMOTE_WRITE)
+            .resolve_remote(0, PdId(1), r2, 0x1010, 8, AccessFlags::REMOTE_WRITE)
             .unwrap();
         assert_eq!(new.slot, old.slot, "the slot is reused");
         assert_eq!(t.host(old, off, 8), None, "the old reference stays dead");

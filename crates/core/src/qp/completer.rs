@@ -149,6 +149,15 @@ impl Qp {
     fn ack_before(&mut self, now: Nanos, upto: Psn, ctx: &mut Ctx<'_>) -> Flow {
         let mut progressed = false;
         while let Some(w) = self.sq.get(self.sq.tail).copied() {
+            if let SendState::Done(status) = w.state {
+                // A local operation between acknowledged WQEs completes in
+                // its turn; one that failed stops everything after it.
+                self.settle_done(ctx);
+                if status != WcStatus::Success {
+                    return Flow::Stop;
+                }
+                continue;
+            }
             if w.state != SendState::Sent || !w.last_psn().before(upto) {
                 // Partial progress inside a multi-packet SEND/WRITE.
                 if w.state == SendState::Sent
@@ -184,7 +193,7 @@ impl Qp {
         }
         if progressed {
             self.progress(now);
-            self.settle_failed(ctx);
+            self.settle_done(ctx);
         }
         Flow::Continue
     }
@@ -324,18 +333,25 @@ impl Qp {
             c.byte_len = byte_len;
             ctx.complete(self.send_cq, c, false);
         }
-        self.settle_failed(ctx);
+        self.settle_done(ctx);
     }
 
-    /// If the oldest WQE is one the requester gave up on (an SGE's region
-    /// vanished), complete it now that everything before it has.
-    fn settle_failed(&mut self, ctx: &mut Ctx<'_>) {
-        if self
-            .sq
-            .get(self.sq.tail)
-            .is_some_and(|w| w.state == SendState::Failed)
-        {
-            self.fail_tail(WcStatus::LocProtErr, ctx);
+    /// Complete the oldest WQEs the requester finished itself (local
+    /// operations, WQEs it gave up on), now that everything before them has.
+    pub(super) fn settle_done(&mut self, ctx: &mut Ctx<'_>) {
+        while let Some(w) = self.sq.get(self.sq.tail).copied() {
+            let SendState::Done(status) = w.state else {
+                return;
+            };
+            if status != WcStatus::Success {
+                self.fail_tail(status, ctx);
+                return;
+            }
+            self.retire_tail();
+            if w.signaled {
+                let c = Completion::new(w.wr_id, status, super::wc_opcode_of(&w.op), self.qpn);
+                ctx.complete(self.send_cq, c, false);
+            }
         }
     }
 

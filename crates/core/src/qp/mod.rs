@@ -238,5 +238,7 @@ pub(crate) fn wc_opcode_of(op: &crate::wr::SendOp) -> WcOpcode {
         Read { .. } => WcOpcode::RdmaRead,
         CompareSwap { .. } => WcOpcode::CompSwap,
         FetchAdd { .. } => WcOpcode::FetchAdd,
+        BindMw(_) => WcOpcode::BindMw,
+        LocalInv { .. } => WcOpcode::LocalInv,
     }
 }

@@ -88,11 +88,13 @@ pub(crate) enum SendState {
     Posted,
     /// Packets sent (PSNs assigned), not yet acknowledged.
     Sent,
-    /// A region one of its SGEs names was deregistered before all of its
-    /// payload was sent: nothing more of it goes out, and it completes with
-    /// a local protection error once it is the oldest (what comes before it
-    /// completes first, in order).
-    Failed,
+    /// Finished by the requester itself: a local operation (bind,
+    /// invalidate) carried out, or a WQE given up because a region one of
+    /// its SGEs names was deregistered before all of its payload was sent
+    /// (nothing more of it goes out). It completes with this status once it
+    /// is the oldest — what comes before it completes first, in order — and
+    /// an error status then moves the QP to ERR.
+    Done(crate::wc::WcStatus),
 }
 
 /// A posted send.

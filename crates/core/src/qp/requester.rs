@@ -109,6 +109,39 @@ pub(crate) fn packets_for(op: &SendOp, length: u32, mtu: u32) -> u32 {
 }
 
 impl Qp {
+    /// Carry out the bind and invalidate WQEs the requester has reached, in
+    /// order, as rxe's `rxe_do_local_ops` does: they send nothing, and
+    /// complete in order once what is before them has.
+    fn run_local_ops(&mut self, ctx: &mut Ctx<'_>) {
+        while let Some(w) = self.sq.get(self.sq.send).copied() {
+            if !w.op.is_local() || w.state != SendState::Posted {
+                return;
+            }
+            let status = match w.op {
+                SendOp::BindMw(b) => match ctx.mrs.bind_mw(self.qpn, self.pd, &b) {
+                    Ok(_) => WcStatus::Success,
+                    Err(_) => WcStatus::MwBindErr,
+                },
+                SendOp::LocalInv { rkey } if ctx.mrs.invalidate_rkey(self.pd, rkey) => {
+                    WcStatus::Success
+                }
+                _ => WcStatus::LocQpOpErr,
+            };
+            let idx = self.sq.send;
+            self.sq.get_mut(idx).expect("present").state = SendState::Done(status);
+            self.sq.send = idx + 1;
+            self.req.pkt_idx = 0;
+            if idx == self.sq.tail {
+                self.settle_done(ctx);
+                if status != WcStatus::Success {
+                    return;
+                }
+            } else if status != WcStatus::Success {
+                return; // nothing after it starts; it fails in order
+            }
+        }
+    }
+
     /// Build the next request packet, if the send queue has one to send now.
     pub(crate) fn poll_request(
         &mut self,
@@ -119,12 +152,15 @@ impl Qp {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.comp.rnr_waiting() {
             return None;
         }
+        if self.state == QpState::Rts {
+            self.run_local_ops(ctx);
+        }
         let idx = self.sq.send;
         let wqe = *self.sq.get(idx)?;
-        if wqe.state == SendState::Failed {
+        if let SendState::Done(_) = wqe.state {
             // Nothing more of it goes out; it completes once it is the oldest.
             if idx == self.sq.tail {
-                self.fail_tail(WcStatus::LocProtErr, ctx);
+                self.settle_done(ctx);
             }
             return None;
         }
@@ -295,9 +331,10 @@ impl Qp {
                 // protection error IBA defines (rxe's finish_packet gives
                 // LOC_PROT_ERR for a range it cannot copy, LOC_QP_OP_ERR for
                 // an lkey it cannot find; mlx5 gives LOC_PROT_ERR for both).
-                self.sq.get_mut(idx).expect("present").state = SendState::Failed;
+                self.sq.get_mut(idx).expect("present").state =
+                    SendState::Done(WcStatus::LocProtErr);
                 if idx == self.sq.tail {
-                    self.fail_tail(WcStatus::LocProtErr, ctx);
+                    self.settle_done(ctx);
                 }
                 return None;
             }

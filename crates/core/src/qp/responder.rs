@@ -406,7 +406,14 @@ impl Qp {
                     }
                     let (target, off) = ctx
                         .mrs
-                        .resolve_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_WRITE)
+                        .resolve_remote(
+                            self.qpn,
+                            self.pd,
+                            reth.rkey,
+                            reth.va,
+                            len,
+                            AccessFlags::REMOTE_WRITE,
+                        )
                         .map_err(|e| if rc { nak_for(e) } else { Fault::Drop })?;
                     (target, off, len, len)
                 }
@@ -485,7 +492,14 @@ impl Qp {
             }
             let (target, off) = ctx
                 .mrs
-                .resolve_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)
+                .resolve_remote(
+                    self.qpn,
+                    self.pd,
+                    reth.rkey,
+                    reth.va,
+                    len,
+                    AccessFlags::REMOTE_READ,
+                )
                 .map_err(nak_for)?;
             let npkts = (len.div_ceil(mtu as u64)).max(1) as u32;
             let psn = repr.bth.psn;
@@ -518,7 +532,14 @@ impl Qp {
             }
             let (target, off) = ctx
                 .mrs
-                .resolve_remote(self.pd, a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+                .resolve_remote(
+                    self.qpn,
+                    self.pd,
+                    a.rkey,
+                    a.va,
+                    8,
+                    AccessFlags::REMOTE_ATOMIC,
+                )
                 .map_err(nak_for)?;
             let addr = ctx
                 .mrs
@@ -621,10 +642,14 @@ impl Qp {
                 return;
             }
             let len = reth.dma_len as u64;
-            let Ok((target, off)) =
-                ctx.mrs
-                    .resolve_remote(self.pd, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)
-            else {
+            let Ok((target, off)) = ctx.mrs.resolve_remote(
+                self.qpn,
+                self.pd,
+                reth.rkey,
+                reth.va,
+                len,
+                AccessFlags::REMOTE_READ,
+            ) else {
                 return;
             };
             let npkts = (len.div_ceil(self.mtu() as u64)).max(1) as u32;

@@ -94,9 +94,10 @@ pub(crate) struct State {
     /// Completion channel doorbells by CQ.
     pub channels: HashMap<u32, Arc<crate::ChannelInner>>,
     pub async_events: std::collections::VecDeque<AsyncEvent>,
-    /// Buffers of deregistered regions, freed once no work queue can still
-    /// reference them.
-    pub graveyard: Vec<Box<dyn Send>>,
+    /// Regions dropped while memory windows were bound to them (their
+    /// deregistration is refused, as `ibv_dereg_mr`'s EBUSY): deregistered,
+    /// and their buffers freed, when the last window goes.
+    pub orphans: Vec<(u32, Box<dyn Send>)>,
     head: Vec<u8>,
     origin: Instant,
     /// The deadline the engine's timerfd is armed to (core time), so a pass
@@ -153,7 +154,6 @@ impl State {
             p.more_tx = more;
         }
         p.did |= self.deliver_events(async_fd);
-        self.retire();
         p
     }
 
@@ -167,12 +167,16 @@ impl State {
             let mut slices: [&[u8]; softrdma_core::MAX_SGE] = [&[]; softrdma_core::MAX_SGE];
             let segs = t.segs.as_slice();
             for (s, g) in slices.iter_mut().zip(segs) {
-                // SAFETY: the core validated each segment against a live
-                // memory region; regions outlive queued work (see `retire`).
+                // SAFETY: the core translated each segment through the
+                // region table just now, so it lies in a registered region;
+                // a region's buffer is freed only after `dereg_mr` returns,
+                // which needs this lock, and the core never hands out an
+                // address of a deregistered region.
                 *s = unsafe { segment(g.addr, g.len) };
             }
-            // SAFETY: the slices stay valid until `flush` below returns:
-            // region buffers are only freed by `retire`, under this same lock.
+            // SAFETY: the slices stay valid until `flush` below returns: it
+            // runs before this pass lets the lock go, and no region can be
+            // deregistered (nor its buffer freed) without the lock.
             let r = unsafe {
                 self.port.push(
                     t.dgid,
@@ -230,12 +234,11 @@ impl State {
         }
     }
 
-    /// Free deregistered buffers once no queue holds work that might point
-    /// into them.
-    fn retire(&mut self) {
-        if !self.graveyard.is_empty() && self.ep.all_queues_idle() {
-            self.graveyard.clear();
-        }
+    /// Deregister orphaned regions whose windows are gone (after a window
+    /// is deallocated).
+    pub fn retry_orphans(&mut self) {
+        let ep = &mut self.ep;
+        self.orphans.retain(|(lkey, _)| ep.dereg_mr(*lkey).is_err());
     }
 }
 
@@ -332,7 +335,7 @@ impl Engine {
                 mem: HostMemory,
                 channels: HashMap::new(),
                 async_events: Default::default(),
-                graveyard: Vec::new(),
+                orphans: Vec::new(),
                 head: vec![0; 4096 + 256],
                 origin: Instant::now(),
                 armed: None,

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 pub use device::{by_addr, by_name, devices, gid_to_ip, ip_to_gid, route_source, DeviceInfo};
 pub use engine::AsyncEvent;
 pub use softrdma_core::cq::CqId;
-pub use softrdma_core::mr::PdId;
+pub use softrdma_core::mr::{MwType, PdId};
 pub use softrdma_core::qp::attr::{AccessFlags, AddressVector, AttrMask, Mtu, QpAttr};
 pub use softrdma_core::qp::state::{required_mask, QpState, QpType};
 pub use softrdma_core::qp::QpCap;
@@ -159,6 +159,28 @@ pub fn device_attr(dev: &DeviceInfo) -> DeviceAttr {
     }
 }
 
+/// Memory keys straight from the operating system's CSPRNG, drawn 64 at a
+/// time (one `getrandom` call per 64 keys). The core never reuses a key and
+/// redraws collisions, so every bit of a key is random.
+fn os_keys() -> softrdma_core::mr::KeySource {
+    let mut buf = [0u32; 64];
+    let mut left = 0usize;
+    softrdma_core::mr::KeySource::new(move || {
+        if left == 0 {
+            let mut bytes = [0u8; 256];
+            // getrandom(2) only fails where no entropy source exists at all;
+            // a device with guessable keys must not open then.
+            getrandom::fill(&mut bytes).expect("the OS CSPRNG (getrandom) is unavailable");
+            for (k, c) in buf.iter_mut().zip(bytes.chunks_exact(4)) {
+                *k = u32::from_ne_bytes(c.try_into().expect("4 bytes"));
+            }
+            left = buf.len();
+        }
+        left -= 1;
+        buf[left]
+    })
+}
+
 /// The transport `SOFTRDMA_TRANSPORT` selects: `auto` (the default) and
 /// `udp` run over UDP, the only transport built so far; `shm` (shared
 /// memory between processes of one host) is refused until it exists, rather
@@ -202,15 +224,15 @@ impl Context {
         })?;
         let slot = port.slot() as u32;
         let port_mtu = opts.port_mtu.unwrap_or(Mtu::B4096);
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-            ^ ((std::process::id() as u64) << 32);
-        // Still the old time ^ pid seed: the engine change passes the OS
-        // CSPRNG here (KeySource::new over getrandom).
+        // Keys come from the OS CSPRNG: refuse to open without it rather
+        // than hand out guessable keys (the key source then cannot fail).
+        getrandom::fill(&mut [0u8; 4]).map_err(|e| {
+            Error::Io(io::Error::other(format!(
+                "the OS random number generator (getrandom) is unavailable, and memory keys must be unpredictable: {e}"
+            )))
+        })?;
         let cfg = softrdma_core::EndpointConfig {
-            key_source: softrdma_core::mr::KeySource::seeded(seed),
+            key_source: os_keys(),
             qpn_base: (slot << 16) | 0x100,
             port_mtu,
             ..Default::default()
@@ -338,6 +360,8 @@ pub struct Mr {
     lkey: u32,
     rkey: u32,
     addr: u64,
+    /// Where remote peers and SGEs see the first byte.
+    iova: u64,
     len: usize,
     buf: Option<OwnedBuf>,
 }
@@ -395,6 +419,7 @@ impl Pd {
             lkey,
             rkey,
             addr,
+            iova: addr,
             len,
             buf: Some(buf),
         })
@@ -423,6 +448,7 @@ impl Pd {
             lkey,
             rkey,
             addr,
+            iova,
             len,
             buf: None,
         })
@@ -446,6 +472,17 @@ impl Pd {
         })
     }
 
+    /// `ibv_alloc_mw`: a memory window of this PD, bound to a region
+    /// later with [`Qp::bind_mw`].
+    pub fn alloc_mw(&self, kind: MwType) -> Result<Mw> {
+        let rkey = self.eng.lock().ep.alloc_mw(self.id, kind)?;
+        Ok(Mw {
+            eng: self.eng.clone(),
+            rkey: std::sync::atomic::AtomicU32::new(rkey),
+            kind,
+        })
+    }
+
     pub fn create_srq(&self, depth: u32, max_sge: u32) -> Result<Srq> {
         let id = self.eng.lock().ep.create_srq(self.id, depth, max_sge)?;
         Ok(Srq {
@@ -466,6 +503,10 @@ impl Mr {
     pub fn addr(&self) -> u64 {
         self.addr
     }
+    /// Where SGEs and remote peers address the first byte.
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
     pub fn len(&self) -> usize {
         self.len
     }
@@ -480,7 +521,7 @@ impl Mr {
             "SGE outside the memory region"
         );
         Sge {
-            addr: self.addr + offset as u64,
+            addr: self.iova + offset as u64,
             length: len,
             lkey: self.lkey,
         }
@@ -526,10 +567,51 @@ impl Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         let mut st = self.eng.lock();
-        let _ = st.ep.dereg_mr(self.lkey);
-        if let Some(b) = self.buf.take() {
-            st.graveyard.push(Box::new(b));
+        match st.ep.dereg_mr(self.lkey) {
+            // Once deregistration returns the core never touches the region
+            // again (every access of in-flight work translates through the
+            // region table), and no `Transmit` outlives the pass that sent
+            // it under this lock: the buffer can go at once.
+            Ok(()) => drop(self.buf.take()),
+            // Memory windows are still bound to it: it stays registered
+            // (and its buffer alive) until the last of them is deallocated.
+            Err(_) => {
+                if let Some(b) = self.buf.take() {
+                    st.orphans.push((self.lkey, Box::new(b)));
+                } else {
+                    st.orphans.push((self.lkey, Box::new(())));
+                }
+            }
         }
+    }
+}
+
+/// A memory window (`ibv_mw`): remote access to part of a region, granted
+/// and revoked by bind and invalidate operations on the QP's send queue.
+pub struct Mw {
+    eng: Arc<Engine>,
+    /// The window's rkey as of its last bind (the low 8 bits move on with
+    /// each bind, as `ibv_inc_rkey` does).
+    rkey: std::sync::atomic::AtomicU32,
+    kind: MwType,
+}
+
+impl Mw {
+    pub fn rkey(&self) -> u32 {
+        self.rkey.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn kind(&self) -> MwType {
+        self.kind
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        let mut st = self.eng.lock();
+        let _ = st.ep.dealloc_mw(self.rkey());
+        // A region dropped while this window was bound to it can go now.
+        st.retry_orphans();
     }
 }
 
@@ -732,9 +814,23 @@ impl Qp {
     /// this QP's protection domain, inline ones included.
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         let mut st = self.eng.lock();
-        if wr.flags.contains(SendFlags::INLINE) {
-            for s in wr.sgl {
-                st.ep
+        let mut host = [Sge::default(); softrdma_core::MAX_SGE];
+        let wr = if wr.flags.contains(SendFlags::INLINE) {
+            // The core copies inline data from the SGE's address as it
+            // stands (verbs: no key is checked). Safe callers name region
+            // memory in its iova space, so translate each SGE to the host
+            // address the core will read, after checking it lies in a
+            // region of this QP's PD.
+            if wr.sgl.len() > host.len() {
+                return Err(CoreError::TooManySge {
+                    got: wr.sgl.len(),
+                    max: host.len() as u32,
+                }
+                .into());
+            }
+            for (h, s) in host.iter_mut().zip(wr.sgl) {
+                let addr = st
+                    .ep
                     .mrs()
                     .check_local(self.pd, s.lkey, s.addr, s.length as u64, AccessFlags::EMPTY)
                     .map_err(|_| {
@@ -742,12 +838,74 @@ impl Qp {
                             "inline SGE is not inside a memory region of the QP's PD",
                         )
                     })?;
+                *h = Sge { addr, ..*s };
             }
-        }
+            SendWr {
+                sgl: &host[..wr.sgl.len()],
+                ..*wr
+            }
+        } else {
+            *wr
+        };
         let mem = st.mem;
-        st.ep.post_send(self.qpn, wr, &mem)?;
+        st.ep.post_send(self.qpn, &wr, &mem)?;
         self.eng.kick(&mut st);
         Ok(())
+    }
+
+    /// Bind a memory window to `len` bytes of `mr` at `offset` with the
+    /// remote `access` (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`,
+    /// `ZERO_BASED`): `ibv_bind_mw` for a type-1 window, an `IBV_WR_BIND_MW`
+    /// work request for a type-2 one. The bind executes in send-queue order
+    /// and completes (if signaled) with `WcOpcode::BindMw`; returns the
+    /// window's new rkey, which [`Mw::rkey`] reports from now on.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_mw(
+        &self,
+        mw: &Mw,
+        mr: &Mr,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+        wr_id: u64,
+        flags: SendFlags,
+    ) -> Result<u32> {
+        if offset.checked_add(len).is_none_or(|e| e > mr.len) {
+            return Err(
+                CoreError::InvalidArgument("memory window outside its memory region").into(),
+            );
+        }
+        let old = mw.rkey();
+        let bind = softrdma_core::mr::MwBind {
+            mw_rkey: old,
+            new_rkey: (old & !0xff) | (old.wrapping_add(1) & 0xff),
+            mr_lkey: mr.lkey,
+            addr: mr.iova + offset as u64,
+            len: len as u64,
+            access,
+        };
+        let mut st = self.eng.lock();
+        let mem = st.mem;
+        let new = match mw.kind {
+            MwType::Type1 => st.ep.bind_mw(self.qpn, wr_id, bind, flags, &mem)?,
+            MwType::Type2 => {
+                st.ep.post_send(
+                    self.qpn,
+                    &SendWr {
+                        wr_id,
+                        op: SendOp::BindMw(bind),
+                        sgl: &[],
+                        flags,
+                        ud: None,
+                    },
+                    &mem,
+                )?;
+                bind.new_rkey
+            }
+        };
+        mw.rkey.store(new, std::sync::atomic::Ordering::Relaxed);
+        self.eng.kick(&mut st);
+        Ok(new)
     }
 
     /// Post a send whose inline SGEs may point anywhere (verbs semantics).

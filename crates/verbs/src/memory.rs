@@ -1,10 +1,12 @@
 //! Process memory as the transport core sees it.
 //!
-//! The core validates every address against its memory-region table before
-//! touching it; this is the one place where those validated addresses are
-//! turned back into pointers. The safe verbs API keeps every registered
-//! buffer alive until no work queue can reference it any more (see
-//! `Engine::retire`), which is what makes these accesses sound.
+//! The core translates every access through its memory-region table at the
+//! moment of the access (as an RNIC looks up its translation table per DMA);
+//! this is the one place where those translated addresses are turned back
+//! into pointers. Every call here runs under the engine's state lock, and a
+//! region's buffer is freed only after `Endpoint::dereg_mr` has returned
+//! under that lock — after which the core never produces an address in it.
+//! That is what makes these accesses sound.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -16,10 +18,11 @@ pub struct HostMemory;
 
 impl Memory for HostMemory {
     fn read(&self, addr: u64, out: &mut [u8]) {
-        // SAFETY: the core only passes ranges it validated against a live
-        // memory region; regions are only freed once no queue references
-        // them (Engine::retire). Overlap with `out` is impossible: `out` is
-        // an engine-owned buffer, never registered.
+        // SAFETY: the core only passes ranges it translated through the
+        // region table during this call, so they lie in a registered region
+        // whose buffer cannot be freed while the engine's lock is held (see
+        // the module docs). `out` is an engine-owned buffer, never
+        // registered, so the two cannot overlap.
         unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) }
     }
 
@@ -30,8 +33,9 @@ impl Memory for HostMemory {
     }
 
     fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> u64 {
-        // SAFETY: validated, live, and 8-byte aligned (the core rejects
-        // misaligned atomics with an Invalid Request NAK), so it is a valid
+        // SAFETY: translated during this call (live, see `read`), and 8-byte
+        // aligned: the core checks the translated host address, not only
+        // the VA, and NAKs a misaligned atomic, so this is a valid
         // AtomicU64 location for the duration of the call.
         let a = unsafe { &*(addr as *const AtomicU64) };
         match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
@@ -50,7 +54,8 @@ impl Memory for HostMemory {
 ///
 /// # Safety
 /// `addr..addr+len` must lie in live registered memory, which holds for the
-/// segments of a `Transmit` until the engine's next `retire` pass.
+/// segments of a `Transmit` until the pass that got it lets the state lock
+/// go (a region cannot be deregistered without that lock).
 pub(crate) unsafe fn segment<'a>(addr: u64, len: u32) -> &'a [u8] {
     // SAFETY: guaranteed by the caller (see above).
     unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) }

@@ -15,8 +15,9 @@ const FAA_OFF: usize = CAS_OFF + 8;
 
 /// All eight RC opcodes, in one connection, and what each leaves behind: the
 /// receive completions (with immediate data and the invalidated rkey), the
-/// target memory, the READ data and atomic results; then the rkey that
-/// SEND_WITH_INV revoked no longer admits a WRITE.
+/// target memory, the READ data and atomic results; then the type-2 memory
+/// window that SEND_WITH_INV revoked no longer admits a WRITE (an ordinary
+/// region cannot be invalidated remotely: IBA, and rxe).
 #[test]
 fn rc_every_opcode() {
     const SRC: u64 = 200;
@@ -36,8 +37,9 @@ fn rc_every_opcode() {
                 &pd,
                 4096,
                 INV,
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
             );
+            let mw = pd.alloc_mw(MwType::Type2).unwrap();
             let rbuf = pd
                 .reg_mr(vec![0xee; 4 * 2048], AccessFlags::LOCAL_WRITE)
                 .unwrap();
@@ -45,8 +47,27 @@ fn rc_every_opcode() {
                 post_recv(&qp, 100 + i as u64, rbuf.sge(i * 2048, 2048));
             }
             exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 1);
+            // The window the peer will invalidate: all of `inv`, writable.
+            let rkey = qp
+                .bind_mw(
+                    &mw,
+                    &inv,
+                    0,
+                    4096,
+                    AccessFlags::REMOTE_WRITE,
+                    99,
+                    SendFlags::SIGNALED,
+                )
+                .unwrap();
+            assert_eq!(rkey, mw.rkey());
+            let b = wait_cq(&cq, 1, "the bind");
+            assert_wc(&b[0], 99, WcStatus::Success, WcOpcode::BindMw, 0);
             oob.send_region(&Region::of(&tgt));
-            oob.send_region(&Region::of(&inv));
+            oob.send_region(&Region {
+                addr: inv.iova(),
+                rkey,
+                len: 4096,
+            });
 
             let src = pattern(SRC, 64 << 10);
             let w = wait_cq(&cq, 4, "receives");
@@ -81,7 +102,7 @@ fn rc_every_opcode() {
 
             assert_wc(&w[3], 103, WcStatus::Success, WcOpcode::Recv, 10);
             assert_eq!(w[3].wc_flags, wc_flags::WITH_INV);
-            assert_eq!(w[3].imm_or_inv, inv.rkey(), "the invalidated rkey");
+            assert_eq!(w[3].imm_or_inv, mw.rkey(), "the invalidated rkey");
             assert_bytes(
                 &read_mr(&rbuf, 6144, 10),
                 &src[20000..20010],

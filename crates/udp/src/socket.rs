@@ -22,9 +22,12 @@ use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::AsRawFd;
 
-/// Socket buffer size forced where we may: memory the kernel only uses
-/// while datagrams are queued, traded for surviving longer bursts.
-pub(crate) const FORCED_BUFFER: usize = 32 << 20;
+/// Socket buffer size forced where we may (unless the sysctl allows more):
+/// longer bursts survive, but until senders bound their bytes in flight to
+/// the receiver's [`crate::Port::rcvbuf`], a bigger buffer only lengthens
+/// the queue a retransmission timer waits behind (with 32 MiB, loopback
+/// runs left 16 MB standing in a receive queue).
+pub(crate) const FORCED_BUFFER: usize = 8 << 20;
 
 /// `net.core.<name>`, if readable.
 fn core_sysctl(name: &str) -> Option<usize> {

@@ -336,18 +336,33 @@ pub(crate) fn join(sock: &Socket, addr: SocketAddr, dir: &Path) -> Result<Joined
             io::Error::new(e.kind(), format!("binding {addr}: {e}"))
         })
     })?;
-    if old.is_none() && !empty {
-        // Bound with SO_REUSEPORT by this user, yet not described.
+    let inode = procnet::inode_of(fd).map_err(failed)?;
+    // Every other member must be one the state describes: a member that
+    // is not (another softrdma version, another program) would fight over
+    // the group's program, so sharing with it is refused, not hijacked.
+    let described = |ino: u64| {
+        ino == inode
+            || old
+                .as_ref()
+                .is_some_and(|st| st.members.iter().any(|m| m.inode == ino))
+    };
+    let undescribed = !empty
+        && table
+            .read()
+            .map_err(failed)?
+            .iter()
+            .any(|r| !described(r.inode));
+    if undescribed {
         return Err(failed(io::Error::new(
             io::ErrorKind::AddrInUse,
             format!(
-                "{addr} is bound by sockets of this user that {} does not describe \
-                 (not softrdma, or the runtime directory was cleared while they ran)",
+                "{addr} is shared by sockets of this user that {} does not describe \
+                 (another softrdma version, another program, or the runtime directory \
+                 was cleared while they ran)",
                 state_path.display()
             ),
         )));
     }
-    let inode = procnet::inode_of(fd).map_err(failed)?;
     let array = if empty {
         vec![Some(inode)]
     } else {

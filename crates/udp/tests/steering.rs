@@ -198,3 +198,23 @@ fn steering_over_ipv6() {
     assert!(got_a.len() == 10 && got_a.iter().all(|(_, d)| qpn(d) == sa << 16 | 4));
     assert!(got_b.len() == 10 && got_b.iter().all(|(_, d)| qpn(d) == sb << 16 | 3));
 }
+
+#[test]
+fn a_foreign_member_is_refused_not_hijacked() {
+    // A socket of this user in the group that no softrdma port put there
+    // (another program, another softrdma version): joining would fight it
+    // over the group's program, so the port refuses.
+    let here: std::net::SocketAddr = "127.0.0.47:4791".parse().unwrap();
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).unwrap();
+    s.set_reuse_port(true).unwrap();
+    s.bind(&here.into()).unwrap();
+    let e = Port::open(PortConfig::new(v4(47)))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("does not describe"), "{e}");
+    // Once it is gone the address is free to share.
+    drop(s);
+    let a = Port::open(PortConfig::new(v4(47))).unwrap();
+    assert!(steered(&a));
+}

@@ -15,6 +15,12 @@
 //! datagram sent alone (DF, unconnected socket), `k` for the `k`th segment of
 //! a GSO train (`inet_gso_segment` numbers segments up from the first's ID).
 //!
+//! Each datagram leaves from its QP's send socket (`txsock`), so the source
+//! port the ICRC covers is that socket's. At flush the queue is ordered by
+//! socket (each socket's entries, hence each QP's, keep their order) and
+//! every socket gets one `sendmmsg` for its run; a train never spans two
+//! sockets.
+//!
 //! GSO is detected at run time: the first `EIO`/`EINVAL`-class failure of a
 //! GSO message turns it off for the port, and the affected datagrams are
 //! rebuilt (ICRCs recomputed with ID 0) and sent one by one.

@@ -3,8 +3,8 @@
 //!
 //! The transport core ([`softrdma-core`]) decides what to send; this crate
 //! gets it onto the wire and back, and is one of the few places in the
-//! project with `unsafe` code: `sys` for the socket calls, [`steer`] for
-//! bpf(2), and the iovec reads of the zero-copy send queue (`tx`), each
+//! project with `unsafe` code: `sys` for the socket calls, `cbpf` for the
+//! BPF programs, and the iovec reads of the zero-copy send queue (`tx`), each
 //! block with a `// SAFETY:` line.
 //!
 //! * **Zero copy out.** A packet is the head the core wrote (headers and
@@ -23,15 +23,14 @@
 //!   checks that on a real veth link; checked on receive, with the IPv4
 //!   ID/DF the socket hides recovered only for senders that need it
 //!   ([`policy`]).
-//! * **Several processes, one port.** An eBPF `SK_REUSEPORT` program steers
-//!   each datagram to the process owning its destination QPN's slot
-//!   ([`steer`]).
+//! * **Several processes, one port.** A classic-BPF reuseport program,
+//!   which needs no privilege, steers each datagram to the process owning
+//!   its destination QPN's slot ([`steer`]).
+//! * **Per-QP source ports.** A bounded pool of send sockets gives each QP
+//!   a source port derived from its QPN, as rxe and RNICs do, for ECMP
+//!   entropy and per-QP GSO/GRO flows (`txsock`).
 //! * **Testing aids.** Seeded fault injection ([`FaultConfig`]) and a pcap of
 //!   everything sent and received whose ICRCs verify.
-//!
-//! The UDP source port is always the bound port (4791), so RoCEv2's use of
-//! the source port for flow entropy (ECMP) is not available: one socket
-//! cannot choose it per datagram.
 //!
 //! `examples/throughput.rs` measures loopback datagram rates with and
 //! without GSO/GRO.
@@ -39,21 +38,26 @@
 //! [`softrdma-core`]: https://docs.rs/softrdma-core
 
 mod capture;
+mod cbpf;
 mod check;
 mod fault;
 mod icrc;
 pub mod policy;
 mod port;
+mod procnet;
+pub mod rundir;
 mod rx;
 mod socket;
 pub mod steer;
 mod sys;
 mod tx;
+mod txsock;
 
 pub use fault::{FaultConfig, FaultParseError};
 pub use port::{Port, Tx};
 pub use steer::Steering;
 pub use tx::{MAX_DATAGRAM, MAX_HEAD, MAX_PAYLOAD_SEGS};
+pub use txsock::rxe_source_port;
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -71,8 +75,9 @@ pub struct PortConfig {
     pub port: u16,
     /// Datagrams per `sendmmsg`/`recvmmsg` (1..=512).
     pub batch: usize,
-    /// Share `local:port` with other processes by eBPF steering on the QPN
-    /// slot; falls back to exclusive use where eBPF is unavailable.
+    /// Share `local:port` with this user's other processes by steering on
+    /// the QPN slot; falls back to exclusive use where the state directory
+    /// is unusable.
     pub shared: bool,
     /// Inject faults on send.
     pub fault: Option<FaultConfig>,
@@ -102,14 +107,19 @@ pub struct PortOptions {
     pub remote_port: Option<u16>,
     /// Use UDP GSO for runs of equal datagrams, where the kernel supports it.
     pub gso: bool,
-    /// Use UDP GRO on receive, where supported. Only in exclusive mode:
-    /// GRO coalesces by UDP flow, not by QP, so in a shared group it could
-    /// hand one process datagrams of another's slot.
+    /// Use UDP GRO on receive, where supported. In a shared group it stays
+    /// on while every UDP flow carries one destination QP, and turns itself
+    /// off the first time a coalesced entry mixes QPN slots.
     pub gro: bool,
     /// IPv4 TOS / IPv6 traffic class of everything sent (DSCP and ECN).
     pub traffic_class: u8,
-    /// Where the steering lock and map-id files live.
+    /// Where the steering lock and state files live: by default the user's
+    /// runtime directory ([`rundir`]); checked to be this user's alone.
     pub state_dir: PathBuf,
+    /// Source ports: QPs send from `2^bits` ports chosen by QPN
+    /// (0..=14; see [`rxe_source_port`]); `None` sends everything from
+    /// [`PortConfig::port`].
+    pub source_port_bits: Option<u8>,
 }
 
 impl Default for PortOptions {
@@ -119,7 +129,8 @@ impl Default for PortOptions {
             gso: true,
             gro: true,
             traffic_class: 0,
-            state_dir: PathBuf::from(steer::DEFAULT_STATE_DIR),
+            state_dir: steer::default_state_dir(),
+            source_port_bits: Some(6),
         }
     }
 }
@@ -158,6 +169,21 @@ pub struct PortStats {
     pub rx_truncated: u64,
     /// Received datagrams for another process's QPN slot (shared mode).
     pub rx_wrong_slot: u64,
+    /// Datagrams the kernel dropped on the receive socket (a full buffer;
+    /// also the steering probes of group changes, one per change at most),
+    /// as `SO_RXQ_OVFL` last reported.
+    pub rx_kernel_drops: u64,
+    /// Steering tables this port repaired after a member died, and repairs
+    /// that failed.
+    pub steer_repairs: u64,
+    pub steer_repair_errors: u64,
+    /// Times GRO was turned off because it merged datagrams for different
+    /// QPN slots.
+    pub gro_mixed: u64,
+    /// Send sockets bound (source-port buckets in use), and buckets that
+    /// found no free port and send from the receive socket.
+    pub tx_source_ports: u64,
+    pub tx_source_port_failures: u64,
     /// Senders learned to be softrdma peers, and peers forgotten again.
     pub peers_learned: u64,
     pub peers_demoted: u64,

@@ -3,15 +3,17 @@
 
 use crate::capture::Capture;
 use crate::fault::Injector;
-use crate::rx::{Receiver, GRO_BUF, PLAIN_BUF};
+use crate::rx::{Receiver, RxEvents, GRO_BUF};
 use crate::socket::{bind_addr, new_socket};
 use crate::steer::{self, JoinError, Joined, Steering};
 use crate::sys;
 use crate::tx::{self, gid_of, Local, TxQueue};
+use crate::txsock::SendPool;
 use crate::{icrc, PortConfig, PortOptions, PortStats, RxMeta};
 use socket2::Socket;
 use std::collections::VecDeque;
 use std::io;
+use std::mem::ManuallyDrop;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
@@ -25,6 +27,8 @@ const EXCLUSIVE_SLOT: u8 = 1;
 /// A datagram held back by the fault injector, to be sent out of order.
 struct Held {
     dst: SocketAddr,
+    /// Send socket and source port.
+    via: (u16, u16),
     buf: Vec<u8>,
     /// Value of `Port::flushes` when it was held.
     since: u64,
@@ -39,12 +43,15 @@ struct Held {
 /// manages (registered memory). Receiving is [`Port::recv`], which never
 /// blocks (poll [`Port::as_raw_fd`] for readability).
 pub struct Port {
-    sock: Socket,
+    /// The receive socket; taken out only by `Drop`, to leave the group.
+    sock: ManuallyDrop<Socket>,
+    /// The send sockets, one per source-port bucket.
+    pool: SendPool,
     local: Local,
     remote_port: u16,
     slot: u8,
     steering: Steering,
-    _joined: Option<Joined>,
+    joined: Option<Joined>,
     batch: usize,
     txq: TxQueue,
     rx: Receiver,
@@ -109,14 +116,26 @@ impl Port {
                 }
             })
         };
+        if opts.source_port_bits.is_some_and(|b| b > 14) {
+            return Err(err(
+                InvalidInput,
+                format!(
+                    "source_port_bits {:?} must be at most 14 (the ports 0xc000..=0xffff)",
+                    opts.source_port_bits
+                ),
+            ));
+        }
         let (slot, steering, joined) = if cfg.shared {
             match steer::join(&sock, addr, &opts.state_dir) {
-                Ok(j) => (j.slot, Steering::Shared { map_id: j.map_id }, Some(j)),
+                Ok(j) => {
+                    let state = j.state_path.clone();
+                    (j.slot, Steering::Shared { state }, Some(j))
+                }
                 Err(JoinError::Unavailable(bpf)) => {
                     bind_alone(&sock, &|e| {
                         err(
                             AddrInUse,
-                            format!("another process owns {addr} and eBPF steering is unavailable: {bpf} ({e})"),
+                            format!("another process owns {addr} and sharing is unavailable: {bpf} ({e})"),
                         )
                     })?;
                     let why = Some(bpf.to_string());
@@ -135,22 +154,33 @@ impl Port {
         };
         let fd = sock.as_raw_fd();
         let gso = opts.gso && sys::getsockopt_int(fd, libc::SOL_UDP, sys::UDP_SEGMENT).is_ok();
-        let gro = opts.gro
-            && matches!(steering, Steering::Exclusive { .. })
-            && sys::setsockopt_int(fd, libc::SOL_UDP, sys::UDP_GRO, 1).is_ok();
+        // In a shared group GRO is safe while every UDP flow carries one
+        // destination QP (see `recv`, which turns it off if not).
+        let gro = opts.gro && sys::setsockopt_int(fd, libc::SOL_UDP, sys::UDP_GRO, 1).is_ok();
+        sys::setsockopt_int(fd, libc::SOL_SOCKET, sys::SO_RXQ_OVFL, 1)
+            .map_err(|e| err(e.kind(), format!("SO_RXQ_OVFL: {e}")))?;
+        let pool = SendPool::new(
+            cfg.local,
+            opts.traffic_class,
+            opts.source_port_bits.map(u32::from),
+            cfg.port,
+        );
         let capture = match &cfg.pcap {
             Some(p) => Some(Capture::create(p)?),
             None => None,
         };
         Ok(Port {
             local: Local { addr },
+            pool,
             remote_port: opts.remote_port.unwrap_or(cfg.port),
             slot,
             steering,
-            _joined: joined,
+            joined,
             batch: cfg.batch,
             txq: TxQueue::new(cfg.batch + 2 + MAX_HELD, gso),
-            rx: Receiver::new(cfg.batch, if gro { GRO_BUF } else { PLAIN_BUF }),
+            // Room for GRO entries even with GRO off, so that turning it on
+            // or off never reallocates.
+            rx: Receiver::new(cfg.batch, GRO_BUF),
             gro,
             fault: cfg.fault.map(Injector::new),
             held: VecDeque::with_capacity(MAX_HELD),
@@ -158,8 +188,23 @@ impl Port {
             tx_live: false,
             capture,
             stats: PortStats::default(),
-            sock,
+            sock: ManuallyDrop::new(sock),
         })
+    }
+
+    /// The receive buffer the kernel grants this port, in payload bytes: a
+    /// sender should keep at most this much in flight toward it (the kernel
+    /// charges each datagram's buffer overhead against twice this, the
+    /// `SO_RCVBUF` it reports).
+    pub fn rcvbuf(&self) -> usize {
+        sys::getsockopt_int(self.sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF)
+            .map_or(0, |v| v.max(0) as usize / 2)
+    }
+
+    /// The UDP source port QP `qpn` sends from (binding its send socket if
+    /// this is the first QP of its bucket).
+    pub fn source_port(&mut self, qpn: u32) -> u16 {
+        self.pool.for_qp(qpn).1
     }
 
     /// The QPN slot this port owns: its QPNs are `slot << 16 ..= slot << 16 | 0xffff`.
@@ -167,7 +212,7 @@ impl Port {
         self.slot
     }
 
-    /// Whether the address is shared by eBPF steering or owned alone.
+    /// Whether the address is shared by QPN steering or owned alone.
     pub fn steering(&self) -> &Steering {
         &self.steering
     }
@@ -200,6 +245,9 @@ impl Port {
         s.peers_learned = self.rx.policy.learned;
         s.peers_demoted = self.rx.policy.demoted;
         s.pcap_errors = self.capture.as_ref().map_or(0, |c| c.errors);
+        s.steer_repairs = self.joined.as_ref().map_or(0, |j| j.repairs);
+        s.tx_source_ports = self.pool.bound as u64;
+        s.tx_source_port_failures = self.pool.bind_failures;
         s
     }
 
@@ -247,9 +295,8 @@ impl Port {
         payload: &[&[u8]],
         pad: u8,
     ) -> io::Result<()> {
-        let _ = src_qpn;
         self.reclaim_leaked();
-        self.queue(dst_gid, head, payload, pad)
+        self.queue(dst_gid, src_qpn, head, payload, pad)
     }
 
     /// Send everything queued with [`Port::push`]: one `sendmmsg`, GSO
@@ -305,17 +352,19 @@ impl Port {
     fn queue(
         &mut self,
         dst_gid: [u8; 16],
+        src_qpn: u32,
         head: &[u8],
         payload: &[&[u8]],
         pad: u8,
     ) -> io::Result<()> {
         let n = TxQueue::validate(head, payload, pad)?;
         let dst = self.dst_addr(dst_gid)?;
+        let via = self.pool.for_qp(src_qpn);
         if self.txq.room() < 2 + MAX_HELD {
             self.flush_queue()?;
         }
         match &mut self.fault {
-            None => self.txq.push(dst, head, payload, pad, n),
+            None => self.txq.push(dst, via, head, payload, pad, n),
             Some(inj) => {
                 let v = inj.decide(n);
                 if v.drop {
@@ -331,14 +380,7 @@ impl Port {
                     }
                     buf.extend_from_slice(&[0u8; 3][..pad as usize]);
                     let addrs = tx::addrs_of(self.local.addr, dst);
-                    let c = icrc::compute(
-                        addrs,
-                        (self.local.addr.port(), dst.port()),
-                        0,
-                        head,
-                        payload,
-                        pad,
-                    );
+                    let c = icrc::compute(addrs, (via.1, dst.port()), 0, head, payload, pad);
                     buf.extend_from_slice(&c.to_le_bytes());
                     if let Some(bit) = v.corrupt_bit {
                         buf[bit / 8] ^= 1 << (bit % 8);
@@ -347,29 +389,30 @@ impl Port {
                     if v.dup {
                         let mut copy = self.txq.spare_buffer();
                         copy.extend_from_slice(&buf);
-                        self.txq.push_owned(dst, copy);
+                        self.txq.push_owned(dst, via, copy);
                         self.stats.fault_dups += 1;
                     }
                     if hold {
                         self.held.push_back(Held {
                             dst,
+                            via,
                             buf,
                             since: self.flushes,
                         });
                         self.stats.fault_reorders += 1;
                         return Ok(());
                     }
-                    self.txq.push_owned(dst, buf);
+                    self.txq.push_owned(dst, via, buf);
                 } else {
-                    self.txq.push(dst, head, payload, pad, n);
+                    self.txq.push(dst, via, head, payload, pad, n);
                     if v.dup {
-                        self.txq.push(dst, head, payload, pad, n);
+                        self.txq.push(dst, via, head, payload, pad, n);
                         self.stats.fault_dups += 1;
                     }
                 }
                 // Held datagrams go out after this one.
                 while let Some(h) = self.held.pop_front() {
-                    self.txq.push_owned(h.dst, h.buf);
+                    self.txq.push_owned(h.dst, h.via, h.buf);
                 }
             }
         }
@@ -384,14 +427,14 @@ impl Port {
     fn flush_queue(&mut self) -> io::Result<()> {
         while self.held.front().is_some_and(|h| h.since < self.flushes) && self.txq.room() > 0 {
             let h = self.held.pop_front().expect("checked");
-            self.txq.push_owned(h.dst, h.buf);
+            self.txq.push_owned(h.dst, h.via, h.buf);
         }
         self.flushes += 1;
         if self.txq.len() == 0 {
             return Ok(());
         }
         self.txq.flush(
-            self.sock.as_raw_fd(),
+            (self.sock.as_raw_fd(), &self.pool),
             &self.local,
             &mut self.stats,
             &mut self.capture,
@@ -406,14 +449,33 @@ impl Port {
     pub fn recv(&mut self, f: impl FnMut(&RxMeta, &[u8])) -> io::Result<usize> {
         let slot = matches!(self.steering, Steering::Shared { .. }).then_some(self.slot);
         let fd = self.sock.as_raw_fd();
-        self.rx.recv(
+        let mut ev = RxEvents::default();
+        let n = self.rx.recv(
             fd,
             self.local.addr,
             slot,
-            &mut self.stats,
+            (&mut self.stats, &mut ev),
             &mut self.capture,
             f,
-        )
+        )?;
+        if ev.mixed_gro && self.gro && slot.is_some() {
+            // GRO merged datagrams of one UDP flow for different
+            // destination QPs (a peer that does not keep one source port
+            // per QP): the group steered them all by the first, so GRO
+            // cannot stay on here.
+            if sys::setsockopt_int(fd, libc::SOL_UDP, sys::UDP_GRO, 0).is_ok() {
+                self.gro = false;
+                self.stats.gro_mixed += 1;
+            }
+        }
+        if let (Some(j), Some(wrong)) = (&mut self.joined, ev.wrong_slot) {
+            // Evidence that the steering table may be stale; a failure to
+            // repair leaves it as it was (counted, retried on the next).
+            if j.misdelivered(&self.sock, wrong).is_err() {
+                self.stats.steer_repair_errors += 1;
+            }
+        }
+        Ok(n)
     }
 }
 
@@ -439,9 +501,15 @@ impl Drop for Port {
             if self.txq.room() == 0 {
                 break;
             }
-            self.txq.push_owned(h.dst, h.buf);
+            self.txq.push_owned(h.dst, h.via, h.buf);
         }
         let _ = self.flush_queue();
+        // SAFETY: `sock` is not used after this; `Drop` runs once.
+        let sock = unsafe { ManuallyDrop::take(&mut self.sock) };
+        match self.joined.take() {
+            Some(j) => j.leave(sock),
+            None => drop(sock),
+        }
     }
 }
 
@@ -460,8 +528,8 @@ impl<'a> Tx<'a> {
     /// what the core wrote (BTH, extension headers, inline payload; copied),
     /// `payload` the slices of registered memory that follow it (not
     /// copied), `pad` 0..=3 zero bytes after them. The ICRC is computed and
-    /// appended here. `src_qpn` is accepted for flow entropy, which one
-    /// bound socket cannot provide (the source port is always ours).
+    /// appended here. `src_qpn`, the sending (or responding) QP, picks the
+    /// UDP source port ([`Port::source_port`]).
     pub fn push(
         &mut self,
         dst_gid: [u8; 16],
@@ -470,8 +538,7 @@ impl<'a> Tx<'a> {
         payload: &[&'a [u8]],
         pad: u8,
     ) -> io::Result<()> {
-        let _ = src_qpn;
-        self.port.queue(dst_gid, head, payload, pad)
+        self.port.queue(dst_gid, src_qpn, head, payload, pad)
     }
 
     /// Send everything queued (one `sendmmsg`, GSO trains where possible).

@@ -20,9 +20,6 @@ use std::os::fd::RawFd;
 
 /// Buffer per entry with GRO: the largest coalesced datagram.
 pub(crate) const GRO_BUF: usize = 65536;
-/// Buffer per entry without GRO: a 4 KiB-MTU RoCE datagram with room to
-/// spare, and a 9000-byte jumbo frame's payload.
-pub(crate) const PLAIN_BUF: usize = 16384;
 
 struct RxRing {
     size: usize,
@@ -122,6 +119,16 @@ pub(crate) struct Receiver {
     pub(crate) policy: SenderTable,
 }
 
+/// What one receive saw that the port acts on.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct RxEvents {
+    /// The first datagram for another QPN slot (shared mode), by its slot.
+    pub(crate) wrong_slot: Option<u8>,
+    /// A GRO entry held datagrams for more than one slot: GRO merged across
+    /// destination QPs, so it cannot stay on in a shared group.
+    pub(crate) mixed_gro: bool,
+}
+
 /// Why a received datagram was dropped.
 enum Bad {
     Short,
@@ -146,7 +153,7 @@ impl Receiver {
         fd: RawFd,
         local: SocketAddr,
         slot: Option<u8>,
-        stats: &mut PortStats,
+        (stats, events): (&mut PortStats, &mut RxEvents),
         capture: &mut Option<Capture>,
         mut f: impl FnMut(&RxMeta, &[u8]),
     ) -> io::Result<usize> {
@@ -167,6 +174,9 @@ impl Receiver {
         let mut good = 0;
         for i in 0..n {
             let d = self.ring.get(i);
+            if let Some(n) = d.cmsgs.drops {
+                stats.rx_kernel_drops = stats.rx_kernel_drops.max(n as u64);
+            }
             if d.truncated {
                 stats.rx_truncated += 1;
                 continue;
@@ -189,7 +199,11 @@ impl Receiver {
                 traffic_class: d.cmsgs.tclass.unwrap_or(0),
                 hop_limit: d.cmsgs.hop_limit.unwrap_or(0),
             };
+            let first_slot = d.data.get(5).copied();
             for chunk in d.data.chunks(seg) {
+                if chunk.len() > 5 && Some(chunk[5]) != first_slot {
+                    events.mixed_gro = true;
+                }
                 let verdict = check(chunk, src, dst, &mut self.checker, &mut self.policy);
                 if let Some(c) = capture {
                     let (ident, df) = match verdict {
@@ -207,7 +221,10 @@ impl Receiver {
                 match verdict {
                     Err(Bad::Short) => stats.rx_malformed += 1,
                     Err(Bad::Icrc) => stats.icrc_bad += 1,
-                    Ok(_) if slot.is_some_and(|s| chunk[5] != s) => stats.rx_wrong_slot += 1,
+                    Ok(_) if slot.is_some_and(|s| chunk[5] != s) => {
+                        stats.rx_wrong_slot += 1;
+                        events.wrong_slot.get_or_insert(chunk[5]);
+                    }
                     Ok((_, _, recovered)) => {
                         stats.icrc_recovered += recovered as u64;
                         stats.rx_packets += 1;

@@ -6,8 +6,11 @@
 //! `IP_RECVTOS`, `IP_RECVTTL` report the destination address (the ICRC
 //! covers it), TOS and TTL of each datagram received. IPv6: the same through
 //! the `IPV6_*` options, and `UDP_NO_CHECK6_RX`, without which the kernel
-//! drops the zero-checksum IPv6 datagrams rxe sends. Buffers: 8 MiB each way,
-//! forced past `net.core.[rw]mem_max` where we may (root).
+//! drops the zero-checksum IPv6 datagrams rxe sends. Buffers: as large as
+//! the host lets this process have — `net.core.[rw]mem_max` unprivileged,
+//! [`FORCED_BUFFER`] (or the sysctl, if larger) forced with `CAP_NET_ADMIN`
+//! — because a datagram that finds the receive buffer full is lost and
+//! costs a retransmission timeout.
 //!
 //! A link-local IPv6 address (rxe's GID 0 is one) only binds with the
 //! interface it belongs to as its scope; binding with it also makes the
@@ -19,9 +22,21 @@ use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::AsRawFd;
 
-/// Socket buffer size asked for (forced as root, capped by
-/// `net.core.[rw]mem_max` otherwise).
-const SOCKET_BUFFER: usize = 8 << 20;
+/// Socket buffer size forced where we may (unless the sysctl allows more):
+/// longer bursts survive, but until senders bound their bytes in flight to
+/// the receiver's [`crate::Port::rcvbuf`], a bigger buffer only lengthens
+/// the queue a retransmission timer waits behind (with 32 MiB, loopback
+/// runs left 16 MB standing in a receive queue).
+pub(crate) const FORCED_BUFFER: usize = 8 << 20;
+
+/// `net.core.<name>`, if readable.
+fn core_sysctl(name: &str) -> Option<usize> {
+    std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
 
 /// A configured, unbound socket.
 pub(crate) fn new_socket(local: IpAddr, traffic_class: u8) -> io::Result<Socket> {
@@ -37,12 +52,29 @@ pub(crate) fn new_socket(local: IpAddr, traffic_class: u8) -> io::Result<Socket>
         sys::setsockopt_int(fd, level, name, value)
             .map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))
     };
-    for (force, plain, what) in [
-        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, "SO_RCVBUF"),
-        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, "SO_SNDBUF"),
+    for (force, plain, what, sysctl) in [
+        (
+            libc::SO_RCVBUFFORCE,
+            libc::SO_RCVBUF,
+            "SO_RCVBUF",
+            "rmem_max",
+        ),
+        (
+            libc::SO_SNDBUFFORCE,
+            libc::SO_SNDBUF,
+            "SO_SNDBUF",
+            "wmem_max",
+        ),
     ] {
-        if sys::setsockopt_int(fd, libc::SOL_SOCKET, force, SOCKET_BUFFER as i32).is_err() {
-            opt(libc::SOL_SOCKET, plain, SOCKET_BUFFER as i32, what)?;
+        let cap = core_sysctl(sysctl).unwrap_or(FORCED_BUFFER);
+        let forced = cap.max(FORCED_BUFFER).min(i32::MAX as usize / 2) as i32;
+        if sys::setsockopt_int(fd, libc::SOL_SOCKET, force, forced).is_err() {
+            opt(
+                libc::SOL_SOCKET,
+                plain,
+                cap.min(i32::MAX as usize / 2) as i32,
+                what,
+            )?;
         }
     }
     if v4 {

@@ -1,446 +1,505 @@
 //! Sharing one address and UDP port 4791 between processes, the way
-//! processes share an RNIC.
+//! processes share an RNIC — without privileges.
 //!
 //! RoCEv2 has one well-known port, so every softrdma process on a host that
 //! uses the same IP address must receive on the same `addr:4791`. The kernel
-//! lets several sockets bind it with `SO_REUSEPORT` (all owned by one user)
-//! and then picks one socket per datagram; an eBPF program of type
-//! `SK_REUSEPORT`, attached to the group with `SO_ATTACH_REUSEPORT_EBPF`,
-//! makes the pick by the destination QP instead of a hash:
+//! lets several sockets of one user bind it with `SO_REUSEPORT` and picks one
+//! member per datagram; a classic-BPF program attached to the group
+//! (`SO_ATTACH_REUSEPORT_CBPF`, open to any user) makes the pick by
+//! destination QP instead of a hash. See [`crate::cbpf`] for the programs.
 //!
-//! * **QPN slots.** The top 8 bits of the 24-bit QPN name a slot. A process
-//!   owns one slot `s` in `1..=255` and creates its QPs in
-//!   `s << 16 ..= s << 16 | 0xffff`. Slot 0 (which holds QP1, the GSI) is
-//!   never claimed here; datagrams for it are dropped.
-//! * **The map.** A `BPF_MAP_TYPE_REUSEPORT_SOCKARRAY` with 256 entries,
-//!   indexed by slot, whose values are sockets. A process claims a slot by
-//!   `BPF_MAP_UPDATE_ELEM` of its socket with `BPF_NOEXIST`: the first free
-//!   index wins, atomically. When a socket closes (also when its process
-//!   dies) the kernel clears its entry, so slots free themselves.
-//! * **The program** (20 instructions, assembled below): load byte 13 of the
-//!   datagram — `sk_reuseport_md` data and `bpf_skb_load_bytes` offsets start
-//!   at the UDP header, so that is UDP header (8) + BTH byte 5, the top byte
-//!   of the destination QPN — as the key; `bpf_sk_select_reuseport(map,
-//!   key)`; `SK_PASS` if a socket was selected, `SK_DROP` otherwise (no
-//!   socket for the slot, or a datagram too short to carry a BTH).
-//! * **Finding the map.** The map outlives no socket: the program holds it
-//!   and the reuseport group holds the program. Its id is kept in
-//!   `<state dir>/<addr>-<port>.map` (default state dir `/run/softrdma`). A
-//!   joining process opens it with `BPF_MAP_GET_FD_BY_ID`, checks type,
-//!   sizes and name (ids are reused), and creates a new map if the id is
-//!   stale. The whole open-or-create, bind, claim and attach sequence runs
-//!   under `flock` on `<addr>-<port>.lock`, so two processes starting at once
-//!   cannot create two maps.
-//! * **Every process attaches.** Each joining process loads its own copy of
-//!   the program (over the shared map) and attaches it, replacing the
-//!   group's program with an identical one. That way the group always has
-//!   the program, even if the process that created the map is gone or a new
-//!   group formed while the old map was still open.
+//! * **QPN slots.** The top 8 bits of the 24-bit QPN name a slot. A port
+//!   owns one slot `s` in `1..=255` and its QPs are
+//!   `s << 16 ..= s << 16 | 0xffff`. Slot 0 (QP1, the GSI) is never claimed.
+//! * **Indices, not sockets.** A classic program can only return an index
+//!   into the group's socket array, and the kernel keeps that array compact:
+//!   a joining socket is appended, a leaving one is replaced by the last
+//!   (`__reuseport_detach_sock`). So the program is a table slot → index,
+//!   rebuilt and re-attached whenever the array changes.
+//! * **Finding the indices.** Nothing reports a member's index. It is
+//!   measured: every member has a socket filter that drops steering probes
+//!   carrying the group's secret; a probe for index `i` sent to `addr:4791`
+//!   is steered by the program to the socket at `i`, dropped there, and the
+//!   kernel's drop counter of exactly that socket goes up in
+//!   `/proc/net/udp` (see [`crate::procnet`]). One probe per index gives the
+//!   whole array, with no help from the other processes, alive or stuck.
+//! * **State.** `<runtime dir>/<addr>-<port>.steer` lists the members
+//!   (slot, socket inode, pid) and the secret; `<addr>-<port>.lock` is
+//!   `flock`ed around every change (join, leave, repair), so the array only
+//!   changes under the lock — except by a death.
+//! * **Join:** bind (appended last), measure, claim the lowest free slot,
+//!   attach the new table, write the state. **Leave:** measure, attach the
+//!   table the array will have without us (the last member moved into our
+//!   index), close, write the state.
+//! * **Death without cleanup** (SIGKILL, crash): the kernel removes the
+//!   socket and moves the last member into its index, and nobody updates
+//!   the table. The moved member's datagrams then go to the dead slot's old
+//!   index or are hashed to some member. The first datagram a member gets
+//!   for a slot the state says another live member owns is the evidence: it
+//!   compares the group in `/proc/net/udp` with the state, and if they
+//!   differ repairs the table (measure, attach, write) under the lock. Until
+//!   then the moved member's datagrams are lost (RC retransmits them); no
+//!   member is ever handed another's datagrams (each checks the slot).
+//!   Datagrams for unowned slots are hashed to a member and dropped there.
 //!
-//! Without `CAP_BPF`/`CAP_SYS_ADMIN` (`EPERM`) or without the syscall, a
-//! port falls back to owning the address alone, and says so clearly if
-//! another process already does.
+//! Processes of different users cannot share: the kernel joins a socket to
+//! a reuseport group only if its owner's uid matches
+//! (`udp_reuseport_add_sock`), and refuses the bind otherwise
+//! (`udp_lib_lport_inuse`), so another user can neither join nor replace
+//! the program; the state files sit in the user's own runtime directory,
+//! checked by [`crate::rundir`].
 
-use socket2::Socket;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use crate::cbpf;
+use crate::procnet::{self, Table};
+use crate::rundir;
+use socket2::{Domain, Protocol, Socket, Type};
+use std::collections::HashSet;
+use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-
-/// Default directory of the lock and map-id files.
-pub const DEFAULT_STATE_DIR: &str = "/run/softrdma";
+use std::time::Duration;
 
 /// Slots a process may claim.
 pub const SLOTS: std::ops::RangeInclusive<u8> = 1..=255;
 
-/// Name given to the map, checked when an id from the state file is opened.
-const MAP_NAME: &[u8] = b"softrdma_steer";
-const PROG_NAME: &[u8] = b"softrdma_qpn";
-
-// bpf(2) commands, types and flags (linux/bpf.h).
-const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-const BPF_MAP_TYPE_REUSEPORT_SOCKARRAY: u32 = 20;
-const BPF_PROG_TYPE_SK_REUSEPORT: u32 = 21;
-const BPF_NOEXIST: u64 = 1;
-const BPF_FUNC_SKB_LOAD_BYTES: i32 = 26;
-const BPF_FUNC_SK_SELECT_REUSEPORT: i32 = 82;
-const BPF_PSEUDO_MAP_FD: u8 = 1;
-const SK_DROP: i32 = 0;
-const SK_PASS: i32 = 1;
-
-/// Size of `union bpf_attr` in the 6.x uapi; a larger zeroed buffer is fine.
-const ATTR_LEN: usize = 144;
-const MAP_INFO_LEN: usize = 88;
+/// The directory of the state files by default: the user's runtime
+/// directory (see [`crate::rundir`]).
+pub fn default_state_dir() -> PathBuf {
+    rundir::default_dir()
+}
 
 /// How a port receives its share of `addr:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Steering {
-    /// eBPF steering by QPN slot over a map shared with other processes.
-    Shared { map_id: u32 },
+    /// Steering by QPN slot in a group described by this state file.
+    Shared { state: PathBuf },
     /// This port owns the address and port alone. `why` says why sharing was
     /// not set up when it was asked for.
     Exclusive { why: Option<String> },
 }
 
-/// A joined reuseport group.
-pub(crate) struct Joined {
-    pub(crate) slot: u8,
-    pub(crate) map_id: u32,
-    /// Kept open so the map lives as long as this port, whatever happens to
-    /// the program.
-    _map: OwnedFd,
-}
-
 /// Why joining failed.
 pub(crate) enum JoinError {
-    /// eBPF or the state directory is not usable here; the caller may fall
-    /// back to exclusive mode.
+    /// The state directory is not usable here; the caller may fall back to
+    /// exclusive mode.
     Unavailable(io::Error),
     Failed(io::Error),
 }
 
-/// A zeroed `bpf_attr` with typed field writers.
-#[repr(C, align(8))]
-struct Attr([u8; ATTR_LEN]);
-
-impl Attr {
-    fn new() -> Attr {
-        Attr([0; ATTR_LEN])
-    }
-    fn u32(&mut self, off: usize, v: u32) -> &mut Self {
-        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-    fn u64(&mut self, off: usize, v: u64) -> &mut Self {
-        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-    fn name(&mut self, off: usize, name: &[u8]) -> &mut Self {
-        self.0[off..off + name.len()].copy_from_slice(name);
-        self
-    }
+/// A member as the state file records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Member {
+    slot: u8,
+    inode: u64,
+    pid: u32,
 }
 
-/// Issue one bpf(2) command.
-fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a zero-initialized buffer of the size passed, and
-    // every pointer stored in it (instructions, license, log, key, value,
-    // info) is set by the callers below to memory that outlives this call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.0.as_mut_ptr(),
-            ATTR_LEN as libc::c_uint,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
+/// The state file's content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct State {
+    secret: [u8; 8],
+    members: Vec<Member>,
 }
 
-fn bpf_fd(cmd: libc::c_long, attr: &mut Attr) -> io::Result<OwnedFd> {
-    let fd = bpf(cmd, attr)? as RawFd;
-    // SAFETY: these commands return a new file descriptor that nothing else
-    // owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
+const MAGIC: &str = "softrdma-steer 1";
 
-fn create_map() -> io::Result<OwnedFd> {
-    let mut a = Attr::new();
-    a.u32(0, BPF_MAP_TYPE_REUSEPORT_SOCKARRAY)
-        .u32(4, 4) // key: u32 slot
-        .u32(8, 8) // value: socket fd in, socket cookie out
-        .u32(12, 256)
-        .name(28, MAP_NAME);
-    bpf_fd(BPF_MAP_CREATE, &mut a)
-}
-
-/// Type, key size, value size, max entries and name of a map, and its id.
-fn map_info(fd: &OwnedFd) -> io::Result<(u32, u32, u32, u32, [u8; 16], u32)> {
-    #[repr(C, align(8))]
-    struct Info([u8; MAP_INFO_LEN]);
-    let mut info = Info([0; MAP_INFO_LEN]);
-    let mut a = Attr::new();
-    a.u32(0, fd.as_raw_fd() as u32)
-        .u32(4, MAP_INFO_LEN as u32)
-        .u64(8, info.0.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut a)?;
-    let b = &info.0;
-    let u = |o: usize| u32::from_ne_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-    let mut name = [0u8; 16];
-    name.copy_from_slice(&b[24..40]);
-    Ok((u(0), u(8), u(12), u(16), name, u(4)))
-}
-
-/// Open the map with this id if it still is one of ours.
-fn open_map(id: u32) -> Option<OwnedFd> {
-    let mut a = Attr::new();
-    a.u32(0, id);
-    let fd = bpf_fd(BPF_MAP_GET_FD_BY_ID, &mut a).ok()?;
-    let (ty, k, v, max, name, _) = map_info(&fd).ok()?;
-    let name_ok = name.starts_with(MAP_NAME) && name[MAP_NAME.len()] == 0;
-    (ty == BPF_MAP_TYPE_REUSEPORT_SOCKARRAY && k == 4 && v == 8 && max == 256 && name_ok)
-        .then_some(fd)
-}
-
-/// One eBPF instruction.
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct Insn {
-    code: u8,
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
-
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        code,
-        regs: dst | (src << 4),
-        off,
-        imm,
-    }
-}
-
-// Opcodes used (class | op | source).
-const MOV64_REG: u8 = 0x07 | 0xb0 | 0x08;
-const MOV64_IMM: u8 = 0x07 | 0xb0;
-const ADD64_IMM: u8 = 0x07;
-const ST_MEM_W: u8 = 0x02 | 0x60;
-const CALL: u8 = 0x05 | 0x80;
-const JNE_IMM: u8 = 0x05 | 0x50;
-const EXIT: u8 = 0x05 | 0x90;
-const LD_IMM64: u8 = 0x18;
-
-const R0: u8 = 0;
-const R1: u8 = 1;
-const R2: u8 = 2;
-const R3: u8 = 3;
-const R4: u8 = 4;
-const R6: u8 = 6;
-const FP: u8 = 10;
-
-/// The steering program over `map_fd`.
-fn program(map_fd: RawFd) -> [Insn; 20] {
-    // Offset of the QPN's top byte from the UDP header.
-    const SLOT_BYTE: i32 = 8 + 5;
-    [
-        insn(MOV64_REG, R6, R1, 0, 0),                     // 0: r6 = ctx
-        insn(ST_MEM_W, FP, 0, -4, 0),                      // 1: *(u32 *)(fp - 4) = 0
-        insn(MOV64_IMM, R2, 0, 0, SLOT_BYTE),              // 2: r2 = offset
-        insn(MOV64_REG, R3, FP, 0, 0),                     // 3: r3 = fp
-        insn(ADD64_IMM, R3, 0, 0, -4),                     // 4: r3 = fp - 4
-        insn(MOV64_IMM, R4, 0, 0, 1),                      // 5: r4 = 1 byte
-        insn(CALL, 0, 0, 0, BPF_FUNC_SKB_LOAD_BYTES),      // 6: load_bytes(ctx, 13, fp - 4, 1)
-        insn(JNE_IMM, R0, 0, 10, 0),                       // 7: short datagram -> drop
-        insn(MOV64_REG, R1, R6, 0, 0),                     // 8: r1 = ctx
-        insn(LD_IMM64, R2, BPF_PSEUDO_MAP_FD, 0, map_fd),  // 9: r2 = map
-        insn(0, 0, 0, 0, 0),                               // 10: (second half)
-        insn(MOV64_REG, R3, FP, 0, 0),                     // 11: r3 = fp
-        insn(ADD64_IMM, R3, 0, 0, -4),                     // 12: r3 = &key (u32 slot)
-        insn(MOV64_IMM, R4, 0, 0, 0),                      // 13: flags = 0
-        insn(CALL, 0, 0, 0, BPF_FUNC_SK_SELECT_REUSEPORT), // 14: select(ctx, map, &key, 0)
-        insn(JNE_IMM, R0, 0, 2, 0),                        // 15: no socket -> drop
-        insn(MOV64_IMM, R0, 0, 0, SK_PASS),                // 16
-        insn(EXIT, 0, 0, 0, 0),                            // 17
-        insn(MOV64_IMM, R0, 0, 0, SK_DROP),                // 18: drop:
-        insn(EXIT, 0, 0, 0, 0),                            // 19
-    ]
-}
-
-fn load_program(map_fd: RawFd) -> io::Result<OwnedFd> {
-    let prog = program(map_fd);
-    // Two hand-written instructions per helper; no GPL-only helper is used.
-    let license = b"Dual MIT/GPL\0";
-    let load = |log: Option<&mut Vec<u8>>| {
-        let mut a = Attr::new();
-        a.u32(0, BPF_PROG_TYPE_SK_REUSEPORT)
-            .u32(4, prog.len() as u32)
-            .u64(8, prog.as_ptr() as u64)
-            .u64(16, license.as_ptr() as u64)
-            .name(48, PROG_NAME);
-        if let Some(log) = log {
-            a.u32(24, 1)
-                .u32(28, log.len() as u32)
-                .u64(32, log.as_mut_ptr() as u64);
+impl State {
+    fn parse(text: &str) -> Option<State> {
+        let mut lines = text.lines();
+        if lines.next()? != MAGIC {
+            return None;
         }
-        bpf_fd(BPF_PROG_LOAD, &mut a)
-    };
-    load(None).map_err(|e| {
-        if unavailable(&e) {
-            return e;
-        }
-        // Load again with the verifier's log, to say why.
-        let mut log = vec![0u8; 1 << 16];
-        let _ = load(Some(&mut log));
-        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-        let text = String::from_utf8_lossy(&log[..end]);
-        io::Error::new(
-            e.kind(),
-            format!(
-                "loading the SK_REUSEPORT program: {e}; verifier log: {}",
-                text.trim()
-            ),
-        )
-    })
-}
-
-/// Claim the first free slot for `sock` in the map.
-fn claim_slot(map: &OwnedFd, sock: RawFd) -> io::Result<u8> {
-    for slot in SLOTS {
-        let key = slot as u32;
-        let value = sock as u64;
-        let mut a = Attr::new();
-        a.u32(0, map.as_raw_fd() as u32)
-            .u64(8, &key as *const u32 as u64)
-            .u64(16, &value as *const u64 as u64)
-            .u64(24, BPF_NOEXIST);
-        match bpf(BPF_MAP_UPDATE_ELEM, &mut a) {
-            Ok(_) => return Ok(slot),
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
-            Err(e) => {
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("claiming QPN slot {slot}: {e}"),
-                ))
+        let hex = lines.next()?.strip_prefix("secret ")?;
+        let v = u64::from_str_radix(hex, 16).ok()?;
+        let mut members = Vec::new();
+        for l in lines {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                ["member", slot, inode, pid] => members.push(Member {
+                    slot: slot.parse().ok()?,
+                    inode: inode.parse().ok()?,
+                    pid: pid.parse().ok()?,
+                }),
+                _ => return None,
             }
         }
+        Some(State {
+            secret: v.to_be_bytes(),
+            members,
+        })
     }
-    Err(io::Error::new(
-        io::ErrorKind::AddrInUse,
-        "all 255 QPN slots of this address are taken by other processes",
-    ))
+
+    fn format(&self) -> String {
+        let mut s = format!("{MAGIC}\nsecret {:016x}\n", u64::from_be_bytes(self.secret));
+        for m in &self.members {
+            s.push_str(&format!("member {} {} {}\n", m.slot, m.inode, m.pid));
+        }
+        s
+    }
 }
 
-/// Errors that mean "no eBPF (or no state directory) for us here".
-fn unavailable(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EPERM | libc::EACCES | libc::ENOSYS | libc::EROFS | libc::EOPNOTSUPP)
-    )
+fn random_secret() -> io::Result<[u8; 8]> {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(b)
 }
 
-/// Paths of the lock and state files for `addr`.
-fn state_paths(dir: &Path, addr: SocketAddr) -> (PathBuf, PathBuf) {
+/// What a member knows of the group, refreshed when the state file changes.
+struct View {
+    version: Option<(u64, u64, i64, i64)>,
+    owned: [bool; 256],
+    inodes: Vec<u64>,
+}
+
+/// A joined group.
+pub(crate) struct Joined {
+    pub(crate) slot: u8,
+    addr: SocketAddr,
+    inode: u64,
+    lock_path: PathBuf,
+    pub(crate) state_path: PathBuf,
+    view: View,
+    table: Table,
+    /// Table repairs this port made after finding the group changed.
+    pub(crate) repairs: u64,
+}
+
+fn paths(dir: &Path, addr: SocketAddr) -> (PathBuf, PathBuf) {
     let stem = format!("{}-{}", addr.ip(), addr.port());
     (
         dir.join(format!("{stem}.lock")),
-        dir.join(format!("{stem}.map")),
+        dir.join(format!("{stem}.steer")),
     )
 }
 
-/// Hold an exclusive `flock` until dropped.
-struct Locked {
-    _file: File,
+fn read_state(path: &Path) -> Option<State> {
+    use std::io::Read;
+    let mut s = String::new();
+    rundir::open_file(path, false, false)
+        .ok()?
+        .read_to_string(&mut s)
+        .ok()?;
+    State::parse(&s)
 }
 
-fn lock(path: &Path) -> io::Result<Locked> {
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)?;
-    loop {
-        // SAFETY: plain syscall on a file descriptor `f` owns.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Ok(Locked { _file: f });
+fn write_state(path: &Path, st: &State) -> io::Result<()> {
+    rundir::replace_file(path, st.format().as_bytes())
+}
+
+/// Measure the group's socket array: for each index, the inode of the
+/// socket there (`None` if no probe drop showed up: a socket without our
+/// probe filter). Fails if the group changed while measuring.
+fn measure(addr: SocketAddr, secret: [u8; 8], table: &mut Table) -> io::Result<Vec<Option<u64>>> {
+    // A probe's drop is counted while the sending call runs its softirq
+    // (loopback delivery), so it is normally visible at once; a busy host
+    // may defer the softirq to ksoftirqd. Up to this many reads per probe
+    // (about 20 ms in all) before the index counts as unmeasurable.
+    const READS: usize = 200;
+    let probe_sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    let mut before: Vec<procnet::Row> = table.read()?.to_vec();
+    let members: HashSet<u64> = before.iter().map(|r| r.inode).collect();
+    let n = before.len();
+    let mut out = vec![None; n];
+    for (j, slot) in out.iter_mut().enumerate() {
+        let p = cbpf::probe(secret, j as u16);
+        probe_sock.send_to(&p, &addr.into())?;
+        for attempt in 0..READS {
+            let now = table.read()?;
+            if now.len() != n || now.iter().any(|r| !members.contains(&r.inode)) {
+                return Err(io::Error::new(
+                    io::ErrorKind::Interrupted,
+                    "the group changed while it was measured",
+                ));
+            }
+            let rose: Vec<u64> = now
+                .iter()
+                .filter(|r| {
+                    before
+                        .iter()
+                        .any(|b| b.inode == r.inode && r.drops > b.drops)
+                })
+                .map(|r| r.inode)
+                .collect();
+            match rose.as_slice() {
+                [] => {
+                    if attempt > 10 {
+                        std::thread::sleep(Duration::from_micros(100));
+                    } else {
+                        std::thread::yield_now();
+                    }
+                    continue;
+                }
+                [one] => *slot = Some(*one),
+                // Another drop (a full receive buffer) at the same time:
+                // cannot tell which was ours.
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Interrupted,
+                        "unrelated drops while measuring",
+                    ))
+                }
+            }
+            before = now.to_vec();
+            break;
         }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+    }
+    let mut seen = HashSet::new();
+    if out.iter().flatten().any(|i| !seen.insert(*i)) {
+        return Err(io::Error::new(
+            io::ErrorKind::Interrupted,
+            "one socket answered for two indices",
+        ));
+    }
+    Ok(out)
+}
+
+/// [`measure`], retried a few times when the group changes underneath or
+/// unrelated drops interfere.
+fn measure_retrying(
+    addr: SocketAddr,
+    secret: [u8; 8],
+    table: &mut Table,
+) -> io::Result<Vec<Option<u64>>> {
+    let mut last = None;
+    for _ in 0..5 {
+        match measure(addr, secret, table) {
+            Ok(v) => return Ok(v),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => last = Some(e),
+            Err(e) => return Err(e),
         }
+    }
+    Err(io::Error::other(format!(
+        "measuring the reuseport group of {addr}: {}",
+        last.expect("tried")
+    )))
+}
+
+/// The (slot, index) table for an array of inodes and the members.
+fn table_for(array: &[Option<u64>], members: &[Member]) -> Vec<(u8, u16)> {
+    array
+        .iter()
+        .enumerate()
+        .filter_map(|(i, ino)| {
+            let m = members.iter().find(|m| Some(m.inode) == *ino)?;
+            Some((m.slot, i as u16))
+        })
+        .collect()
+}
+
+fn view_of(path: &Path, st: &State) -> View {
+    let mut owned = [false; 256];
+    for m in &st.members {
+        owned[m.slot as usize] = true;
+    }
+    View {
+        version: rundir::version(path),
+        owned,
+        inodes: st.members.iter().map(|m| m.inode).collect(),
     }
 }
 
-fn read_map_id(path: &Path) -> Option<u32> {
-    let mut s = String::new();
-    File::open(path).ok()?.read_to_string(&mut s).ok()?;
-    s.trim().parse().ok()
-}
-
-fn write_map_id(path: &Path, id: u32) -> io::Result<()> {
-    let tmp = path.with_extension("map.tmp");
-    let mut f = File::create(&tmp)?;
-    writeln!(f, "{id}")?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)
-}
-
 /// Bind `sock` (configured, not yet bound) to `addr` as a member of the
-/// steered reuseport group, claiming a slot.
-pub(crate) fn join(sock: &Socket, addr: SocketAddr, state_dir: &Path) -> Result<Joined, JoinError> {
-    let soft = |e: io::Error, what: &str| {
-        let unavail = unavailable(&e);
-        let e = io::Error::new(e.kind(), format!("{what}: {e}"));
-        if unavail {
-            JoinError::Unavailable(e)
-        } else {
-            JoinError::Failed(e)
-        }
+/// steered group, claiming a slot.
+pub(crate) fn join(sock: &Socket, addr: SocketAddr, dir: &Path) -> Result<Joined, JoinError> {
+    let unavailable = |e: io::Error| JoinError::Unavailable(e);
+    let failed = |e: io::Error| JoinError::Failed(e);
+    rundir::ensure_dir(dir).map_err(unavailable)?;
+    let (lock_path, state_path) = paths(dir, addr);
+    let _lock = rundir::lock(&lock_path).map_err(unavailable)?;
+    let mut table = Table::new(addr);
+    let rows = table.read().map_err(unavailable)?;
+    let empty = rows.is_empty();
+    let old = read_state(&state_path);
+    let secret = match (&old, empty) {
+        (Some(st), false) => st.secret,
+        _ => random_secret().map_err(failed)?,
     };
-    fs::create_dir_all(state_dir)
-        .map_err(|e| soft(e, &format!("creating {}", state_dir.display())))?;
-    let (lock_path, map_path) = state_paths(state_dir, addr);
-    let _guard =
-        lock(&lock_path).map_err(|e| soft(e, &format!("locking {}", lock_path.display())))?;
-
-    let map = match read_map_id(&map_path).and_then(open_map) {
-        Some(m) => m,
-        None => {
-            let m = create_map().map_err(|e| soft(e, "creating the REUSEPORT_SOCKARRAY map"))?;
-            let (.., id) = map_info(&m).map_err(|e| soft(e, "reading the new map's id"))?;
-            write_map_id(&map_path, id)
-                .map_err(|e| soft(e, &format!("writing {}", map_path.display())))?;
-            m
-        }
-    };
-    let (.., map_id) = map_info(&map).map_err(|e| soft(e, "reading the map's id"))?;
-    // Load before binding: if the verifier refuses, nothing is bound yet and
-    // the caller can still fall back.
-    let prog = load_program(map.as_raw_fd()).map_err(|e| soft(e, "eBPF steering"))?;
-
     let fd = sock.as_raw_fd();
+    cbpf::attach_filter(fd, &cbpf::probe_filter(secret)).map_err(failed)?;
     crate::sys::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)
-        .map_err(|e| JoinError::Failed(io::Error::new(e.kind(), format!("SO_REUSEPORT: {e}"))))?;
+        .map_err(|e| failed(io::Error::new(e.kind(), format!("SO_REUSEPORT: {e}"))))?;
     sock.bind(&addr.into()).map_err(|e| {
-        JoinError::Failed(if e.kind() == io::ErrorKind::AddrInUse {
+        failed(if e.kind() == io::ErrorKind::AddrInUse {
             io::Error::new(
                 e.kind(),
                 format!(
                     "{addr} is taken by a process that does not share it \
-                     (not softrdma, another user, or a softrdma port opened with shared = false): {e}"
+                     (another user's, not softrdma, or a softrdma port opened with shared = false): {e}"
                 ),
             )
         } else {
             io::Error::new(e.kind(), format!("binding {addr}: {e}"))
         })
     })?;
-    let slot = claim_slot(&map, fd).map_err(JoinError::Failed)?;
-    crate::sys::setsockopt_int(
+    let inode = procnet::inode_of(fd).map_err(failed)?;
+    // Every other member must be one the state describes: a member that
+    // is not (another softrdma version, another program) would fight over
+    // the group's program, so sharing with it is refused, not hijacked.
+    let described = |ino: u64| {
+        ino == inode
+            || old
+                .as_ref()
+                .is_some_and(|st| st.members.iter().any(|m| m.inode == ino))
+    };
+    let undescribed = !empty
+        && table
+            .read()
+            .map_err(failed)?
+            .iter()
+            .any(|r| !described(r.inode));
+    if undescribed {
+        return Err(failed(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "{addr} is shared by sockets of this user that {} does not describe \
+                 (another softrdma version, another program, or the runtime directory \
+                 was cleared while they ran)",
+                state_path.display()
+            ),
+        )));
+    }
+    let array = if empty {
+        vec![Some(inode)]
+    } else {
+        measure_retrying(addr, secret, &mut table).map_err(|e| {
+            failed(io::Error::new(
+                e.kind(),
+                format!(
+                    "{e} (is {} missing or stale while other processes share {addr}?)",
+                    state_path.display()
+                ),
+            ))
+        })?
+    };
+    let live: HashSet<u64> = array.iter().flatten().copied().collect();
+    let mut members: Vec<Member> = old
+        .filter(|_| !empty)
+        .map(|st| st.members)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| live.contains(&m.inode) && m.inode != inode)
+        .collect();
+    let taken: HashSet<u8> = members.iter().map(|m| m.slot).collect();
+    let slot = SLOTS
+        .into_iter()
+        .find(|s| !taken.contains(s))
+        .ok_or_else(|| {
+            failed(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                "all 255 QPN slots of this address are taken by other processes",
+            ))
+        })?;
+    members.push(Member {
+        slot,
+        inode,
+        pid: std::process::id(),
+    });
+    cbpf::attach_group(
         fd,
-        libc::SOL_SOCKET,
-        crate::sys::SO_ATTACH_REUSEPORT_EBPF,
-        prog.as_raw_fd(),
+        &cbpf::group_program(secret, &table_for(&array, &members)),
     )
-    .map_err(|e| {
-        JoinError::Failed(io::Error::new(
-            e.kind(),
-            format!("attaching the steering program (SO_ATTACH_REUSEPORT_EBPF): {e}"),
-        ))
-    })?;
+    .map_err(failed)?;
+    let st = State { secret, members };
+    write_state(&state_path, &st).map_err(failed)?;
     Ok(Joined {
         slot,
-        map_id,
-        _map: map,
+        addr,
+        inode,
+        lock_path,
+        view: view_of(&state_path, &st),
+        state_path,
+        table,
+        repairs: 0,
     })
+}
+
+impl Joined {
+    /// Leave the group: re-steer for the array as it will be without us,
+    /// then close `sock`.
+    pub(crate) fn leave(mut self, sock: Socket) {
+        let Ok(_lock) = rundir::lock(&self.lock_path) else {
+            return;
+        };
+        let Some(st) = read_state(&self.state_path) else {
+            return;
+        };
+        let members: Vec<Member> = st
+            .members
+            .iter()
+            .copied()
+            .filter(|m| m.inode != self.inode)
+            .collect();
+        if let Ok(mut array) = measure_retrying(self.addr, st.secret, &mut self.table) {
+            if let Some(i) = array.iter().position(|&x| x == Some(self.inode)) {
+                array.swap_remove(i);
+                let prog = cbpf::group_program(st.secret, &table_for(&array, &members));
+                let _ = cbpf::attach_group(sock.as_raw_fd(), &prog);
+            }
+        }
+        drop(sock);
+        let _ = write_state(
+            &self.state_path,
+            &State {
+                secret: st.secret,
+                members,
+            },
+        );
+    }
+
+    /// A datagram for `slot` (not ours) arrived on `sock`. If the state says
+    /// another member owns it, the table may be stale: if the group in
+    /// /proc/net/udp differs from the state, measure and re-steer. Returns
+    /// whether the table was repaired.
+    pub(crate) fn misdelivered(&mut self, sock: &Socket, slot: u8) -> io::Result<bool> {
+        if rundir::version(&self.state_path) != self.view.version {
+            if let Some(st) = read_state(&self.state_path) {
+                self.view = view_of(&self.state_path, &st);
+            }
+        }
+        if !self.view.owned[slot as usize] || !self.group_differs()? {
+            return Ok(false);
+        }
+        let _lock = rundir::lock(&self.lock_path)?;
+        let Some(st) = read_state(&self.state_path) else {
+            return Ok(false);
+        };
+        self.view = view_of(&self.state_path, &st);
+        if !self.group_differs()? {
+            return Ok(false); // repaired by another member meanwhile
+        }
+        let array = measure_retrying(self.addr, st.secret, &mut self.table)?;
+        let live: HashSet<u64> = array.iter().flatten().copied().collect();
+        let members: Vec<Member> = st
+            .members
+            .into_iter()
+            .filter(|m| live.contains(&m.inode))
+            .collect();
+        cbpf::attach_group(
+            sock.as_raw_fd(),
+            &cbpf::group_program(st.secret, &table_for(&array, &members)),
+        )?;
+        let st = State {
+            secret: st.secret,
+            members,
+        };
+        write_state(&self.state_path, &st)?;
+        self.view = view_of(&self.state_path, &st);
+        self.repairs += 1;
+        Ok(true)
+    }
+
+    /// Whether the members in /proc/net/udp are not those of the view.
+    fn group_differs(&mut self) -> io::Result<bool> {
+        let rows = self.table.read()?;
+        let now: HashSet<u64> = rows.iter().map(|r| r.inode).collect();
+        let known: HashSet<u64> = self.view.inodes.iter().copied().collect();
+        Ok(now != known)
+    }
 }
 
 #[cfg(test)]
@@ -448,15 +507,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn program_jumps_land_on_the_drop_path() {
-        let p = program(3);
-        for (i, ins) in p.iter().enumerate() {
-            if ins.code == JNE_IMM {
-                let target = i as i32 + 1 + ins.off as i32;
-                assert_eq!(target, 18, "jump at {i}");
-            }
-        }
-        assert_eq!(p[9].regs, R2 | (BPF_PSEUDO_MAP_FD << 4));
-        assert_eq!(std::mem::size_of::<Insn>(), 8);
+    fn state_round_trips_and_rejects_junk() {
+        let st = State {
+            secret: *b"\x00\x11\x22\x33\x44\x55\x66\x77",
+            members: vec![
+                Member {
+                    slot: 1,
+                    inode: 12345,
+                    pid: 77,
+                },
+                Member {
+                    slot: 255,
+                    inode: 1,
+                    pid: 2,
+                },
+            ],
+        };
+        assert_eq!(State::parse(&st.format()), Some(st.clone()));
+        assert_eq!(State::parse("softrdma-steer 2\nsecret 00\n"), None);
+        assert_eq!(State::parse(&(st.format() + "member 1 x 3\n")), None);
+        assert_eq!(State::parse(&(st.format() + "member 256 1 3\n")), None);
+    }
+
+    #[test]
+    fn the_table_follows_the_array() {
+        let m = |slot, inode| Member {
+            slot,
+            inode,
+            pid: 0,
+        };
+        let members = [m(1, 10), m(2, 20), m(9, 90)];
+        let array = [Some(20), None, Some(90), Some(10)];
+        assert_eq!(table_for(&array, &members), [(2, 0), (9, 2), (1, 3)]);
     }
 }

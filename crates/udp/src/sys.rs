@@ -1,5 +1,6 @@
 //! The system calls of the UDP data path, and the only place besides
-//! [`crate::steer`] where this crate uses `unsafe`.
+//! [`crate::steer`], [`crate::cbpf`] and [`crate::procnet`] where this crate
+//! uses `unsafe`.
 //!
 //! Everything here is a thin, typed wrapper: socket options as integers,
 //! socket addresses as a `sockaddr_in`/`sockaddr_in6` union, `sendmmsg` and
@@ -23,8 +24,9 @@ pub(crate) const UDP_GRO: libc::c_int = 104;
 /// `UDP_NO_CHECK6_RX` (linux/udp.h): accept IPv6 UDP with checksum 0, which
 /// rxe sends.
 pub(crate) const UDP_NO_CHECK6_RX: libc::c_int = 102;
-/// `SO_ATTACH_REUSEPORT_EBPF` (asm-generic/socket.h).
-pub(crate) const SO_ATTACH_REUSEPORT_EBPF: libc::c_int = 52;
+/// `SO_RXQ_OVFL` (asm-generic/socket.h): report the socket's drop count
+/// with each datagram.
+pub(crate) const SO_RXQ_OVFL: libc::c_int = 40;
 
 /// Set an integer socket option.
 pub(crate) fn setsockopt_int(
@@ -313,6 +315,9 @@ pub(crate) struct RxCmsgs {
     pub(crate) hop_limit: Option<u8>,
     /// `UDP_GRO`: the size of the coalesced segments (the last may be shorter).
     pub(crate) gro_segment: Option<u16>,
+    /// `SO_RXQ_OVFL`: datagrams the kernel dropped on this socket so far
+    /// (present once there was a drop).
+    pub(crate) drops: Option<u32>,
 }
 
 /// Walk the control messages of a received `msghdr`.
@@ -357,6 +362,9 @@ pub(crate) unsafe fn parse_rx_cmsgs(hdr: &libc::msghdr) -> RxCmsgs {
                 (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => out.tclass = int(data).map(|v| v as u8),
                 (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
                     out.hop_limit = int(data).map(|v| v as u8)
+                }
+                (libc::SOL_SOCKET, SO_RXQ_OVFL) if data_len >= 4 => {
+                    out.drops = Some(std::ptr::read_unaligned(data.cast::<u32>()))
                 }
                 (libc::SOL_UDP, UDP_GRO) => {
                     out.gro_segment = int(data)

@@ -15,6 +15,12 @@
 //! datagram sent alone (DF, unconnected socket), `k` for the `k`th segment of
 //! a GSO train (`inet_gso_segment` numbers segments up from the first's ID).
 //!
+//! Each datagram leaves from its QP's send socket (`txsock`), so the source
+//! port the ICRC covers is that socket's. At flush the queue is ordered by
+//! socket (each socket's entries, hence each QP's, keep their order) and
+//! every socket gets one `sendmmsg` for its run; a train never spans two
+//! sockets.
+//!
 //! GSO is detected at run time: the first `EIO`/`EINVAL`-class failure of a
 //! GSO message turns it off for the port, and the affected datagrams are
 //! rebuilt (ICRCs recomputed with ID 0) and sent one by one.
@@ -22,6 +28,7 @@
 use crate::capture::Capture;
 use crate::icrc::{self, Addrs};
 use crate::sys::{self, RawAddr, TxCmsg};
+use crate::txsock::SendPool;
 use crate::PortStats;
 use softrdma_wire::opcode::len;
 use std::io;
@@ -54,6 +61,13 @@ struct Entry {
     /// Destination QP, for grouping (a train must stay in one QPN slot so
     /// the receiver's steering sees every segment right).
     qpn: u32,
+    /// Send socket (pool index, [`crate::txsock::MAIN`] for the receive socket)
+    /// and the source port it is bound to, which the ICRC covers.
+    sock: u16,
+    sport: u16,
+    /// Where its head, trailer and address live in the arenas (its push
+    /// position; entries are reordered by socket before sending).
+    arena: usize,
     iov_start: usize,
     iov_len: usize,
     head_len: usize,
@@ -157,9 +171,11 @@ impl TxQueue {
 
     /// Queue a datagram whose payload the caller keeps alive and unchanged
     /// until the next flush (the `Tx` borrow guarantees it).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn push(
         &mut self,
         dst: SocketAddr,
+        (sock, sport): (u16, u16),
         head: &[u8],
         payload: &[&[u8]],
         pad: u8,
@@ -182,6 +198,9 @@ impl TxQueue {
         self.entries.push(Entry {
             dst,
             qpn: qpn_of(head),
+            sock,
+            sport,
+            arena: i,
             iov_start,
             iov_len: self.iovs.len() - iov_start,
             head_len: head.len(),
@@ -199,7 +218,7 @@ impl TxQueue {
     }
 
     /// Queue a complete private copy (ICRC included).
-    pub(crate) fn push_owned(&mut self, dst: SocketAddr, buf: Vec<u8>) {
+    pub(crate) fn push_owned(&mut self, dst: SocketAddr, (sock, sport): (u16, u16), buf: Vec<u8>) {
         assert!(self.room() > 0, "TxQueue full");
         let i = self.entries.len();
         let iov_start = self.iovs.len();
@@ -208,6 +227,9 @@ impl TxQueue {
         self.entries.push(Entry {
             dst,
             qpn: qpn_of(&buf),
+            sock,
+            sport,
+            arena: i,
             iov_start,
             iov_len: 1,
             head_len: 0,
@@ -251,13 +273,14 @@ impl TxQueue {
             out.extend_from_slice(&self.owned[k]);
             return;
         }
-        out.extend_from_slice(&self.heads[i * MAX_HEAD..i * MAX_HEAD + e.head_len]);
+        let a = e.arena;
+        out.extend_from_slice(&self.heads[a * MAX_HEAD..a * MAX_HEAD + e.head_len]);
         let (parts, np) = self.payload(e);
         for p in &parts[..np] {
             out.extend_from_slice(p);
         }
         out.extend_from_slice(
-            &self.trailers[i * TRAILER..i * TRAILER + e.pad as usize + len::ICRC],
+            &self.trailers[a * TRAILER..a * TRAILER + e.pad as usize + len::ICRC],
         );
     }
 
@@ -269,16 +292,17 @@ impl TxQueue {
             return;
         }
         let (parts, np) = self.payload(&e);
-        let head = &self.heads[i * MAX_HEAD..i * MAX_HEAD + e.head_len];
+        let a = e.arena;
+        let head = &self.heads[a * MAX_HEAD..a * MAX_HEAD + e.head_len];
         let c = icrc::compute(
             addrs_of(local.addr, e.dst),
-            (local.addr.port(), e.dst.port()),
+            (e.sport, e.dst.port()),
             ident,
             head,
             &parts[..np],
             e.pad,
         );
-        let p = i * TRAILER + e.pad as usize;
+        let p = a * TRAILER + e.pad as usize;
         self.trailers[p..p + len::ICRC].copy_from_slice(&c.to_le_bytes());
     }
 
@@ -287,6 +311,16 @@ impl TxQueue {
     fn build(&mut self, from: usize, local: &Local) -> usize {
         self.groups.clear();
         let n = self.entries.len();
+        // One `sendmmsg` per send socket: order the entries by socket,
+        // keeping each socket's (so each QP's) entries in push order. The
+        // key (socket, push position) is unique, so an unstable in-place
+        // sort is stable here and allocates nothing.
+        if self.entries[from..]
+            .windows(2)
+            .any(|w| w[0].sock > w[1].sock)
+        {
+            self.entries[from..].sort_unstable_by_key(|e| (e.sock, e.arena));
+        }
         let mut i = from;
         while i < n {
             let start = i;
@@ -296,7 +330,10 @@ impl TxQueue {
                 let (seg, mut total, mut iovn) = (first.len, first.len, first.iov_len);
                 while i < n && i - start < GSO_MAX_SEGMENTS {
                     let e = &self.entries[i];
+                    let prev = &self.entries[i - 1];
                     if e.owned.is_some()
+                        || e.sock != first.sock
+                        || e.iov_start != prev.iov_start + prev.iov_len
                         || e.dst != first.dst
                         || e.qpn != first.qpn
                         || e.len > seg
@@ -335,11 +372,11 @@ impl TxQueue {
                 continue;
             }
             self.iovs[e.iov_start] = libc::iovec {
-                iov_base: heads.wrapping_add(k * MAX_HEAD) as *mut libc::c_void,
+                iov_base: heads.wrapping_add(e.arena * MAX_HEAD) as *mut libc::c_void,
                 iov_len: e.head_len,
             };
             self.iovs[e.iov_start + e.iov_len - 1] = libc::iovec {
-                iov_base: trailers.wrapping_add(k * TRAILER) as *mut libc::c_void,
+                iov_base: trailers.wrapping_add(e.arena * TRAILER) as *mut libc::c_void,
                 iov_len: e.pad as usize + len::ICRC,
             };
         }
@@ -362,7 +399,7 @@ impl TxQueue {
                     .map(|e| e.iov_len)
                     .sum::<usize>()
             );
-            let (name, namelen) = &self.addrs[start];
+            let (name, namelen) = &self.addrs[first.arena];
             let h = &mut self.msgs[g].msg_hdr;
             h.msg_name = name.as_ptr() as *mut libc::c_void;
             h.msg_namelen = *namelen;
@@ -405,9 +442,9 @@ impl TxQueue {
                 } else {
                     0
                 };
-                c.sent(local.addr, self.entries[k].dst, ident, |out| {
-                    self.gather(k, out)
-                });
+                let e = self.entries[k];
+                let src = SocketAddr::new(local.addr.ip(), e.sport);
+                c.sent(src, e.dst, ident, |out| self.gather(k, out));
             }
         }
     }
@@ -416,19 +453,19 @@ impl TxQueue {
     /// returned; the queue is empty afterwards in every case.
     pub(crate) fn flush(
         &mut self,
-        fd: RawFd,
+        (main, pool): (RawFd, &SendPool),
         local: &Local,
         stats: &mut PortStats,
         capture: &mut Option<Capture>,
     ) -> io::Result<()> {
-        let r = self.flush_inner(fd, local, stats, capture);
+        let r = self.flush_inner((main, pool), local, stats, capture);
         self.discard();
         r
     }
 
     fn flush_inner(
         &mut self,
-        fd: RawFd,
+        (main, pool): (RawFd, &SendPool),
         local: &Local,
         stats: &mut PortStats,
         capture: &mut Option<Capture>,
@@ -440,6 +477,12 @@ impl TxQueue {
             let m = self.build(next, local);
             let mut sent = 0;
             while sent < m {
+                // The messages of one socket are consecutive (see `build`).
+                let sock = self.entries[self.groups[sent].start].sock;
+                let run = (sent..m)
+                    .find(|&g| self.entries[self.groups[g].start].sock != sock)
+                    .unwrap_or(m);
+                let fd = pool.fd(sock, main);
                 stats.sendmmsg_calls += 1;
                 // SAFETY: `build` pointed every header at `self.addrs`,
                 // `self.iovs` and `self.cmsgs`, and every head and trailer
@@ -447,7 +490,7 @@ impl TxQueue {
                 // next `build`; owned iovecs point at `self.owned` buffers
                 // kept until the queue is cleared; payload iovecs point at
                 // memory the flushing `Tx` borrows (see `payload`).
-                match unsafe { sys::sendmmsg(fd, &mut self.msgs[sent..m]) } {
+                match unsafe { sys::sendmmsg(fd, &mut self.msgs[sent..run]) } {
                     Ok(0) => {
                         // Nothing taken and no error: wait as for EAGAIN.
                         sys::poll_writable(fd, 1);

@@ -1,0 +1,257 @@
+//! The two classic-BPF programs of port sharing, and attaching them.
+//!
+//! Classic BPF needs no privilege: any user may attach a socket filter
+//! (`SO_ATTACH_FILTER`) to a socket of theirs and a reuseport program
+//! (`SO_ATTACH_REUSEPORT_CBPF`) to a group they are a member of.
+//!
+//! * The **group program** runs once per datagram for the whole
+//!   `SO_REUSEPORT` group and returns an index into the group's socket
+//!   array (`run_bpf_filter` in net/core/sock_reuseport.c; an index past the
+//!   end makes the kernel fall back to its flow hash). Its data start at the
+//!   UDP payload. It maps the top byte of the BTH destination QP (the QPN
+//!   slot) to the index of the socket owning that slot, by a chain of
+//!   comparisons built from the current member table; and a steering probe
+//!   carrying the group's secret to the index written in the probe.
+//! * The **probe filter** sits on every member socket and drops steering
+//!   probes carrying the secret (everything else passes). The kernel counts
+//!   the drop on the socket that was picked (`sk_drops`, shown in the
+//!   `drops` column of `/proc/net/udp`), which is how a prober learns which
+//!   socket sits at which index without the cooperation of its owner. Its
+//!   data start at the UDP header.
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// `SO_ATTACH_FILTER` and `SO_ATTACH_REUSEPORT_CBPF` (asm-generic/socket.h).
+const SO_ATTACH_FILTER: libc::c_int = 26;
+const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+
+/// UDP payload length of a steering probe.
+pub(crate) const PROBE_LEN: usize = 20;
+/// First byte of a probe: a BTH opcode in the manufacturer-specific range,
+/// which no RoCE peer sends to us with the secret behind it.
+pub(crate) const PROBE_OPCODE: u8 = 0xff;
+/// The group program's answer for "no socket": past any array, so the
+/// kernel falls back to its hash and the member it picks drops the datagram
+/// as not its slot.
+const NO_SOCKET: u32 = u32::MAX;
+
+/// One classic BPF instruction (`struct sock_filter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub(crate) struct Insn {
+    code: u16,
+    jt: u8,
+    jf: u8,
+    k: u32,
+}
+
+/// `struct sock_fprog`.
+#[repr(C)]
+struct Fprog {
+    len: libc::c_ushort,
+    filter: *const Insn,
+}
+
+// Opcodes (linux/filter.h): class | size | mode.
+const LD_W_ABS: u16 = 0x20;
+const LD_H_ABS: u16 = 0x28;
+const LD_B_ABS: u16 = 0x30;
+const LD_W_LEN: u16 = 0x80;
+const JEQ_K: u16 = 0x15;
+const JGE_K: u16 = 0x35;
+const RET_K: u16 = 0x06;
+const RET_A: u16 = 0x16;
+
+const fn op(code: u16, jt: u8, jf: u8, k: u32) -> Insn {
+    Insn { code, jt, jf, k }
+}
+
+/// The probe: opcode, three zero bytes, the secret, the target index.
+pub(crate) fn probe(secret: [u8; 8], index: u16) -> [u8; PROBE_LEN] {
+    let mut p = [0u8; PROBE_LEN];
+    p[0] = PROBE_OPCODE;
+    p[4..12].copy_from_slice(&secret);
+    p[12..14].copy_from_slice(&index.to_be_bytes());
+    p
+}
+
+fn secret_words(secret: [u8; 8]) -> (u32, u32) {
+    (
+        u32::from_be_bytes([secret[0], secret[1], secret[2], secret[3]]),
+        u32::from_be_bytes([secret[4], secret[5], secret[6], secret[7]]),
+    )
+}
+
+/// The group program for `table`: (slot, index of its socket) pairs.
+pub(crate) fn group_program(secret: [u8; 8], table: &[(u8, u16)]) -> Vec<Insn> {
+    let (hi, lo) = secret_words(secret);
+    // Offsets from the UDP payload; a load past the end would make the
+    // program return 0 (index 0, a real socket), so the length is checked
+    // before any load.
+    let mut p = vec![
+        op(LD_W_LEN, 0, 0, 0),                // 0: A = payload length
+        op(JGE_K, 1, 0, 12),                  // 1: a BTH's worth? -> 3
+        op(RET_K, 0, 0, NO_SOCKET),           // 2: runt
+        op(JEQ_K, 0, 8, PROBE_LEN as u32),    // 3: probe length? else -> 12
+        op(LD_B_ABS, 0, 0, 0),                // 4
+        op(JEQ_K, 0, 6, PROBE_OPCODE as u32), // 5: else -> 12
+        op(LD_W_ABS, 0, 0, 4),                // 6
+        op(JEQ_K, 0, 4, hi),                  // 7: else -> 12
+        op(LD_W_ABS, 0, 0, 8),                // 8
+        op(JEQ_K, 0, 2, lo),                  // 9: else -> 12
+        op(LD_H_ABS, 0, 0, 12),               // 10: A = probe's index
+        op(RET_A, 0, 0, 0),                   // 11
+        op(LD_B_ABS, 0, 0, 5),                // 12: A = top byte of dest QPN
+    ];
+    for &(slot, index) in table {
+        p.push(op(JEQ_K, 0, 1, slot as u32));
+        p.push(op(RET_K, 0, 0, index as u32));
+    }
+    p.push(op(RET_K, 0, 0, NO_SOCKET));
+    p
+}
+
+/// The probe filter: drop probes with `secret`, pass everything else.
+pub(crate) fn probe_filter(secret: [u8; 8]) -> Vec<Insn> {
+    let (hi, lo) = secret_words(secret);
+    // Offsets from the UDP header.
+    vec![
+        op(LD_W_LEN, 0, 0, 0),                 // 0
+        op(JEQ_K, 0, 6, 8 + PROBE_LEN as u32), // 1: else -> 8 (pass)
+        op(LD_B_ABS, 0, 0, 8),                 // 2
+        op(JEQ_K, 0, 4, PROBE_OPCODE as u32),  // 3
+        op(LD_W_ABS, 0, 0, 12),                // 4
+        op(JEQ_K, 0, 2, hi),                   // 5
+        op(LD_W_ABS, 0, 0, 16),                // 6
+        op(JEQ_K, 1, 0, lo),                   // 7: -> 9 (drop)
+        op(RET_K, 0, 0, u32::MAX),             // 8: pass whole
+        op(RET_K, 0, 0, 0),                    // 9: drop
+    ]
+}
+
+/// A filter that drops everything (send-only sockets).
+pub(crate) fn drop_all() -> Vec<Insn> {
+    vec![op(RET_K, 0, 0, 0)]
+}
+
+fn attach(fd: RawFd, name: libc::c_int, prog: &[Insn], what: &str) -> io::Result<()> {
+    let fprog = Fprog {
+        len: prog.len() as libc::c_ushort,
+        filter: prog.as_ptr(),
+    };
+    // SAFETY: `fprog` and the instructions it points to live across the
+    // call and `len` is their count; the kernel copies them.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            (&fprog as *const Fprog).cast(),
+            std::mem::size_of::<Fprog>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        let e = io::Error::last_os_error();
+        Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+    }
+}
+
+/// Attach `prog` as the socket filter of `fd`.
+pub(crate) fn attach_filter(fd: RawFd, prog: &[Insn]) -> io::Result<()> {
+    attach(fd, SO_ATTACH_FILTER, prog, "SO_ATTACH_FILTER")
+}
+
+/// Make `prog` the program of the reuseport group `fd` is bound in.
+pub(crate) fn attach_group(fd: RawFd, prog: &[Insn]) -> io::Result<()> {
+    attach(
+        fd,
+        SO_ATTACH_REUSEPORT_CBPF,
+        prog,
+        "attaching the steering program (SO_ATTACH_REUSEPORT_CBPF)",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A classic BPF interpreter for the instructions used here, over
+    /// `data`; returns the program's result.
+    fn run(p: &[Insn], data: &[u8]) -> u32 {
+        let (mut a, mut pc) = (0u32, 0usize);
+        loop {
+            let i = p[pc];
+            pc += 1;
+            let load = |off: usize, n: usize| -> Option<u32> {
+                data.get(off..off + n)
+                    .map(|b| b.iter().fold(0u32, |acc, &x| acc << 8 | x as u32))
+            };
+            match i.code {
+                LD_W_LEN => a = data.len() as u32,
+                LD_W_ABS | LD_H_ABS | LD_B_ABS => {
+                    let n = match i.code {
+                        LD_W_ABS => 4,
+                        LD_H_ABS => 2,
+                        _ => 1,
+                    };
+                    match load(i.k as usize, n) {
+                        Some(v) => a = v,
+                        None => return 0, // as the kernel does
+                    }
+                }
+                JEQ_K => pc += if a == i.k { i.jt } else { i.jf } as usize,
+                JGE_K => pc += if a >= i.k { i.jt } else { i.jf } as usize,
+                RET_K => return i.k,
+                RET_A => return a,
+                c => panic!("opcode {c:#x}"),
+            }
+        }
+    }
+
+    fn bth(slot: u8) -> Vec<u8> {
+        let mut d = vec![0u8; 40];
+        d[0] = 0x04; // RC SEND ONLY
+        d[5] = slot;
+        d
+    }
+
+    #[test]
+    fn group_program_steers_slots_and_probes() {
+        let secret = *b"\x01\x02\x03\x04\xa5\xb6\xc7\xd8";
+        let p = group_program(secret, &[(3, 0), (7, 2), (200, 1)]);
+        assert_eq!(run(&p, &bth(3)), 0);
+        assert_eq!(run(&p, &bth(7)), 2);
+        assert_eq!(run(&p, &bth(200)), 1);
+        assert_eq!(run(&p, &bth(4)), NO_SOCKET);
+        assert_eq!(run(&p, &bth(7)[..11]), NO_SOCKET, "runt");
+        assert_eq!(run(&p, &probe(secret, 5)), 5);
+        // A probe with the wrong secret is steered like any datagram (slot
+        // byte 5 of it is 0, unowned).
+        assert_eq!(run(&p, &probe(*b"12345678", 1)), NO_SOCKET);
+        // 255 slots still fit the kernel's 4096-instruction limit.
+        let all: Vec<(u8, u16)> = (1..=255u8).map(|s| (s, s as u16 - 1)).collect();
+        let p = group_program(secret, &all);
+        assert!(p.len() < 4096);
+        assert_eq!(run(&p, &bth(255)), 254);
+    }
+
+    #[test]
+    fn probe_filter_drops_only_probes_with_the_secret() {
+        let secret = *b"abcdefgh";
+        let f = probe_filter(secret);
+        let udp = |payload: &[u8]| {
+            let mut d = vec![0u8; 8];
+            d.extend_from_slice(payload);
+            d
+        };
+        assert_eq!(run(&f, &udp(&probe(secret, 0))), 0);
+        assert_eq!(run(&f, &udp(&probe(*b"abcdefgX", 0))), u32::MAX);
+        assert_eq!(run(&f, &udp(&bth(1))), u32::MAX);
+        let mut longer = probe(secret, 0).to_vec();
+        longer.push(0);
+        assert_eq!(run(&f, &udp(&longer)), u32::MAX);
+    }
+}

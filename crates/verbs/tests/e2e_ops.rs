@@ -1211,3 +1211,75 @@ impl Drop for Epoll {
         unsafe { libc::close(self.0) };
     }
 }
+
+/// Inline data is named in the region's iova space, as every SGE is, and
+/// read from there: a region registered at an iova other than its address
+/// sends its own bytes. (The core used to read inline SGEs at the raw
+/// address after the safe API had checked them as iovas: a read of
+/// unregistered memory from safe code.)
+#[test]
+fn inline_sges_are_read_in_iova_space() {
+    const DATA: u64 = 700;
+    const IOVA: u64 = 0x7000_0000_0000;
+    two_processes(
+        "inline_sges_are_read_in_iova_space",
+        |mut oob| {
+            let ctx = open(V4);
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            let rbuf = pd.reg_mr(vec![0; 64], AccessFlags::LOCAL_WRITE).unwrap();
+            post_recv(&qp, 1, rbuf.sge(0, 64));
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 7);
+            let w = wait_cq(&cq, 1, "the inline SEND");
+            assert_wc(&w[0], 1, WcStatus::Success, WcOpcode::Recv, 48);
+            assert_bytes(
+                &read_mr(&rbuf, 0, 48),
+                &pattern(DATA, 64)[8..56],
+                "inline SEND data",
+            );
+            oob.signal("got");
+        },
+        |mut oob| {
+            let ctx = open(V4);
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let mut cap = cap(4, 4);
+            cap.max_inline_data = 64;
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap);
+            let buf: &'static mut [u8] = Box::leak(pattern(DATA, 64).into_boxed_slice());
+            // SAFETY: `buf` is leaked, so it stays valid for the rest of the
+            // process, beyond the region's life.
+            let mr = unsafe {
+                pd.reg_mr_raw(buf.as_mut_ptr() as u64, 64, IOVA, AccessFlags::LOCAL_WRITE)
+            }
+            .unwrap();
+            assert_eq!(mr.sge(8, 48).addr, IOVA + 8, "SGEs are in iova space");
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 7);
+            qp.post_send(&wr(
+                5,
+                SendOp::Send,
+                &[mr.sge(8, 48)],
+                SendFlags::SIGNALED | SendFlags::INLINE,
+            ))
+            .unwrap();
+            let w = wait_cq(&cq, 1, "inline SEND completion");
+            assert_wc(&w[0], 5, WcStatus::Success, WcOpcode::Send, 48);
+            // An inline SGE outside every region is refused by name.
+            let bad = Sge {
+                addr: IOVA + 4096,
+                length: 8,
+                lkey: mr.lkey(),
+            };
+            let e = qp
+                .post_send(&wr(6, SendOp::Send, &[bad], SendFlags::INLINE))
+                .unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("inline SGE is not inside a memory region"),
+                "{e}"
+            );
+            oob.expect("got");
+        },
+    );
+}

@@ -1,5 +1,17 @@
-//! Completion queues: bounded rings of completions plus the notification
-//! arming of `ibv_req_notify_cq`.
+//! Completion queues: bounded rings of completions, the notification arming
+//! of `ibv_req_notify_cq`, resizing, and the error state an overflow puts a
+//! CQ in.
+//!
+//! Overflow follows IBA (the "CQ Error" affiliated asynchronous error): a
+//! completion that finds the ring full is lost, the CQ enters the error
+//! state and takes no completion after it, `IBV_EVENT_CQ_ERR` is raised once,
+//! and every work queue that then tries to complete into the CQ — the one
+//! that overflowed it first — enters the Error state with
+//! `IBV_EVENT_QP_FATAL` ("local work queue catastrophic error"). rxe does
+//! the same on the receive side (`rxe_cq_post` returns -EBUSY and raises
+//! `IB_EVENT_CQ_ERR`; the responder's class G error moves the QP to ERR).
+//! Completions queued before the overflow can still be polled; after them,
+//! polling reports the error, since the CQ will never produce another.
 
 use std::collections::VecDeque;
 
@@ -16,12 +28,23 @@ pub(crate) enum Armed {
     Solicited,
 }
 
+/// What became of a completion offered to a CQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// Queued; `notify`: the CQ was armed for it (the arm is consumed).
+    Queued { notify: bool },
+    /// Lost: the CQ is in the error state. `overflow`: this completion is
+    /// the one that found it full and put it there.
+    Lost { overflow: bool },
+}
+
 #[derive(Debug)]
 pub(crate) struct Cq {
     pub ring: VecDeque<Completion>,
     pub depth: usize,
     pub armed: Armed,
-    pub overflowed: bool,
+    /// The CQ overflowed and is in the error state (for good).
+    pub error: bool,
     pub users: u32,
 }
 
@@ -31,17 +54,18 @@ impl Cq {
             ring: VecDeque::with_capacity(depth),
             depth,
             armed: Armed::No,
-            overflowed: false,
+            error: false,
             users: 0,
         }
     }
 
-    /// Queue a completion. Returns (accepted, notify): `notify` is true when
-    /// the CQ was armed for this kind of completion (the arm is consumed).
-    pub fn push(&mut self, c: Completion, solicited: bool) -> (bool, bool) {
+    pub fn push(&mut self, c: Completion, solicited: bool) -> Pushed {
+        if self.error {
+            return Pushed::Lost { overflow: false };
+        }
         if self.ring.len() >= self.depth {
-            self.overflowed = true;
-            return (false, false);
+            self.error = true;
+            return Pushed::Lost { overflow: true };
         }
         self.ring.push_back(c);
         let fire = match self.armed {
@@ -52,6 +76,19 @@ impl Cq {
         if fire {
             self.armed = Armed::No;
         }
-        (true, fire)
+        Pushed::Queued { notify: fire }
+    }
+
+    /// Change the depth, keeping every queued completion (the caller has
+    /// checked that they fit). The ring's memory follows the depth, so a
+    /// CQ never holds more than it may queue.
+    pub fn resize(&mut self, depth: usize) {
+        debug_assert!(depth >= self.ring.len());
+        if depth > self.ring.capacity() {
+            self.ring.reserve_exact(depth - self.ring.len());
+        } else {
+            self.ring.shrink_to(depth);
+        }
+        self.depth = depth;
     }
 }

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use softrdma_wire::opcode::{Flags, Transport};
 use softrdma_wire::{Packet, PacketRepr};
 
-use crate::cq::{Armed, Cq, CqId};
+use crate::cq::{Armed, Cq, CqId, Pushed};
 use crate::mr::{KeySource, Memory, MrTable, MwBind, MwType, PdId, Span};
 use crate::qp::attr::{AccessFlags, AttrLimits, AttrMask, Mtu, QpAttr};
 use crate::qp::queue::{RecvQueue, RecvWqe, SendState, SendWqe};
@@ -24,15 +24,17 @@ use crate::{Error, Nanos, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE};
 pub enum Event {
     /// An armed CQ got a completion: signal its completion channel.
     CompNotify(CqId),
-    /// A CQ overflowed and lost completions.
+    /// A CQ overflowed: it lost a completion and is in the error state
+    /// (`IBV_EVENT_CQ_ERR`, raised once per CQ).
     CqErr(CqId),
     /// The responder saw an invalid request and moved the QP to ERR
     /// (`IBV_EVENT_QP_REQ_ERR`).
     QpReqErr(u32),
     /// The responder saw an access violation (`IBV_EVENT_QP_ACCESS_ERR`).
     QpAccessErr(u32),
-    /// A receive WQE could not be completed (its buffer's region was
-    /// deregistered) and the QP entered ERR (`IBV_EVENT_QP_FATAL`).
+    /// The QP entered ERR because a work request could not be completed
+    /// (`IBV_EVENT_QP_FATAL`): a receive WQE whose buffer's region was
+    /// deregistered, or a completion into a CQ in the error state.
     QpFatal(u32),
     /// A QP attached to an SRQ entered ERR (`IBV_EVENT_QP_LAST_WQE_REACHED`).
     QpLastWqeReached(u32),
@@ -149,6 +151,10 @@ pub(crate) struct Shared {
     pub stats: Stats,
     pub events: VecDeque<Event>,
     pub max_events: usize,
+    /// QPs that lost a completion to a CQ in the error state and still have
+    /// to be moved to ERR (done by the endpoint, which owns the QPs: see
+    /// `Endpoint::fail_qps_of_dead_cqs`). At most one entry per QP.
+    pub fatal: Vec<u32>,
 }
 
 /// What a QP's requester, completer and responder may touch besides the QP.
@@ -156,17 +162,24 @@ pub(crate) type Ctx<'a> = Shared;
 
 impl Shared {
     /// Deliver a completion to a CQ, raising the notification or overflow
-    /// event it calls for.
+    /// event it calls for; a completion the CQ cannot take condemns its QP
+    /// (see `cq`).
     pub fn complete(&mut self, cq: CqId, c: Completion, solicited: bool) {
         let Some(Some(q)) = self.cqs.get_mut(cq.0 as usize) else {
             return;
         };
-        let (ok, notify) = q.push(c, solicited);
-        if !ok {
-            self.stats.cq_overflows += 1;
-            self.push_event(Event::CqErr(cq));
-        } else if notify {
-            self.push_event(Event::CompNotify(cq));
+        match q.push(c, solicited) {
+            Pushed::Queued { notify: true } => self.push_event(Event::CompNotify(cq)),
+            Pushed::Queued { notify: false } => {}
+            Pushed::Lost { overflow } => {
+                self.stats.cq_overflows += 1;
+                if overflow {
+                    self.push_event(Event::CqErr(cq));
+                }
+                if !self.fatal.contains(&c.qp_num) {
+                    self.fatal.push(c.qp_num);
+                }
+            }
         }
     }
 
@@ -206,6 +219,7 @@ impl Endpoint {
                 stats: Stats::default(),
                 events: VecDeque::with_capacity(cfg.max_events.min(1024)),
                 max_events: cfg.max_events,
+                fatal: Vec::new(),
             },
             qps: Vec::new(),
             next_pd: 1,
@@ -335,13 +349,69 @@ impl Endpoint {
     }
 
     /// Move up to `out.len()` completions out of a CQ; returns how many.
+    /// A CQ in the error state (it overflowed) still gives up what it held
+    /// before; once empty it fails with [`Error::CqOverflowed`].
     pub fn poll_cq(&mut self, cq: CqId, out: &mut [Completion]) -> Result<usize, Error> {
         let c = self.cq_mut(cq)?;
+        if c.error && c.ring.is_empty() && !out.is_empty() {
+            return Err(Error::CqOverflowed(cq.0));
+        }
         let n = out.len().min(c.ring.len());
         for (slot, wc) in out.iter_mut().zip(c.ring.drain(..n)) {
             *slot = wc;
         }
         Ok(n)
+    }
+
+    /// `ibv_resize_cq`: change a CQ's depth, keeping its completions. The
+    /// new depth must hold the completions queued now; a CQ in the error
+    /// state cannot be resized (only destroyed).
+    pub fn resize_cq(&mut self, cq: CqId, depth: u32) -> Result<(), Error> {
+        if depth == 0 || depth > self.cfg.max_cqe {
+            return Err(Error::InvalidArgument("CQ depth must be 1..=max_cqe"));
+        }
+        let c = self.cq_mut(cq)?;
+        if c.error {
+            return Err(Error::CqOverflowed(cq.0));
+        }
+        if (depth as usize) < c.ring.len() {
+            return Err(Error::CqTooSmall {
+                depth,
+                queued: c.ring.len(),
+            });
+        }
+        c.resize(depth as usize);
+        Ok(())
+    }
+
+    /// The depth of a CQ (what `ibv_create_cq`/`ibv_resize_cq` return in
+    /// `cq->cqe`).
+    pub fn cq_depth(&self, cq: CqId) -> Result<u32, Error> {
+        self.shared
+            .cqs
+            .get(cq.0 as usize)
+            .and_then(|c| c.as_ref())
+            .map(|c| c.depth as u32)
+            .ok_or(Error::NoSuchCq(cq.0))
+    }
+
+    /// Move every QP that lost a completion to a CQ in the error state to
+    /// ERR, raising `QpFatal` for it. Called on every path that can create
+    /// completions, before the QP could send or complete anything more.
+    fn fail_qps_of_dead_cqs(&mut self) {
+        while let Some(qpn) = self.shared.fatal.pop() {
+            let Some(s) = self.slot(qpn) else {
+                continue; // destroyed meanwhile
+            };
+            let qp = self.qps[s].as_mut().expect("slot checked");
+            if matches!(qp.state, QpState::Err | QpState::Reset) {
+                continue;
+            }
+            // Its flush completions are lost too (the CQ takes none), and
+            // queue this QP again; it is in ERR by then and skipped.
+            qp.enter_error(&mut self.shared);
+            self.shared.push_event(Event::QpFatal(qpn));
+        }
     }
 
     /// Arm a CQ's notification (`ibv_req_notify_cq`): the next completion
@@ -529,6 +599,8 @@ impl Endpoint {
                 c.users = c.users.saturating_sub(1);
             }
         }
+        // Before the slot (and so the QP number) can be reused.
+        self.fail_qps_of_dead_cqs();
         Ok(())
     }
 
@@ -765,6 +837,7 @@ impl Endpoint {
         } else {
             self.shared.stats.dropped_no_qp += 1;
         }
+        self.fail_qps_of_dead_cqs();
     }
 
     /// The next packet to send: headers (and inline payload) are written
@@ -776,6 +849,9 @@ impl Endpoint {
             buf.len() >= 4096 + 128,
             "poll_transmit needs a 4224-byte buffer"
         );
+        // A completion lost in the previous call stops its QP before it
+        // sends again.
+        self.fail_qps_of_dead_cqs();
         let n = self.qps.len();
         for i in 0..n {
             let s = (self.cursor + i) % n;
@@ -813,6 +889,7 @@ impl Endpoint {
                 qp.handle_timeout(now, &mut self.shared);
             }
         }
+        self.fail_qps_of_dead_cqs();
     }
 
     /// Whether no work queue holds a work request (so no queued work can
@@ -824,6 +901,7 @@ impl Endpoint {
 
     /// The next asynchronous event or completion notification.
     pub fn poll_event(&mut self) -> Option<Event> {
+        self.fail_qps_of_dead_cqs();
         self.shared.events.pop_front()
     }
 }

@@ -37,6 +37,14 @@ pub enum Error {
     NoSuchQp(u32),
     NoSuchCq(u32),
     NoSuchSrq(u32),
+    /// The CQ overflowed and is in the error state: it takes, and gives, no
+    /// more completions.
+    CqOverflowed(u32),
+    /// `resize_cq` to fewer entries than the CQ holds.
+    CqTooSmall {
+        depth: u32,
+        queued: usize,
+    },
     Modify(ModifyError),
     Attr(AttrError),
     /// The resource is still in use (e.g. a CQ with QPs attached).
@@ -65,6 +73,14 @@ impl core::fmt::Display for Error {
             Error::NoSuchQp(n) => write!(f, "no QP number {n:#x}"),
             Error::NoSuchCq(n) => write!(f, "no CQ {n}"),
             Error::NoSuchSrq(n) => write!(f, "no SRQ {n}"),
+            Error::CqOverflowed(n) => write!(
+                f,
+                "CQ {n} overflowed and is in the error state (IBV_EVENT_CQ_ERR): destroy it"
+            ),
+            Error::CqTooSmall { depth, queued } => write!(
+                f,
+                "CQ depth {depth} is smaller than the {queued} completions it holds: poll them first"
+            ),
             Error::Modify(e) => write!(f, "{e}"),
             Error::Attr(e) => write!(f, "{e}"),
             Error::Busy(s) => write!(f, "{s} is still in use"),

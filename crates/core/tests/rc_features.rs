@@ -495,6 +495,10 @@ fn cq_overflow_raises_cq_err() {
     }
     send(&mut sim, &qa, 1, SIG);
     send(&mut sim, &qa, 2, SIG);
-    assert_eq!(events(sim.node_mut(1)), [Event::CqErr(tiny)]);
+    // The QP that overflowed the CQ is fatal (tests/cq.rs has the rest).
+    assert_eq!(
+        events(sim.node_mut(1)),
+        [Event::CqErr(tiny), Event::QpFatal(qb.qpn)]
+    );
     assert_eq!(sim.node(1).ep.stats().cq_overflows, 1);
 }

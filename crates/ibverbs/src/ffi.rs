@@ -52,6 +52,9 @@ impl From<softrdma_verbs::CoreError> for Fail {
         let errno = match e {
             E::QueueFull { .. } | E::OutOfResources(_) => libc::ENOMEM,
             E::Busy(_) => libc::EBUSY,
+            // What a provider's poll_cq reports for a CQ in error (mlx5:
+            // an error CQE it cannot parse); resize_cq of it likewise.
+            E::CqOverflowed(_) => libc::EIO,
             _ => libc::EINVAL,
         };
         Fail::new(errno, e.to_string())

@@ -283,13 +283,22 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     errno_ret("ibv_resize_cq", || {
         // SAFETY: checked by from_c.
         let q = unsafe { Cq::from_c(cq)? };
-        // A CQ keeps its depth; asking for no more than it has is a no-op.
-        if cqe > 0 && cqe as u32 <= q.sv.depth() {
-            return Ok(());
+        let depth = u32::try_from(cqe)
+            .ok()
+            .filter(|&d| d > 0)
+            .ok_or_else(|| Fail::inval(format!("cqe {cqe} must be at least 1")))?;
+        q.sv.resize(depth)?;
+        // libibverbs' providers write the granted size back (rxe:
+        // ibv_cmd_resize_cq sets cq->cqe from the kernel's answer); the
+        // application reads it there. Written under the CQ's mutex, as
+        // rdma-core's event counters are.
+        // SAFETY: a live CQ's C struct.
+        unsafe {
+            libc::pthread_mutex_lock(&mut (*q.c_ptr()).mutex);
+            (*q.c_ptr()).cqe = depth as c_int;
+            libc::pthread_mutex_unlock(&mut (*q.c_ptr()).mutex);
         }
-        Err(Fail::unsupported(
-            "softrdma CQs cannot grow (ibv_resize_cq)",
-        ))
+        Ok(())
     })
 }
 

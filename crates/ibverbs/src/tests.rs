@@ -433,3 +433,5 @@ fn closing_a_context_with_live_resources_keeps_it_for_them() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+mod cq;

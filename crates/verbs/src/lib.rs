@@ -294,7 +294,6 @@ impl Context {
         Ok(Cq {
             eng: self.eng.clone(),
             id,
-            depth,
         })
     }
 
@@ -674,7 +673,6 @@ impl CompChannel {
 pub struct Cq {
     eng: Arc<Engine>,
     id: CqId,
-    depth: u32,
 }
 
 impl Cq {
@@ -682,7 +680,19 @@ impl Cq {
         self.id
     }
     pub fn depth(&self) -> u32 {
-        self.depth
+        self.eng.lock().ep.cq_depth(self.id).unwrap_or(0)
+    }
+
+    /// Change the depth (`ibv_resize_cq`), keeping queued completions; fails
+    /// if `depth` is below the number queued or the CQ overflowed. The
+    /// device makes progress first (as `poll` does), so work that is done
+    /// by now counts as queued, as on an RNIC that completes in the
+    /// background.
+    pub fn resize(&self, depth: u32) -> Result<()> {
+        let mut st = self.eng.lock();
+        self.eng.app_pass(&mut st);
+        st.ep.resize_cq(self.id, depth)?;
+        Ok(())
     }
 
     /// Move completions into `out`; returns how many. Polling also drives

@@ -100,8 +100,7 @@ fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
     let ud = if q.qp_type == sv::QpType::Ud {
         // SAFETY: a UD QP's requests carry wr.ud.
         let ud = unsafe { wr.wr.ud };
-        // SAFETY: checked by from_c.
-        let ah = unsafe { Ah::from_c(ud.ah)? };
+        let ah = Ah::from_c(ud.ah)?;
         Some(ah.sv.ud(ud.remote_qpn, ud.remote_qkey))
     } else {
         None
@@ -127,12 +126,11 @@ pub unsafe extern "C" fn post_send(
 ) -> c_int {
     let mut cur = wr;
     let r = errno_ret("ibv_post_send", || {
-        // SAFETY: checked by from_c.
-        let q = unsafe { Qp::from_c(qp)? };
+        let q = Qp::from_c(qp)?;
         while !cur.is_null() {
             // SAFETY: the application's chain of readable requests.
             let w = unsafe { &*cur };
-            post_one_send(q, w)?;
+            post_one_send(&q, w)?;
             cur = w.next;
         }
         Ok(())
@@ -237,8 +235,7 @@ const POLL_BATCH: usize = 32;
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
     let mut done = 0usize;
     let r = errno_ret("ibv_poll_cq", || {
-        // SAFETY: checked by from_c.
-        let q = unsafe { Cq::from_c(cq)? };
+        let q = Cq::from_c(cq)?;
         let want =
             usize::try_from(num_entries).map_err(|_| Fail::inval("num_entries is negative"))?;
         if want > 0 {
@@ -268,8 +265,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
 
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     errno_ret("ibv_req_notify_cq", || {
-        // SAFETY: checked by from_c.
-        let q = unsafe { Cq::from_c(cq)? };
+        let q = Cq::from_c(cq)?;
         q.sv.req_notify(solicited_only != 0)?;
         Ok(())
     })

@@ -40,6 +40,12 @@ crate::symver! {
 /// Every device ever listed in this process, by position (the device index).
 static DEVICES: Mutex<Vec<&'static Device>> = Mutex::new(Vec::new());
 
+/// The device a pointer from `ibv_get_device_list` names (by address).
+pub fn listed(p: *mut ibv_device) -> Option<&'static Device> {
+    let reg = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    reg.iter().copied().find(|d| d.c_ptr() == p)
+}
+
 /// The configured devices, as long-lived `Device`s (an existing one is
 /// reused, so pointers from an earlier list stay valid).
 fn current_devices() -> Res<Vec<&'static Device>> {
@@ -114,8 +120,7 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
     null_ret("ibv_get_device_name", || {
-        // SAFETY: checked by from_c.
-        let d = unsafe { Device::from_c(device)? };
+        let d = Device::from_c(device)?;
         // SAFETY: the device lives for the process.
         Ok(unsafe { (*d.c_ptr()).name.as_mut_ptr() })
     })
@@ -123,8 +128,7 @@ pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const 
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
-    // SAFETY: checked by from_c.
-    match unsafe { Device::from_c(device) } {
+    match Device::from_c(device) {
         Ok(d) => sv::device_attr(&d.info).node_guid.to_be(),
         Err(_) => 0,
     }
@@ -132,20 +136,13 @@ pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
-    minus_one("ibv_get_device_index", || {
-        // SAFETY: checked by from_c.
-        Ok(unsafe { Device::from_c(device)? }.index)
-    })
+    minus_one("ibv_get_device_index", || Ok(Device::from_c(device)?.index))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     null_ret("ibv_open_device", || {
-        // SAFETY: checked by from_c.
-        let dev = unsafe { Device::from_c(device)? };
-        // SAFETY: `from_c` only accepts devices from DEVICES, which are
-        // leaked and so live for the process.
-        let dev: &'static Device = unsafe { &*(dev as *const Device) };
+        let dev = Device::from_c(device)?;
         let mtu = port_mtu()?;
         let opts = sv::OpenOptions {
             port_mtu: Some(mtu),
@@ -180,17 +177,14 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         c.async_fd = ctx.async_fd();
         c.num_comp_vectors = 1;
         c.abi_compat = usize::MAX as *mut c_void;
-        Ok(Context::into_c(Context::new_boxed(
-            dev, ctx, mtu, cmd_fd, vc,
-        )))
+        Ok(Context::into_c(Context::new(dev, ctx, mtu, cmd_fd, vc)))
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     errno_ret("ibv_close_device", || {
-        // SAFETY: checked by from_c.
-        if unsafe { Context::from_c(context)? }.users.busy() {
+        if Context::from_c(context)?.users.busy() {
             // rdma-core closes regardless and leaves the resources dangling.
             // Keeping the context (and its engine) alive instead means a
             // later destroy of those resources still finds what it needs.
@@ -198,8 +192,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
             ffi::note("ibv_close_device with resources still allocated: the context is kept");
             return Ok(());
         }
-        // SAFETY: checked by take; the application gives the context up.
-        let ctx = unsafe { Context::take(context)? };
+        let ctx = Context::take(context)?;
         if std::env::var_os("SOFTRDMA_IBV_STATS").is_some_and(|v| v != "0") {
             let (t, p) = ctx.sv.stats();
             eprintln!("softrdma: {} transport: {t:?}", ctx.dev.info.name);
@@ -252,8 +245,7 @@ pub unsafe extern "C" fn ibv_query_device(
 ) -> c_int {
     errno_ret("ibv_query_device", || {
         non_null!(device_attr);
-        // SAFETY: checked by from_c.
-        let ctx = unsafe { Context::from_c(context)? };
+        let ctx = Context::from_c(context)?;
         // SAFETY: the caller passes a writable ibv_device_attr.
         fill_device_attr(&ctx.dev.info, unsafe { &mut *device_attr });
         Ok(())
@@ -279,8 +271,7 @@ unsafe extern "C" fn vctx_query_device_ex(
                 "attr_size is smaller than struct ibv_device_attr",
             ));
         }
-        // SAFETY: checked by from_c.
-        let ctx = unsafe { Context::from_c(context)? };
+        let ctx = Context::from_c(context)?;
         // SAFETY: the caller owns `attr_size` writable bytes at `attr`.
         unsafe { std::ptr::write_bytes(attr.cast::<u8>(), 0, attr_size) };
         let mut legacy = ibv_device_attr::zeroed();
@@ -335,10 +326,9 @@ unsafe extern "C" fn vctx_query_port(
 ) -> c_int {
     errno_ret("ibv_query_port", || {
         non_null!(port_attr_out);
-        // SAFETY: checked by from_c.
-        let ctx = unsafe { Context::from_c(context)? };
+        let ctx = Context::from_c(context)?;
         check_port(port_num.into())?;
-        let a = port_attr(ctx);
+        let a = port_attr(&ctx);
         let n = len.min(std::mem::size_of::<ibv_port_attr>());
         // SAFETY: the caller owns `len` writable bytes; we write at most that.
         unsafe {
@@ -383,11 +373,10 @@ pub unsafe extern "C" fn ibv_query_gid(
 ) -> c_int {
     minus_one("ibv_query_gid", || {
         non_null!(gid);
-        // SAFETY: checked by from_c.
-        let ctx = unsafe { Context::from_c(context)? };
+        let ctx = Context::from_c(context)?;
         let index = u32::try_from(index).map_err(|_| Fail::inval("negative GID index"))?;
         // SAFETY: the caller passes a writable union ibv_gid.
-        unsafe { (*gid).raw = gid_of(ctx, port_num.into(), index)? };
+        unsafe { (*gid).raw = gid_of(&ctx, port_num.into(), index)? };
         Ok(0)
     })
 }
@@ -423,10 +412,9 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
                 "entry_size is smaller than struct ibv_gid_entry",
             ));
         }
-        // SAFETY: checked by from_c.
-        let ctx = unsafe { Context::from_c(context)? };
+        let ctx = Context::from_c(context)?;
         // SAFETY: the caller passes a writable entry of entry_size bytes.
-        unsafe { *entry = gid_entry(ctx, port_num, gid_index)? };
+        unsafe { *entry = gid_entry(&ctx, port_num, gid_index)? };
         Ok(())
     })
 }
@@ -450,14 +438,13 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
                 "entry_size is smaller than struct ibv_gid_entry",
             ));
         }
-        // SAFETY: checked by from_c.
-        let ctx = unsafe { Context::from_c(context)? };
+        let ctx = Context::from_c(context)?;
         if max_entries < 1 {
             return Err(Fail::inval("max_entries is smaller than the GID table (1)"));
         }
         // SAFETY: the caller passes max_entries writable entries of
         // entry_size bytes each.
-        unsafe { *entries = gid_entry(ctx, 1, 0)? };
+        unsafe { *entries = gid_entry(&ctx, 1, 0)? };
         n = 1;
         Ok(())
     });
@@ -477,9 +464,8 @@ pub unsafe extern "C" fn ibv_query_gid_type(
 ) -> c_int {
     minus_one("ibv_query_gid_type", || {
         non_null!(gid_type);
-        // SAFETY: checked by from_c.
-        let ctx = unsafe { Context::from_c(context)? };
-        gid_of(ctx, port_num.into(), index)?;
+        let ctx = Context::from_c(context)?;
+        gid_of(&ctx, port_num.into(), index)?;
         // SAFETY: the caller passes a writable enum.
         unsafe { *gid_type = IBV_GID_TYPE_SYSFS_ROCE_V2 };
         Ok(0)
@@ -495,8 +481,7 @@ pub unsafe extern "C" fn ibv_query_pkey(
 ) -> c_int {
     minus_one("ibv_query_pkey", || {
         non_null!(pkey);
-        // SAFETY: checked by from_c.
-        unsafe { Context::from_c(context)? };
+        Context::from_c(context)?;
         check_port(port_num.into())?;
         if index != 0 {
             return Err(Fail::inval(
@@ -516,8 +501,7 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
     pkey: u16,
 ) -> c_int {
     minus_one("ibv_get_pkey_index", || {
-        // SAFETY: checked by from_c.
-        unsafe { Context::from_c(context)? };
+        Context::from_c(context)?;
         check_port(port_num.into())?;
         // 0xffff reads the same in either byte order.
         if pkey != 0xffff {

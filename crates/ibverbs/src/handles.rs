@@ -1,65 +1,194 @@
-//! What the application's pointers point at.
+//! What the application's pointers point at, and how a pointer is turned
+//! back into an object without trusting it.
 //!
-//! Every object this library hands out is a heap block whose first field is
-//! the C structure the application sees (`struct ibv_qp`, …) and whose rest
-//! is ours: a magic number, the softrdma verbs handle that owns the
-//! resource, and bookkeeping. The C pointer and the block share an address,
-//! so turning an application's pointer back into the object is a cast
-//! guarded by the magic number (a pointer we did not hand out, or one
-//! already destroyed, is refused with EINVAL rather than trusted).
+//! Every object this library hands out is two things: the C structure the
+//! application sees (`struct ibv_qp`, …), in a *slot*, and the Rust object
+//! that owns the softrdma resource and points at its slot. The application's
+//! pointer is the slot's address (for a context, the `ibv_context` inside
+//! the slot's `verbs_context`).
 //!
-//! Ownership is explicit: `create`/`alloc`/`reg`/`open` functions move a
-//! `Box` into C with [`into_c`]; the matching `destroy`/`dealloc`/`dereg`/
-//! `close` takes it back with [`take`], clears the magic and drops it, which
-//! releases the softrdma resource. Application-visible fields the library
-//! changes later (`qp->state`, `cq->comp_events_completed`) live in an
-//! `UnsafeCell`, because C reads them while we hold references.
+//! * **A registry of live objects** maps those addresses to the objects
+//!   (`Arc`s). Every entry point looks its pointers up there before using
+//!   them, so a pointer that was never handed out, one already destroyed,
+//!   or one of the wrong type is refused with EINVAL without being read. A
+//!   lookup lends the caller a reference for the duration of its call: a
+//!   concurrent destroy unregisters the object at once (so new calls fail)
+//!   but frees it only when the last call using it returns.
+//! * **Slots are type-stable**: a slot's memory is never returned to the
+//!   allocator, only reused for a new object of the same type. libibverbs'
+//!   static inline functions (`ibv_post_send`, `ibv_poll_cq`,
+//!   `ibv_req_notify_cq`, `ibv_query_port`, …) are compiled into the
+//!   application and read `qp->context->ops` from its pointer *before* we
+//!   get control; with a stale pointer those reads still hit a slot of the
+//!   right type, whose `context` names a context slot whose operations
+//!   table holds this library's functions (it is never cleared), and those
+//!   functions refuse the stale pointer through the registry. What cannot
+//!   be protected: the application's own reads of a stale structure's
+//!   fields, and a stale pointer whose slot has since been reused — it then
+//!   names the new object, as a reused handle number does for the kernel
+//!   (freed slots wait in a FIFO of [`QUARANTINE`] before reuse to push that
+//!   as far back as memory allows).
+//!
+//! Devices are never freed (rdma-core keeps its device list too); a device
+//! pointer is checked against the list of devices handed out.
 
-use std::cell::UnsafeCell;
-use std::collections::HashMap;
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
 use softrdma_verbs as sv;
 
 use crate::abi::*;
 use crate::ffi::{Fail, Res};
 
-/// Implements the pointer conversions for one handle type whose C
-/// structure is the field `c`, at offset `$off` of the block.
-macro_rules! handle {
-    ($t:ident, $c:ty, $magic:literal) => {
-        impl $t {
-            pub const MAGIC: u64 = u64::from_be_bytes(*$magic);
+// ---- slots ----
 
-            /// The object behind an application's pointer.
-            ///
-            /// # Safety
-            /// `p` is NULL or points at least at a readable `$c`; pointers
-            /// this library handed out and has not yet freed are the only
-            /// ones that pass the check.
-            pub unsafe fn from_c<'a>(p: *mut $c) -> Res<&'a $t> {
-                if p.is_null() {
-                    return Err(Fail::inval(concat!(
-                        "struct ",
-                        stringify!($c),
-                        " pointer is NULL"
-                    )));
-                }
-                // SAFETY: the caller passes a pointer to a `$c`; if it is one
-                // of ours, the block begins `Self::C_OFFSET` bytes earlier.
-                let h = unsafe { p.cast::<u8>().sub(Self::C_OFFSET).cast::<$t>() };
-                // SAFETY: as above; the magic tells ours from others.
-                if unsafe { std::ptr::addr_of!((*h).magic).read() } != Self::MAGIC {
-                    return Err(Fail::inval(concat!(
-                        "struct ",
-                        stringify!($c),
-                        " was not created by softrdma's libibverbs (or is already destroyed)"
-                    )));
-                }
-                // SAFETY: checked to be a live block of ours.
-                Ok(unsafe { &*h })
+/// Freed slots a type keeps before reusing the oldest: a stale pointer
+/// stays refused (rather than naming a newer object) until this many more
+/// objects of its type have been destroyed. It trades at most this many
+/// idle slots per type (≤ 64 × 664 bytes) for that distance.
+pub const QUARANTINE: usize = 64;
+
+/// C structures kept in type-stable slots.
+pub trait Slab: Zeroed + 'static {
+    /// This type's freed slots, oldest first.
+    fn free_list() -> &'static Mutex<VecDeque<usize>>;
+}
+
+macro_rules! slab {
+    ($($t:ty),*) => { $(
+        impl Slab for $t {
+            fn free_list() -> &'static Mutex<VecDeque<usize>> {
+                static FREE: Mutex<VecDeque<usize>> = Mutex::new(VecDeque::new());
+                &FREE
+            }
+        }
+    )* };
+}
+slab!(
+    verbs_context,
+    ibv_pd,
+    ibv_mr,
+    ibv_comp_channel,
+    ibv_cq,
+    ibv_srq,
+    ibv_qp,
+    ibv_ah
+);
+
+/// One slot holding a C structure the application reads and writes. The
+/// slot's memory outlives this value (it is never freed, see the module
+/// documentation); dropping the value makes the slot reusable.
+pub struct CSlot<C: Slab>(NonNull<C>);
+
+// SAFETY: the slot is plain C data shared with the application, which
+// accesses it from any thread under verbs' rules; this library touches it
+// only through raw pointers at the points verbs defines (creation, the
+// fields providers update such as `qp->state` and `cq->cqe`).
+unsafe impl<C: Slab> Send for CSlot<C> {}
+// SAFETY: as above.
+unsafe impl<C: Slab> Sync for CSlot<C> {}
+
+impl<C: Slab> CSlot<C> {
+    pub fn new(value: C) -> CSlot<C> {
+        let reuse = {
+            let mut free = C::free_list().lock().unwrap_or_else(|e| e.into_inner());
+            if free.len() > QUARANTINE {
+                free.pop_front()
+            } else {
+                None
+            }
+        };
+        let p = match reuse {
+            Some(a) => a as *mut C,
+            None => Box::into_raw(Box::new(C::zeroed())),
+        };
+        // SAFETY: `p` is a slot of this type (from the free list or just
+        // allocated) that nothing else owns now; C structures have no drop
+        // glue, so overwriting the old value leaks nothing.
+        unsafe { p.write(value) };
+        CSlot(NonNull::new(p).expect("Box::into_raw is not null"))
+    }
+
+    pub fn get(&self) -> *mut C {
+        self.0.as_ptr()
+    }
+}
+
+impl<C: Slab> Drop for CSlot<C> {
+    fn drop(&mut self) {
+        C::free_list()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(self.0.as_ptr() as usize);
+    }
+}
+
+// ---- the registry ----
+
+type Live = Arc<dyn Any + Send + Sync>;
+
+/// Application pointer → the live object it names.
+static LIVE: LazyLock<RwLock<HashMap<usize, Live>>> = LazyLock::new(Default::default);
+
+fn lookup<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Arc<T>> {
+    if p == 0 {
+        return Err(Fail::inval(format!("{what} pointer is NULL")));
+    }
+    let o = LIVE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&p)
+        .cloned()
+        .ok_or_else(|| {
+            Fail::inval(format!(
+                "{what} {p:#x} is not a live object of softrdma's libibverbs \
+                 (never created here, or already destroyed)"
+            ))
+        })?;
+    o.downcast::<T>()
+        .map_err(|_| Fail::inval(format!("{p:#x} is not a {what}")))
+}
+
+fn register<T: Any + Send + Sync>(p: usize, o: T) {
+    LIVE.write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(p, Arc::new(o));
+}
+
+/// Unregister the object `p` names: only one caller can succeed, so two
+/// racing destroys cannot both free it.
+fn unregister<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Arc<T>> {
+    let mut live = LIVE.write().unwrap_or_else(|e| e.into_inner());
+    match live.get(&p) {
+        Some(o) if o.is::<T>() => {
+            let o = live.remove(&p).expect("present");
+            Ok(o.downcast::<T>().expect("checked type"))
+        }
+        Some(_) => Err(Fail::inval(format!("{p:#x} is not a {what}"))),
+        None if p == 0 => Err(Fail::inval(format!("{what} pointer is NULL"))),
+        None => Err(Fail::inval(format!(
+            "{what} {p:#x} is not a live object of softrdma's libibverbs \
+             (never created here, or already destroyed)"
+        ))),
+    }
+}
+
+/// Implements the pointer conversions for one handle type whose C
+/// structure is the slot in field `c`.
+macro_rules! handle {
+    ($t:ident, $c:ty) => {
+        impl $t {
+            const WHAT: &'static str = concat!("struct ", stringify!($c));
+
+            /// The live object behind an application's pointer (any pointer
+            /// value is fine: it is looked up, not read).
+            #[allow(dead_code)] // not every type is looked up yet
+            pub fn from_c(p: *mut $c) -> Res<Arc<$t>> {
+                lookup(p as usize, Self::WHAT)
             }
 
             /// The application's pointer to this object.
@@ -68,54 +197,42 @@ macro_rules! handle {
             }
 
             /// Move a new object into the application's hands.
-            #[allow(dead_code)] // devices are never handed over or freed
-            pub fn into_c(b: Box<$t>) -> *mut $c {
-                let p = Box::into_raw(b);
-                // SAFETY: `p` is a live, uniquely owned block.
-                unsafe { (*p).c_ptr() }
+            pub fn into_c(o: $t) -> *mut $c {
+                let p = o.c_ptr();
+                register(p as usize, o);
+                p
             }
 
-            /// Take an object back from the application to free it.
-            ///
-            /// # Safety
-            /// `p` passed `from_c` and the application gives up the pointer.
-            #[allow(dead_code)] // devices are never handed over or freed
-            pub unsafe fn take(p: *mut $c) -> Res<Box<$t>> {
-                // SAFETY: the caller's contract.
-                let h = unsafe { Self::from_c(p)? } as *const $t as *mut $t;
-                // SAFETY: `h` was made by `into_c` (Box::into_raw) and is
-                // released exactly once: the magic is cleared first.
-                unsafe {
-                    (*h).magic = 0;
-                    Ok(Box::from_raw(h))
-                }
+            /// Take an object back from the application to destroy it: it
+            /// is unregistered now and freed when the last reference (this
+            /// one, or a concurrent call's) is dropped.
+            pub fn take(p: *mut $c) -> Res<Arc<$t>> {
+                unregister(p as usize, Self::WHAT)
             }
         }
     };
 }
 
-/// A device from `ibv_get_device_list`. Devices live for the whole process
-/// (rdma-core keeps its device list too); the list array is what is freed.
+// ---- devices ----
+
+/// A device from `ibv_get_device_list`. Devices live for the whole process;
+/// the list array is what is freed.
 #[repr(C)]
 pub struct Device {
-    pub c: UnsafeCell<ibv_device>,
+    pub c: std::cell::UnsafeCell<ibv_device>,
     /// Zeroed room in the shape of the tail of rdma-core's private
     /// `struct verbs_device` (ops, refcount, list entry, sysfs, flags), for
     /// code that looks past `struct ibv_device`.
     _verbs_device_tail: [usize; 6],
-    magic: u64,
     pub info: sv::DeviceInfo,
     pub index: i32,
 }
-handle!(Device, ibv_device, b"sRDMAdev");
 
 // SAFETY: a device is written only while it is built; afterwards neither the
 // library nor (by verbs' contract) the application modifies it.
 unsafe impl Sync for Device {}
 
 impl Device {
-    const C_OFFSET: usize = 0;
-
     pub fn new(info: sv::DeviceInfo, index: i32) -> Device {
         let mut c = ibv_device::zeroed();
         c.node_type = IBV_NODE_CA;
@@ -131,31 +248,47 @@ impl Device {
             &format!("/sys/class/infiniband/{}", info.name),
         );
         Device {
-            c: UnsafeCell::new(c),
+            c: std::cell::UnsafeCell::new(c),
             _verbs_device_tail: [0; 6],
-            magic: Self::MAGIC,
             info,
             index,
         }
     }
+
+    /// The device behind an application's pointer: one of those handed out
+    /// (compared by address, never read otherwise).
+    pub fn from_c(p: *mut ibv_device) -> Res<&'static Device> {
+        if p.is_null() {
+            return Err(Fail::inval("struct ibv_device pointer is NULL"));
+        }
+        crate::device::listed(p).ok_or_else(|| {
+            Fail::inval("struct ibv_device was not listed by softrdma's ibv_get_device_list")
+        })
+    }
+
+    pub fn c_ptr(&self) -> *mut ibv_device {
+        self.c.get()
+    }
 }
+
+// ---- contexts ----
 
 /// An open device: the verbs context (with the operations table the
 /// static-inline verbs dispatch through) and the softrdma context whose
 /// engine thread drives this process's traffic.
-#[repr(C)]
 pub struct Context {
     /// `struct verbs_context`; the application's `ibv_context*` points at
-    /// its last field.
-    pub vc: UnsafeCell<verbs_context>,
-    magic: u64,
+    /// its last field. Its operations table is never cleared, so a stale
+    /// context pointer still dispatches into this library (which refuses
+    /// it).
+    vc: CSlot<verbs_context>,
     pub sv: sv::Context,
     pub dev: &'static Device,
     pub port_mtu: sv::Mtu,
-    /// CQ id → `*mut Cq`, to turn completion and async events back into
-    /// the application's pointers.
+    /// CQ id → the application's `ibv_cq*`, to turn completion and async
+    /// events back into pointers.
     pub cqs: Mutex<HashMap<u32, usize>>,
-    /// QP number → `*mut Qp`, for async events.
+    /// QP number → `ibv_qp*`, for async events.
     pub qps: Mutex<HashMap<u32, usize>>,
     /// PDs, CQs and completion channels of this context (everything else
     /// hangs off a PD).
@@ -165,61 +298,36 @@ pub struct Context {
 }
 
 impl Context {
-    const C_OFFSET: usize = std::mem::offset_of!(verbs_context, context);
-    pub const MAGIC: u64 = u64::from_be_bytes(*b"sRDMActx");
+    const WHAT: &'static str = "struct ibv_context";
 
-    /// # Safety
-    /// As for the other handles' `from_c`.
-    pub unsafe fn from_c<'a>(p: *mut ibv_context) -> Res<&'a Context> {
-        if p.is_null() {
-            return Err(Fail::inval("struct ibv_context pointer is NULL"));
-        }
-        // SAFETY: a context of ours sits at the end of a verbs_context, the
-        // first field of a `Context`.
-        let h = unsafe { p.cast::<u8>().sub(Self::C_OFFSET).cast::<Context>() };
-        // SAFETY: as above.
-        if unsafe { std::ptr::addr_of!((*h).magic).read() } != Self::MAGIC {
-            return Err(Fail::inval(
-                "struct ibv_context was not opened by softrdma's libibverbs (or is closed)",
-            ));
-        }
-        // SAFETY: checked.
-        Ok(unsafe { &*h })
+    pub fn from_c(p: *mut ibv_context) -> Res<Arc<Context>> {
+        lookup(p as usize, Self::WHAT)
     }
 
     pub fn c_ptr(&self) -> *mut ibv_context {
-        // SAFETY: projecting to a field of our own cell.
+        // SAFETY: projecting to a field of our own slot, without reading.
         unsafe { std::ptr::addr_of_mut!((*self.vc.get()).context) }
     }
 
-    pub fn into_c(b: Box<Context>) -> *mut ibv_context {
-        let p = Box::into_raw(b);
-        // SAFETY: live, uniquely owned.
-        unsafe { (*p).c_ptr() }
+    pub fn into_c(o: Context) -> *mut ibv_context {
+        let p = o.c_ptr();
+        register(p as usize, o);
+        p
     }
 
-    /// # Safety
-    /// As for the other handles' `take`.
-    pub unsafe fn take(p: *mut ibv_context) -> Res<Box<Context>> {
-        // SAFETY: the caller's contract.
-        let h = unsafe { Self::from_c(p)? } as *const Context as *mut Context;
-        // SAFETY: made by `into_c`, released once.
-        unsafe {
-            (*h).magic = 0;
-            Ok(Box::from_raw(h))
-        }
+    pub fn take(p: *mut ibv_context) -> Res<Arc<Context>> {
+        unregister(p as usize, Self::WHAT)
     }
 
-    pub fn new_boxed(
+    pub fn new(
         dev: &'static Device,
         sv: sv::Context,
         port_mtu: sv::Mtu,
         cmd_fd: OwnedFd,
         vc: verbs_context,
-    ) -> Box<Context> {
-        Box::new(Context {
-            vc: UnsafeCell::new(vc),
-            magic: Self::MAGIC,
+    ) -> Context {
+        Context {
+            vc: CSlot::new(vc),
             sv,
             dev,
             port_mtu,
@@ -227,7 +335,7 @@ impl Context {
             qps: Mutex::new(HashMap::new()),
             users: Users::default(),
             _cmd_fd: cmd_fd,
-        })
+        }
     }
 }
 
@@ -248,153 +356,129 @@ impl Users {
     }
 }
 
-#[repr(C)]
+// ---- resources ----
+
 pub struct Pd {
-    pub c: UnsafeCell<ibv_pd>,
-    magic: u64,
+    c: CSlot<ibv_pd>,
     pub sv: sv::Pd,
-    /// MRs, QPs, SRQs and AHs of this PD.
+    /// MRs, MWs, QPs, SRQs and AHs of this PD.
     pub users: Users,
 }
-handle!(Pd, ibv_pd, b"sRDMApd_");
+handle!(Pd, ibv_pd);
 
 impl Pd {
-    const C_OFFSET: usize = 0;
-    pub fn new(c: ibv_pd, sv: sv::Pd) -> Box<Pd> {
-        Box::new(Pd {
-            c: UnsafeCell::new(c),
-            magic: Self::MAGIC,
+    pub fn new(c: ibv_pd, sv: sv::Pd) -> Pd {
+        Pd {
+            c: CSlot::new(c),
             sv,
             users: Users::default(),
-        })
+        }
     }
 }
 
-#[repr(C)]
 pub struct Mr {
-    pub c: UnsafeCell<ibv_mr>,
-    magic: u64,
+    c: CSlot<ibv_mr>,
+    /// The region (dropping it deregisters).
+    #[allow(dead_code)]
     pub sv: sv::Mr,
 }
-handle!(Mr, ibv_mr, b"sRDMAmr_");
+handle!(Mr, ibv_mr);
 
 impl Mr {
-    const C_OFFSET: usize = 0;
-    pub fn new(c: ibv_mr, sv: sv::Mr) -> Box<Mr> {
-        Box::new(Mr {
-            c: UnsafeCell::new(c),
-            magic: Self::MAGIC,
+    pub fn new(c: ibv_mr, sv: sv::Mr) -> Mr {
+        Mr {
+            c: CSlot::new(c),
             sv,
-        })
+        }
     }
 }
 
-#[repr(C)]
 pub struct CompChannel {
-    pub c: UnsafeCell<ibv_comp_channel>,
-    magic: u64,
+    c: CSlot<ibv_comp_channel>,
     pub sv: sv::CompChannel,
     /// CQs using this channel: destroying it before them is EBUSY.
     pub users: Users,
 }
-handle!(CompChannel, ibv_comp_channel, b"sRDMAch_");
+handle!(CompChannel, ibv_comp_channel);
 
 impl CompChannel {
-    const C_OFFSET: usize = 0;
-    pub fn new(c: ibv_comp_channel, sv: sv::CompChannel) -> Box<CompChannel> {
-        Box::new(CompChannel {
-            c: UnsafeCell::new(c),
-            magic: Self::MAGIC,
+    pub fn new(c: ibv_comp_channel, sv: sv::CompChannel) -> CompChannel {
+        CompChannel {
+            c: CSlot::new(c),
             sv,
             users: Users::default(),
-        })
+        }
     }
 }
 
-#[repr(C)]
 pub struct Cq {
-    pub c: UnsafeCell<ibv_cq>,
-    magic: u64,
+    c: CSlot<ibv_cq>,
     pub sv: sv::Cq,
     /// QPs using this CQ.
     pub users: Users,
 }
-handle!(Cq, ibv_cq, b"sRDMAcq_");
+handle!(Cq, ibv_cq);
 
 impl Cq {
-    const C_OFFSET: usize = 0;
-    pub fn new(c: ibv_cq, sv: sv::Cq) -> Box<Cq> {
-        Box::new(Cq {
-            c: UnsafeCell::new(c),
-            magic: Self::MAGIC,
+    pub fn new(c: ibv_cq, sv: sv::Cq) -> Cq {
+        Cq {
+            c: CSlot::new(c),
             sv,
             users: Users::default(),
-        })
+        }
     }
 }
 
-#[repr(C)]
 pub struct Srq {
-    pub c: UnsafeCell<ibv_srq>,
-    magic: u64,
+    c: CSlot<ibv_srq>,
     pub sv: sv::Srq,
     pub attr: Mutex<ibv_srq_attr>,
     /// QPs attached to this SRQ.
     pub users: Users,
 }
-handle!(Srq, ibv_srq, b"sRDMAsrq");
+handle!(Srq, ibv_srq);
 
 impl Srq {
-    const C_OFFSET: usize = 0;
-    pub fn new(c: ibv_srq, sv: sv::Srq, attr: ibv_srq_attr) -> Box<Srq> {
-        Box::new(Srq {
-            c: UnsafeCell::new(c),
-            magic: Self::MAGIC,
+    pub fn new(c: ibv_srq, sv: sv::Srq, attr: ibv_srq_attr) -> Srq {
+        Srq {
+            c: CSlot::new(c),
             sv,
             attr: Mutex::new(attr),
             users: Users::default(),
-        })
+        }
     }
 }
 
-#[repr(C)]
 pub struct Qp {
-    pub c: UnsafeCell<ibv_qp>,
-    magic: u64,
+    c: CSlot<ibv_qp>,
     pub sv: sv::Qp,
     pub qp_type: sv::QpType,
     pub sq_sig_all: bool,
 }
-handle!(Qp, ibv_qp, b"sRDMAqp_");
+handle!(Qp, ibv_qp);
 
 impl Qp {
-    const C_OFFSET: usize = 0;
-    pub fn new(c: ibv_qp, sv: sv::Qp, qp_type: sv::QpType, sq_sig_all: bool) -> Box<Qp> {
-        Box::new(Qp {
-            c: UnsafeCell::new(c),
-            magic: Self::MAGIC,
+    pub fn new(c: ibv_qp, sv: sv::Qp, qp_type: sv::QpType, sq_sig_all: bool) -> Qp {
+        Qp {
+            c: CSlot::new(c),
             sv,
             qp_type,
             sq_sig_all,
-        })
+        }
     }
 }
 
-#[repr(C)]
 pub struct Ah {
-    pub c: UnsafeCell<ibv_ah>,
-    magic: u64,
+    c: CSlot<ibv_ah>,
     pub sv: sv::Ah,
 }
-handle!(Ah, ibv_ah, b"sRDMAah_");
+handle!(Ah, ibv_ah);
 
 impl Ah {
-    const C_OFFSET: usize = 0;
-    pub fn new(c: ibv_ah, sv: sv::Ah) -> Box<Ah> {
-        Box::new(Ah {
-            c: UnsafeCell::new(c),
-            magic: Self::MAGIC,
+    pub fn new(c: ibv_ah, sv: sv::Ah) -> Ah {
+        Ah {
+            c: CSlot::new(c),
             sv,
-        })
+        }
     }
 }

@@ -49,20 +49,16 @@ pub unsafe extern "C" fn ibv_create_qp(
 ) -> *mut ibv_qp {
     null_ret("ibv_create_qp", || {
         non_null!(init);
-        // SAFETY: checked by from_c.
-        let p = unsafe { Pd::from_c(pd)? };
+        let p = Pd::from_c(pd)?;
         // SAFETY: a readable and writable ibv_qp_init_attr.
         let init = unsafe { &mut *init };
         let t = qp_type(init.qp_type)?;
-        // SAFETY: each checked by from_c.
-        let send_cq = unsafe { Cq::from_c(init.send_cq)? };
-        // SAFETY: as above.
-        let recv_cq = unsafe { Cq::from_c(init.recv_cq)? };
+        let send_cq = Cq::from_c(init.send_cq)?;
+        let recv_cq = Cq::from_c(init.recv_cq)?;
         let srq = if init.srq.is_null() {
             None
         } else {
-            // SAFETY: checked by from_c.
-            Some(unsafe { Srq::from_c(init.srq)? })
+            Some(Srq::from_c(init.srq)?)
         };
         let cap = sv::QpCap {
             max_send_wr: init.cap.max_send_wr.max(1),
@@ -83,7 +79,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             qp_type: t,
             send_cq: &send_cq.sv,
             recv_cq: &recv_cq.sv,
-            srq: srq.map(|s| &s.sv),
+            srq: srq.as_ref().map(|s| &s.sv),
             cap,
             sq_sig_all: init.sq_sig_all != 0,
         })?;
@@ -92,7 +88,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         // SAFETY: live PD.
         let context = unsafe { (*p.c_ptr()).context };
         // SAFETY: a live context (its PD is live).
-        let ctx = unsafe { Context::from_c(context)? };
+        let ctx = Context::from_c(context)?;
         let mut c = ibv_qp::zeroed();
         c.context = context;
         c.qp_context = init.qp_context;
@@ -123,31 +119,28 @@ pub unsafe extern "C" fn ibv_create_qp(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     errno_ret("ibv_destroy_qp", || {
-        // SAFETY: checked; the application gives the QP up.
-        let q = unsafe { Qp::take(qp)? };
+        let q = Qp::take(qp)?;
         // SAFETY: the C struct of a QP we just took back.
         let c = unsafe { &*q.c_ptr() };
-        // SAFETY: a QP's context, PD, CQs and SRQ cannot be destroyed before
-        // it (each counts its users), so they are live.
-        unsafe {
-            if let Ok(ctx) = Context::from_c(c.context) {
-                ctx.qps
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&c.qp_num);
+        // A QP's context, PD, CQs and SRQ cannot be destroyed before it
+        // (each counts its users); each is looked up, not trusted.
+        if let Ok(ctx) = Context::from_c(c.context) {
+            ctx.qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&c.qp_num);
+        }
+        if let Ok(p) = Pd::from_c(c.pd) {
+            p.users.sub();
+        }
+        for cq in [c.send_cq, c.recv_cq] {
+            if let Ok(cq) = Cq::from_c(cq) {
+                cq.users.sub();
             }
-            if let Ok(p) = Pd::from_c(c.pd) {
-                p.users.sub();
-            }
-            for cq in [c.send_cq, c.recv_cq] {
-                if let Ok(cq) = Cq::from_c(cq) {
-                    cq.users.sub();
-                }
-            }
-            if !c.srq.is_null() {
-                if let Ok(s) = Srq::from_c(c.srq) {
-                    s.users.sub();
-                }
+        }
+        if !c.srq.is_null() {
+            if let Ok(s) = Srq::from_c(c.srq) {
+                s.users.sub();
             }
         }
         // Dropping the softrdma QP flushes and destroys it.
@@ -219,8 +212,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
 ) -> c_int {
     errno_ret("ibv_modify_qp", || {
         non_null!(attr);
-        // SAFETY: checked by from_c.
-        let q = unsafe { Qp::from_c(qp)? };
+        let q = Qp::from_c(qp)?;
         let mask = sv::AttrMask::from_bits_retain(attr_mask as u32);
         // SAFETY: a readable ibv_qp_attr.
         let a = attr_from_c(unsafe { &*attr }, mask, q.qp_type)?;
@@ -242,8 +234,7 @@ pub unsafe extern "C" fn ibv_query_qp(
 ) -> c_int {
     errno_ret("ibv_query_qp", || {
         non_null!(attr, init_attr);
-        // SAFETY: checked by from_c.
-        let q = unsafe { Qp::from_c(qp)? };
+        let q = Qp::from_c(qp)?;
         let (st, a, cap) = q.sv.query()?;
         // SAFETY: our QP's C struct.
         let c = unsafe { &mut *q.c_ptr() };
@@ -307,8 +298,7 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut std::ffi::c_vo
     // No QP is created through create_qp_ex with send-ops flags, so no QP
     // has the extended (ibv_wr_*) interface; rdma-core returns NULL then.
     null_ret("ibv_qp_to_qp_ex", || {
-        // SAFETY: checked by from_c.
-        unsafe { Qp::from_c(qp)? };
+        Qp::from_c(qp)?;
         Err(Fail::unsupported(
             "the QP was not created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS",
         ))
@@ -322,7 +312,6 @@ pub unsafe extern "C" fn ibv_query_qp_data_in_order(
     _flags: u32,
 ) -> c_int {
     // 0: no in-order data placement guarantee is promised.
-    // SAFETY: checked by from_c.
-    let _ = unsafe { Qp::from_c(qp) };
+    let _ = Qp::from_c(qp);
     0
 }

@@ -36,8 +36,7 @@ crate::symver! {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
     null_ret("ibv_alloc_pd", || {
-        // SAFETY: checked by from_c.
-        let ctx = unsafe { Context::from_c(context)? };
+        let ctx = Context::from_c(context)?;
         let pd = ctx.sv.alloc_pd();
         let c = ibv_pd {
             context,
@@ -51,17 +50,15 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     errno_ret("ibv_dealloc_pd", || {
-        // SAFETY: checked by from_c.
-        if unsafe { Pd::from_c(pd)? }.users.busy() {
+        if Pd::from_c(pd)?.users.busy() {
             return Err(Fail::new(
                 libc::EBUSY,
                 "the PD still has memory regions, QPs, SRQs or AHs",
             ));
         }
-        // SAFETY: checked; the application gives the PD up.
-        let p = unsafe { Pd::take(pd)? };
-        // SAFETY: a context with PDs is not freed (see ibv_close_device).
-        if let Ok(ctx) = unsafe { Context::from_c((*p.c_ptr()).context) } {
+        let p = Pd::take(pd)?;
+        // SAFETY: our own slot, live while `p` is.
+        if let Ok(ctx) = Context::from_c(unsafe { (*p.c_ptr()).context }) {
             ctx.users.sub();
         }
         drop(p);
@@ -78,8 +75,7 @@ fn reg_mr(
     iova: u64,
     access: c_int,
 ) -> Res<*mut ibv_mr> {
-    // SAFETY: checked by from_c.
-    let p = unsafe { Pd::from_c(pd)? };
+    let p = Pd::from_c(pd)?;
     if addr.is_null() && length != 0 {
         return Err(Fail::inval("addr is NULL"));
     }
@@ -143,11 +139,9 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     errno_ret("ibv_dereg_mr", || {
-        // SAFETY: checked; the application gives the region up.
-        let m = unsafe { Mr::take(mr)? };
-        // SAFETY: the region's pd pointer was checked at registration and a
-        // PD with regions cannot be deallocated.
-        if let Ok(p) = unsafe { Pd::from_c((*m.c_ptr()).pd) } {
+        let m = Mr::take(mr)?;
+        // SAFETY: our own slot, live while `m` is.
+        if let Ok(p) = Pd::from_c(unsafe { (*m.c_ptr()).pd }) {
             p.users.sub();
         }
         drop(m);
@@ -162,8 +156,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
     context: *mut ibv_context,
 ) -> *mut ibv_comp_channel {
     null_ret("ibv_create_comp_channel", || {
-        // SAFETY: checked by from_c.
-        let ctx = unsafe { Context::from_c(context)? };
+        let ctx = Context::from_c(context)?;
         let ch = ctx.sv.create_comp_channel()?;
         // rdma-core's channel descriptor starts out blocking; applications
         // that want EAGAIN set O_NONBLOCK themselves, and ibv_get_cq_event
@@ -182,17 +175,15 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     errno_ret("ibv_destroy_comp_channel", || {
-        // SAFETY: checked by from_c.
-        if unsafe { CompChannel::from_c(channel)? }.users.busy() {
+        if CompChannel::from_c(channel)?.users.busy() {
             return Err(Fail::new(
                 libc::EBUSY,
                 "CQs still use this completion channel",
             ));
         }
-        // SAFETY: checked; the application gives it up.
-        let ch = unsafe { CompChannel::take(channel)? };
-        // SAFETY: a context with channels is not freed.
-        if let Ok(ctx) = unsafe { Context::from_c((*ch.c_ptr()).context) } {
+        let ch = CompChannel::take(channel)?;
+        // SAFETY: our own slot, live while `ch` is.
+        if let Ok(ctx) = Context::from_c(unsafe { (*ch.c_ptr()).context }) {
             ctx.users.sub();
         }
         drop(ch);
@@ -209,8 +200,7 @@ pub unsafe extern "C" fn ibv_create_cq(
     comp_vector: c_int,
 ) -> *mut ibv_cq {
     null_ret("ibv_create_cq", || {
-        // SAFETY: checked by from_c.
-        let ctx = unsafe { Context::from_c(context)? };
+        let ctx = Context::from_c(context)?;
         let depth = u32::try_from(cqe)
             .ok()
             .filter(|&d| d > 0)
@@ -221,10 +211,9 @@ pub unsafe extern "C" fn ibv_create_cq(
         let ch = if channel.is_null() {
             None
         } else {
-            // SAFETY: checked by from_c.
-            Some(unsafe { CompChannel::from_c(channel)? })
+            Some(CompChannel::from_c(channel)?)
         };
-        let cq = ctx.sv.create_cq(depth, ch.map(|c| &c.sv))?;
+        let cq = ctx.sv.create_cq(depth, ch.as_ref().map(|c| &c.sv))?;
         let id = cq.id().0;
         let mut c = ibv_cq::zeroed();
         c.context = context;
@@ -250,30 +239,28 @@ pub unsafe extern "C" fn ibv_create_cq(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     errno_ret("ibv_destroy_cq", || {
-        // SAFETY: checked by from_c.
-        let q = unsafe { Cq::from_c(cq)? };
-        if q.users.busy() {
+        if Cq::from_c(cq)?.users.busy() {
             return Err(Fail::new(libc::EBUSY, "QPs still use this CQ"));
         }
-        // SAFETY: a live CQ's C struct; its context outlives it.
-        let (context, channel) = unsafe { ((*cq).context, (*cq).channel) };
-        // SAFETY: as above.
-        let ctx = unsafe { Context::from_c(context)? };
+        // Unregistered first: of two racing destroys, one gets here.
+        let q = Cq::take(cq)?;
+        // SAFETY: our own slot, live while `q` is.
+        let (context, channel) = unsafe { ((*q.c_ptr()).context, (*q.c_ptr()).channel) };
+        let ctx = Context::from_c(context)?;
         ctx.cqs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&q.sv.id().0);
         ctx.users.sub();
         if !channel.is_null() {
-            // SAFETY: a channel with CQs cannot be destroyed, so it is live.
-            if let Ok(ch) = unsafe { CompChannel::from_c(channel) } {
+            // A channel with CQs cannot be destroyed, so it is live.
+            if let Ok(ch) = CompChannel::from_c(channel) {
                 ch.users.sub();
                 // SAFETY: live channel.
                 unsafe { (*ch.c_ptr()).refcnt -= 1 };
             }
         }
-        // SAFETY: checked; the application gives the CQ up.
-        drop(unsafe { Cq::take(cq)? });
+        drop(q);
         Ok(())
     })
 }
@@ -281,8 +268,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     errno_ret("ibv_resize_cq", || {
-        // SAFETY: checked by from_c.
-        let q = unsafe { Cq::from_c(cq)? };
+        let q = Cq::from_c(cq)?;
         let depth = u32::try_from(cqe)
             .ok()
             .filter(|&d| d > 0)
@@ -328,10 +314,9 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 ) -> c_int {
     minus_one("ibv_get_cq_event", || {
         non_null!(cq, cq_context);
-        // SAFETY: checked by from_c.
-        let ch = unsafe { CompChannel::from_c(channel)? };
-        // SAFETY: a live channel's context.
-        let ctx = unsafe { Context::from_c((*ch.c_ptr()).context)? };
+        let ch = CompChannel::from_c(channel)?;
+        // SAFETY: our own slot, live while `ch` is.
+        let ctx = Context::from_c(unsafe { (*ch.c_ptr()).context })?;
         let timeout = nonblocking(ch.sv.fd()).then_some(std::time::Duration::ZERO);
         loop {
             let Some(id) = ch.sv.get_event(timeout)? else {
@@ -355,8 +340,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
     void_ret("ibv_ack_cq_events", || {
-        // SAFETY: checked by from_c.
-        let q = unsafe { Cq::from_c(cq)? };
+        let q = Cq::from_c(cq)?;
         // SAFETY: a live CQ; rdma-core updates this counter under the CQ's
         // mutex, which only this library uses.
         unsafe {
@@ -379,8 +363,7 @@ pub unsafe extern "C" fn ibv_create_srq(
 ) -> *mut ibv_srq {
     null_ret("ibv_create_srq", || {
         non_null!(init);
-        // SAFETY: checked by from_c.
-        let p = unsafe { Pd::from_c(pd)? };
+        let p = Pd::from_c(pd)?;
         // SAFETY: a readable/writable ibv_srq_init_attr.
         let init = unsafe { &mut *init };
         let max_sge = init.attr.max_sge.max(1);
@@ -404,8 +387,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
 ) -> c_int {
     errno_ret("ibv_modify_srq", || {
         non_null!(attr);
-        // SAFETY: checked by from_c.
-        let s = unsafe { Srq::from_c(srq)? };
+        let s = Srq::from_c(srq)?;
         if mask & IBV_SRQ_MAX_WR != 0 {
             return Err(Fail::unsupported("softrdma SRQs cannot be resized"));
         }
@@ -426,8 +408,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
 pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     errno_ret("ibv_query_srq", || {
         non_null!(attr);
-        // SAFETY: checked by from_c.
-        let s = unsafe { Srq::from_c(srq)? };
+        let s = Srq::from_c(srq)?;
         // SAFETY: writable attr.
         unsafe { *attr = *s.attr.lock().unwrap_or_else(|e| e.into_inner()) };
         Ok(())
@@ -437,14 +418,12 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     errno_ret("ibv_destroy_srq", || {
-        // SAFETY: checked by from_c.
-        if unsafe { Srq::from_c(srq)? }.users.busy() {
+        if Srq::from_c(srq)?.users.busy() {
             return Err(Fail::new(libc::EBUSY, "QPs are still attached to this SRQ"));
         }
-        // SAFETY: checked; the application gives it up.
-        let s = unsafe { Srq::take(srq)? };
-        // SAFETY: the SRQ's PD cannot be freed while the SRQ exists.
-        if let Ok(p) = unsafe { Pd::from_c((*s.c_ptr()).pd) } {
+        let s = Srq::take(srq)?;
+        // SAFETY: our own slot, live while `s` is.
+        if let Ok(p) = Pd::from_c(unsafe { (*s.c_ptr()).pd }) {
             p.users.sub();
         }
         drop(s);
@@ -476,8 +455,7 @@ fn ah_from_attr(attr: &ibv_ah_attr) -> Res<sv::Ah> {
 }
 
 fn create_ah(pd: *mut ibv_pd, attr: &ibv_ah_attr) -> Res<*mut ibv_ah> {
-    // SAFETY: checked by from_c.
-    let p = unsafe { Pd::from_c(pd)? };
+    let p = Pd::from_c(pd)?;
     let ah = ah_from_attr(attr)?;
     let c = ibv_ah {
         // SAFETY: live PD.
@@ -501,10 +479,9 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     errno_ret("ibv_destroy_ah", || {
-        // SAFETY: checked; the application gives it up.
-        let a = unsafe { Ah::take(ah)? };
-        // SAFETY: an AH's PD outlives it.
-        if let Ok(p) = unsafe { Pd::from_c((*a.c_ptr()).pd) } {
+        let a = Ah::take(ah)?;
+        // SAFETY: our own slot, live while `a` is.
+        if let Ok(p) = Pd::from_c(unsafe { (*a.c_ptr()).pd }) {
             p.users.sub();
         }
         drop(a);
@@ -554,8 +531,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
 ) -> c_int {
     minus_one("ibv_init_ah_from_wc", || {
         non_null!(wc, ah_attr);
-        // SAFETY: checked by from_c.
-        unsafe { Context::from_c(context)? };
+        Context::from_c(context)?;
         if port_num != 1 {
             return Err(Fail::inval("port_num must be 1"));
         }
@@ -593,8 +569,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
 ) -> c_int {
     minus_one("ibv_get_async_event", || {
         non_null!(event);
-        // SAFETY: checked by from_c.
-        let ctx = unsafe { Context::from_c(context)? };
+        let ctx = Context::from_c(context)?;
         let fd = ctx.sv.async_fd();
         loop {
             if let Some(e) = ctx.sv.get_async_event() {

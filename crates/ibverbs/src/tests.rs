@@ -55,7 +55,8 @@ fn null_and_foreign_pointers_are_refused_not_dereferenced() {
             libc::EINVAL
         );
 
-        // Memory that is not one of our objects: the magic check refuses it.
+        // Memory that is not one of our objects: not in the registry, so
+        // refused without being read.
         let mut junk = [0u64; 64];
         let p = junk.as_mut_ptr().cast::<c_void>();
         assert_eq!(ibv_dealloc_pd(p.cast()), libc::EINVAL);
@@ -435,3 +436,4 @@ fn closing_a_context_with_live_resources_keeps_it_for_them() {
 }
 
 mod cq;
+mod handles;

@@ -1,0 +1,158 @@
+//! Stale, foreign and mistyped pointers: every entry point refuses them
+//! with EINVAL without reading freed memory, including the operations a C
+//! program reaches through verbs.h's static inline functions (which read
+//! `obj->context->ops` from the stale object themselves).
+
+use std::ptr::null_mut;
+
+use super::*;
+use crate::handles::QUARANTINE;
+
+#[test]
+fn destroyed_handles_are_refused_everywhere() {
+    // SAFETY: the point of the test: after each destroy the pointer is
+    // stale, and every call with it (as a C program with a use-after-free
+    // bug makes them, inline dispatch included) must be refused.
+    unsafe {
+        let ctx = open_first();
+        let s = side(ctx, 2);
+        let (pd, cq, qp, mr) = (s.pd, s.cq, s.qp, s.mr);
+        let ch = ibv_create_comp_channel(ctx);
+        assert!(!ch.is_null());
+        teardown(s);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+
+        // Exported functions.
+        assert_eq!(ibv_destroy_qp(qp), libc::EINVAL);
+        assert_eq!(ibv_destroy_cq(cq), libc::EINVAL);
+        assert_eq!(ibv_dereg_mr(mr), libc::EINVAL);
+        assert_eq!(ibv_dealloc_pd(pd), libc::EINVAL);
+        assert_eq!(ibv_destroy_comp_channel(ch), libc::EINVAL);
+        let mut attr = ibv_qp_attr::default();
+        assert_eq!(ibv_modify_qp(qp, &mut attr, 1), libc::EINVAL);
+        let mut init: ibv_qp_init_attr = std::mem::zeroed();
+        assert_eq!(ibv_query_qp(qp, &mut attr, 0, &mut init), libc::EINVAL);
+        assert_eq!(ibv_resize_cq(cq, 8), libc::EINVAL);
+        ibv_ack_cq_events(cq, 1);
+        assert!(ibv_reg_mr(pd, null_mut(), 0, 1).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+
+        // The inline path: the application reads the stale object's
+        // `context` and that context's ops itself. The slots are still
+        // mapped (type-stable) and lead back here, where the registry
+        // refuses the pointer.
+        let mut wc = ibv_wc::default();
+        assert_eq!(
+            ((*(*cq).context).ops.poll_cq.unwrap())(cq, 1, &mut wc),
+            -libc::EINVAL
+        );
+        assert_eq!(
+            ((*(*cq).context).ops.req_notify_cq.unwrap())(cq, 0),
+            libc::EINVAL
+        );
+        let mut swr = ibv_send_wr::zeroed();
+        let mut bad = null_mut();
+        assert_eq!(
+            ((*(*qp).context).ops.post_send.unwrap())(qp, &mut swr, &mut bad),
+            libc::EINVAL
+        );
+        assert_eq!(bad, &mut swr as *mut _);
+        let mut rwr: ibv_recv_wr = std::mem::zeroed();
+        let mut bad_r = null_mut();
+        assert_eq!(
+            ((*(*qp).context).ops.post_recv.unwrap())(qp, &mut rwr, &mut bad_r),
+            libc::EINVAL
+        );
+
+        // A closed context: its exported calls and its inline operations.
+        assert_eq!(ibv_close_device(ctx), 0);
+        assert_eq!(ibv_close_device(ctx), libc::EINVAL);
+        assert!(ibv_alloc_pd(ctx).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        let mut dev_attr: ibv_device_attr = std::mem::zeroed();
+        assert_eq!(ibv_query_device(ctx, &mut dev_attr), libc::EINVAL);
+        assert_eq!(((*ctx).ops.poll_cq.unwrap())(cq, 1, &mut wc), -libc::EINVAL);
+    }
+}
+
+#[test]
+fn pointers_of_the_wrong_type_are_refused() {
+    // SAFETY: each call gets a live object of another type.
+    unsafe {
+        let ctx = open_first();
+        let s = side(ctx, 2);
+        assert_eq!(ibv_destroy_qp(s.cq.cast()), libc::EINVAL);
+        assert_eq!(ibv_destroy_cq(s.qp.cast()), libc::EINVAL);
+        assert_eq!(ibv_dealloc_pd(s.mr.cast()), libc::EINVAL);
+        assert_eq!(ibv_dereg_mr(s.pd.cast()), libc::EINVAL);
+        assert!(ibv_alloc_pd(s.pd.cast()).is_null());
+        let mut wc = ibv_wc::default();
+        assert_eq!(datapath::poll_cq(s.qp.cast(), 1, &mut wc), -libc::EINVAL);
+        // All of them are still alive and intact.
+        teardown(s);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn racing_destroys_free_an_object_once() {
+    // SAFETY: both threads destroy the same live CQ; exactly one may.
+    unsafe {
+        let ctx = open_first();
+        for _ in 0..50 {
+            let cq = ibv_create_cq(ctx, 4, null_mut(), null_mut(), 0) as usize;
+            assert_ne!(cq, 0);
+            let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let t: Vec<_> = (0..2)
+                .map(|_| {
+                    let go = go.clone();
+                    std::thread::spawn(move || {
+                        go.wait();
+                        ibv_destroy_cq(cq as *mut ibv_cq)
+                    })
+                })
+                .collect();
+            let mut r: Vec<i32> = t.into_iter().map(|t| t.join().unwrap()).collect();
+            r.sort();
+            assert_eq!(r, [0, libc::EINVAL]);
+        }
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn a_freed_slot_is_not_reused_at_once() {
+    // SAFETY: as a C program would call them.
+    unsafe {
+        let ctx = open_first();
+        let ah_attr = |gid| {
+            let mut a = ibv_ah_attr {
+                is_global: 1,
+                port_num: 1,
+                ..Default::default()
+            };
+            a.grh.dgid = gid;
+            a
+        };
+        let mut gid = ibv_gid::default();
+        assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
+        let pd = ibv_alloc_pd(ctx);
+        let stale = ibv_create_ah(pd, &mut ah_attr(gid));
+        assert_eq!(ibv_destroy_ah(stale), 0);
+        // Fewer than QUARANTINE further objects never take its slot (the other
+        // tests make only a few).
+        let mut made: Vec<*mut ibv_ah> = Vec::new();
+        for _ in 0..QUARANTINE / 2 {
+            let ah = ibv_create_ah(pd, &mut ah_attr(gid));
+            assert!(!ah.is_null());
+            assert_ne!(ah, stale);
+            made.push(ah);
+        }
+        assert_eq!(ibv_destroy_ah(stale), libc::EINVAL);
+        for ah in made {
+            assert_eq!(ibv_destroy_ah(ah), 0);
+        }
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}

@@ -81,10 +81,15 @@ fn reg_mr(
     }
     // Optional access bits (relaxed ordering, …) are hints a provider may
     // ignore; softrdma has nothing to relax.
-    let access = sv::AccessFlags::from_bits_retain(access as u32 & !IBV_ACCESS_OPTIONAL_RANGE);
+    let bits = access as u32 & !IBV_ACCESS_OPTIONAL_RANGE;
+    let access = sv::AccessFlags::from_bits_retain(bits);
     // SAFETY: verbs' contract for ibv_reg_mr: the memory stays valid until
-    // ibv_dereg_mr and the completion of every work request using it.
+    // ibv_dereg_mr and the completion of every work request using it (and
+    // the check below drops the region before anything can use it).
     let mr = unsafe { p.sv.reg_mr_raw(addr as u64, length, iova, access)? };
+    // What get_user_pages would refuse (EFAULT). After the core's checks,
+    // so bad flags are EINVAL first, as the kernel checks them first.
+    crate::pages::check(addr as u64, length as u64, crate::pages::needs_write(bits))?;
     // SAFETY: p.c_ptr() is a live ibv_pd.
     let context = unsafe { (*p.c_ptr()).context };
     let c = ibv_mr {

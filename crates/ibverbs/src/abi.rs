@@ -41,6 +41,7 @@ zeroed!(
     ibv_srq,
     ibv_qp,
     ibv_ah,
+    ibv_mw,
     ibv_send_wr,
     ibv_recv_wr
 );
@@ -77,7 +78,27 @@ pub const IBV_WR_SEND_WITH_IMM: u32 = 3;
 pub const IBV_WR_RDMA_READ: u32 = 4;
 pub const IBV_WR_ATOMIC_CMP_AND_SWP: u32 = 5;
 pub const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
+pub const IBV_WR_LOCAL_INV: u32 = 7;
+pub const IBV_WR_BIND_MW: u32 = 8;
 pub const IBV_WR_SEND_WITH_INV: u32 = 9;
+
+pub const IBV_MW_TYPE_1: u32 = 1;
+pub const IBV_MW_TYPE_2: u32 = 2;
+
+pub const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
+pub const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
+pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
+pub const IBV_ACCESS_MW_BIND: u32 = 16;
+pub const IBV_ACCESS_ZERO_BASED: u32 = 32;
+
+/// `enum ibv_rereg_mr_flags`.
+pub const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1;
+pub const IBV_REREG_MR_CHANGE_PD: c_int = 2;
+pub const IBV_REREG_MR_CHANGE_ACCESS: c_int = 4;
+pub const IBV_REREG_MR_FLAGS_SUPPORTED: c_int = 7;
+/// `enum ibv_rereg_mr_err_code`: the input was refused, the region is as
+/// it was.
+pub const IBV_REREG_MR_ERR_INPUT: c_int = -1;
 
 /// FENCE | SIGNALED | SOLICITED | INLINE: the send flags the transport
 /// implements. `IBV_SEND_IP_CSUM` (TSO/raw Ethernet) is ignored.
@@ -112,6 +133,9 @@ pub type PostSendFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
 pub type PostRecvFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type AllocMwFn = unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw;
+pub type BindMwFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
+pub type DeallocMwFn = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
 
 /// `struct ibv_context_ops` (32 slots). The `_compat_*` slots serve only
 /// binaries built before 2018 and stay NULL, as in rdma-core.
@@ -119,9 +143,11 @@ pub type PostRecvFn =
 pub struct ibv_context_ops {
     /// `_compat_query_device` … `_compat_dereg_mr`.
     pub _compat0: [usize; 7],
-    pub alloc_mw: usize,
-    pub bind_mw: usize,
-    pub dealloc_mw: usize,
+    /// verbs.h's inline `ibv_alloc_mw` fails with EOPNOTSUPP while NULL.
+    pub alloc_mw: Option<AllocMwFn>,
+    /// verbs.h's inline `ibv_bind_mw` (type 1 windows).
+    pub bind_mw: Option<BindMwFn>,
+    pub dealloc_mw: Option<DeallocMwFn>,
     pub _compat_create_cq: usize,
     pub poll_cq: Option<PollCqFn>,
     pub req_notify_cq: Option<ReqNotifyCqFn>,
@@ -466,6 +492,44 @@ pub struct ibv_qp_attr {
     pub rate_limit: u32,
 }
 
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    pub type_: u32,
+}
+
+/// `struct ibv_mw_bind_info`: what a window is bound to.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: u32,
+}
+
+/// `struct ibv_mw_bind` (`ibv_bind_mw`, type 1 windows).
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// The `bind_mw` member of `struct ibv_send_wr` (`IBV_WR_BIND_MW`, type 2
+/// windows).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
 /// `struct ibv_ah`.
 #[repr(C)]
 pub struct ibv_ah {
@@ -533,8 +597,8 @@ pub struct ibv_send_wr {
     pub wr: ibv_send_wr_wr,
     /// `qp_type.xrc.remote_srqn`.
     pub remote_srqn: u32,
-    /// The `bind_mw` / `tso` union.
-    pub _bind_mw_tso: [u64; 6],
+    /// The `bind_mw` / `tso` union; only `bind_mw` is read.
+    pub bind_mw: ibv_send_wr_bind_mw,
 }
 
 /// `struct ibv_recv_wr`.
@@ -606,6 +670,9 @@ mod tests {
             ibv_ah_attr,
             ibv_qp_attr,
             ibv_ah,
+            ibv_mw,
+            ibv_mw_bind_info,
+            ibv_mw_bind,
             ibv_sge,
             ibv_send_wr,
             ibv_recv_wr,
@@ -649,6 +716,13 @@ mod tests {
             max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry,
             alt_port_num, alt_timeout, rate_limit);
         offsets!(ibv_ah: context, pd, handle);
+        offsets!(ibv_mw: context, pd, rkey, handle);
+        offsets!(ibv_mw_bind_info: mr, addr, length, mw_access_flags);
+        offsets!(ibv_mw_bind: wr_id, send_flags, bind_info);
+        v.push((
+            "offsetof(struct ibv_mw, type)".into(),
+            offset_of!(ibv_mw, type_),
+        ));
         offsets!(ibv_sge: addr, length, lkey);
         offsets!(ibv_send_wr: wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr);
         offsets!(ibv_recv_wr: wr_id, next, sg_list, num_sge);
@@ -701,9 +775,23 @@ mod tests {
             "offsetof(struct ibv_send_wr, invalidate_rkey)".into(),
             offset_of!(ibv_send_wr, imm_data),
         ));
+        let bind = offset_of!(ibv_send_wr, bind_mw);
+        v.push(("offsetof(struct ibv_send_wr, bind_mw)".into(), bind));
         v.push((
-            "offsetof(struct ibv_send_wr, bind_mw)".into(),
-            offset_of!(ibv_send_wr, _bind_mw_tso),
+            "offsetof(struct ibv_send_wr, bind_mw.mw)".into(),
+            bind + offset_of!(ibv_send_wr_bind_mw, mw),
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, bind_mw.rkey)".into(),
+            bind + offset_of!(ibv_send_wr_bind_mw, rkey),
+        ));
+        v.push((
+            "offsetof(struct ibv_send_wr, bind_mw.bind_info)".into(),
+            bind + offset_of!(ibv_send_wr_bind_mw, bind_info),
+        ));
+        v.push((
+            "sizeof(((struct ibv_send_wr *)0)->bind_mw)".into(),
+            size_of::<ibv_send_wr_bind_mw>(),
         ));
         v.push((
             "offsetof(struct ibv_wc, invalidated_rkey)".into(),

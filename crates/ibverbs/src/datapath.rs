@@ -93,6 +93,13 @@ fn send_op(wr: &ibv_send_wr) -> Res<sv::SendOp> {
 }
 
 fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
+    // Memory window operations: checked in full, then refused until the
+    // core has windows (see `mw`).
+    match wr.opcode {
+        IBV_WR_BIND_MW => return crate::mw::check_bind_wr(q, wr),
+        IBV_WR_LOCAL_INV => return crate::mw::check_local_inv(q, wr.imm_data),
+        _ => {}
+    }
     let mut buf = [sv::Sge::default(); MAX_SGE];
     // SAFETY: verbs' contract for ibv_post_send: sg_list holds num_sge
     // entries.

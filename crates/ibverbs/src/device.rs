@@ -173,6 +173,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         c.ops.post_send = Some(crate::datapath::post_send);
         c.ops.post_recv = Some(crate::datapath::post_recv);
         c.ops.post_srq_recv = Some(crate::datapath::post_srq_recv);
+        c.ops.alloc_mw = Some(crate::mw::alloc_mw);
+        c.ops.bind_mw = Some(crate::mw::bind_mw);
+        c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
         c.cmd_fd = cmd_fd.as_raw_fd();
         c.async_fd = ctx.async_fd();
         c.num_comp_vectors = 1;

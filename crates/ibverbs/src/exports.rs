@@ -47,6 +47,7 @@ mod tests {
             crate::resources::SYMVERS,
             crate::qp::SYMVERS,
             crate::misc::SYMVERS,
+            crate::mw::SYMVERS,
         ]
         .concat()
         .iter()

@@ -72,6 +72,7 @@ slab!(
     verbs_context,
     ibv_pd,
     ibv_mr,
+    ibv_mw,
     ibv_comp_channel,
     ibv_cq,
     ibv_srq,
@@ -197,6 +198,7 @@ macro_rules! handle {
             }
 
             /// Move a new object into the application's hands.
+            #[allow(dead_code)] // no memory window is made yet
             pub fn into_c(o: $t) -> *mut $c {
                 let p = o.c_ptr();
                 register(p as usize, o);
@@ -206,6 +208,7 @@ macro_rules! handle {
             /// Take an object back from the application to destroy it: it
             /// is unregistered now and freed when the last reference (this
             /// one, or a concurrent call's) is dropped.
+            #[allow(dead_code)] // no memory window is made yet
             pub fn take(p: *mut $c) -> Res<Arc<$t>> {
                 unregister(p as usize, Self::WHAT)
             }
@@ -381,17 +384,32 @@ pub struct Mr {
     /// The region (dropping it deregisters).
     #[allow(dead_code)]
     pub sv: sv::Mr,
+    /// `IBV_ACCESS_*` as registered (memory window binds check MW_BIND and
+    /// LOCAL_WRITE).
+    pub access: u32,
 }
 handle!(Mr, ibv_mr);
 
 impl Mr {
-    pub fn new(c: ibv_mr, sv: sv::Mr) -> Mr {
+    pub fn new(c: ibv_mr, sv: sv::Mr, access: u32) -> Mr {
         Mr {
             c: CSlot::new(c),
             sv,
+            access,
         }
     }
 }
+
+/// A memory window. None exists until the core can allocate them (see
+/// `mw`); the type is here so the entry points check their pointers as
+/// every other one does.
+#[allow(dead_code)]
+pub struct Mw {
+    c: CSlot<ibv_mw>,
+    /// `IBV_MW_TYPE_1` or `IBV_MW_TYPE_2`.
+    pub mw_type: u32,
+}
+handle!(Mw, ibv_mw);
 
 pub struct CompChannel {
     c: CSlot<ibv_comp_channel>,

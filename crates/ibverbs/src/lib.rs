@@ -35,6 +35,7 @@ mod exports;
 mod ffi;
 mod handles;
 mod misc;
+mod mw;
 mod pages;
 mod qp;
 mod resources;

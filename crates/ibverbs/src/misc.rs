@@ -22,7 +22,7 @@ crate::symver! {
     "IBVERBS_1.1":
         ibv_attach_mcast, ibv_copy_ah_attr_from_kern, ibv_detach_mcast, ibv_dofork_range,
         ibv_dontfork_range, ibv_event_type_str, ibv_fork_init, ibv_node_type_str,
-        ibv_port_state_str, ibv_rate_to_mbps, ibv_rereg_mr, ibv_resolve_eth_l2_from_gid,
+        ibv_port_state_str, ibv_rate_to_mbps, ibv_resolve_eth_l2_from_gid,
         ibv_wc_status_str, mbps_to_ibv_rate;
     "IBVERBS_1.10":
         ibv_import_device, ibv_import_mr, ibv_import_pd, ibv_query_ece, ibv_set_ece,
@@ -269,21 +269,6 @@ pub extern "C" fn ibv_read_ibdev_sysfs_file(
             libc::ENOENT,
             "softrdma devices have no sysfs files",
         ))
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_rereg_mr(
-    _mr: *mut c_void,
-    _flags: c_int,
-    _pd: *mut c_void,
-    _addr: *mut c_void,
-    _length: usize,
-    _access: c_int,
-) -> c_int {
-    // IBV_REREG_MR_ERR_INPUT: refused, the region is unchanged.
-    minus_one("ibv_rereg_mr", || {
-        Err(Fail::unsupported("ibv_rereg_mr is not supported"))
     })
 }
 

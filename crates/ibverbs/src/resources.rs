@@ -102,7 +102,7 @@ fn reg_mr(
         rkey: mr.rkey(),
     };
     p.users.add();
-    Ok(Mr::into_c(Mr::new(c, mr)))
+    Ok(Mr::into_c(Mr::new(c, mr, bits)))
 }
 
 #[no_mangle]

@@ -5,6 +5,7 @@ use std::os::raw::c_int;
 use std::ptr::null_mut;
 
 use super::*;
+use crate::mw::ibv_rereg_mr;
 
 const PAGE: usize = 4096;
 
@@ -86,6 +87,104 @@ fn reg_mr_checks_that_pages_exist_and_allow_the_access() {
         assert_eq!(libc::munmap(ro.cast(), 2 * PAGE), 0);
         assert_eq!(libc::munmap(none.cast(), PAGE), 0);
         assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn memory_window_and_rereg_entry_points_check_their_arguments() {
+    // SAFETY: as a C program would call them (through the operations table
+    // for the inline window verbs).
+    unsafe {
+        let ctx = open_first();
+        let s = side(ctx, 2);
+        let ops = &(*ctx).ops;
+
+        // Window type first: 3 does not exist (EINVAL); 1 and 2 exist but
+        // wait for the core (EOPNOTSUPP, which rdma-core's tests skip on).
+        assert!((ops.alloc_mw.unwrap())(s.pd, 3).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert!((ops.alloc_mw.unwrap())(s.pd, IBV_MW_TYPE_1).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert!((ops.alloc_mw.unwrap())(s.cq.cast(), IBV_MW_TYPE_2).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!((ops.dealloc_mw.unwrap())(s.mr.cast()), libc::EINVAL);
+        let mut bind: ibv_mw_bind = std::mem::zeroed();
+        assert_eq!(
+            (ops.bind_mw.unwrap())(s.qp, null_mut(), &mut bind),
+            libc::EINVAL
+        );
+
+        // Work requests: a BIND_MW names no live window; LOCAL_INV waits.
+        let mut wr = ibv_send_wr::zeroed();
+        let mut bad = null_mut();
+        wr.opcode = IBV_WR_BIND_MW;
+        assert_eq!(
+            (ops.post_send.unwrap())(s.qp, &mut wr, &mut bad),
+            libc::EINVAL
+        );
+        wr.opcode = IBV_WR_LOCAL_INV;
+        wr.imm_data = (*s.mr).rkey;
+        // The QP is in RESET: still the opcode is what is refused first.
+        assert_eq!(
+            (ops.post_send.unwrap())(s.qp, &mut wr, &mut bad),
+            libc::EOPNOTSUPP
+        );
+
+        // ibv_rereg_mr: flags, translation and PD are checked, then the
+        // core is missing. Every failure leaves the region as it was.
+        let rereg = |flags, pd, addr: *mut u8, len, access| {
+            let r = ibv_rereg_mr(s.mr, flags, pd, addr.cast(), len, access);
+            (r, if r == 0 { 0 } else { errno() })
+        };
+        let ok_addr = (*s.mr).addr.cast::<u8>();
+        assert_eq!(rereg(0, null_mut(), null_mut(), 0, 0), (-1, libc::EINVAL));
+        assert_eq!(rereg(8, null_mut(), null_mut(), 0, 0), (-1, libc::EINVAL));
+        assert_eq!(
+            rereg(
+                IBV_REREG_MR_CHANGE_TRANSLATION,
+                null_mut(),
+                null_mut(),
+                64,
+                0
+            ),
+            (-1, libc::EINVAL)
+        );
+        assert_eq!(
+            rereg(IBV_REREG_MR_CHANGE_PD, s.cq.cast(), null_mut(), 0, 0),
+            (-1, libc::EINVAL)
+        );
+        assert_eq!(
+            rereg(IBV_REREG_MR_CHANGE_ACCESS, null_mut(), null_mut(), 0, 2),
+            (-1, libc::EINVAL),
+            "REMOTE_WRITE without LOCAL_WRITE"
+        );
+        let ro = map(1, libc::PROT_READ);
+        assert_eq!(
+            rereg(IBV_REREG_MR_CHANGE_TRANSLATION, null_mut(), ro, PAGE, 0),
+            (-1, libc::EFAULT),
+            "the region is LOCAL_WRITE: its new pages must be writable"
+        );
+        assert_eq!(
+            rereg(IBV_REREG_MR_CHANGE_ACCESS, null_mut(), null_mut(), 0, 1 | 2),
+            (-1, libc::EOPNOTSUPP)
+        );
+        assert_eq!((*s.mr).addr.cast::<u8>(), ok_addr);
+        assert_eq!(
+            ibv_rereg_mr(
+                s.pd.cast(),
+                IBV_REREG_MR_CHANGE_ACCESS,
+                null_mut(),
+                null_mut(),
+                0,
+                1
+            ),
+            -1
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(libc::munmap(ro.cast(), PAGE), 0);
+
+        teardown(s);
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }

@@ -8,11 +8,15 @@
 //! table entries, and every argument check rdma-core and rxe make (window
 //! type, bind range inside the region, the region's MW_BIND and LOCAL_WRITE,
 //! the window's access bits, PDs; rereg's flag combinations, a live PD, the
-//! pages of a new translation). What they wait for is the core: softrdma's
-//! core cannot yet allocate, bind or invalidate a window, nor change a
-//! registered region in place keeping its keys. Each entry point therefore
-//! ends in [`core_missing`], EOPNOTSUPP naming the core call it needs —
-//! which is also what makes rdma-core's tests skip rather than fail.
+//! pages of a new translation). What they wait for is below them: the core
+//! has windows now (`Endpoint::alloc_mw`/`bind_mw`/`dealloc_mw`,
+//! `SendOp::BindMw`/`LocalInv`), but softrdma-verbs does not wrap them yet,
+//! and a window is named by its *current* rkey, which a bind changes when it
+//! executes — the C side needs a handle that stays put (or a lookup by the
+//! 24 upper bits a window keeps). No core call changes a registered region
+//! in place keeping its keys (rereg). Each entry point therefore ends in
+//! [`core_missing`], EOPNOTSUPP naming what it needs — which is also what
+//! makes rdma-core's tests skip rather than fail.
 
 use std::os::raw::{c_int, c_void};
 

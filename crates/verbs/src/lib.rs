@@ -698,12 +698,12 @@ impl Cq {
     /// Move completions into `out`; returns how many. Polling also drives
     /// the device's progress from this thread.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        // A poll never waits for the lock (a thread blocked on it costs a
-        // scheduler wake-up, tens of µs on a VM): whoever owns the device is
-        // producing the completions this poll would find.
-        let Some(mut st) = self.eng.try_lock() else {
-            return Ok(0);
-        };
+        // A poll must not report an empty CQ that is not: verbs' "arm, then
+        // poll again" relies on it (an application sleeping on its channel
+        // after a false empty poll would wait for an event that already
+        // came). So it waits for the lock when another thread holds it —
+        // only ever for one pass.
+        let mut st = self.eng.lock();
         let mut n = st.ep.poll_cq(self.id, out)?;
         if n == 0 {
             self.eng.app_pass(&mut st);

@@ -198,9 +198,28 @@ pub fn run_test(
     } else {
         None
     };
-    let scq = ctx.create_cq((p.tx_depth as usize * n).max(1) as u32, chan_ev.as_ref())?;
+    // perftest sizes a CQ for every WR of every QP; past a few hundred QPs
+    // that exceeds the device's max_cqe. Only signaled WRs complete, so the
+    // CQ needs room for those: each QP has at most tx_depth / cq_mod + 1
+    // signaled sends outstanding (and rx_depth receives).
+    let max_cqe = ctx.query_device().max_cqe as usize;
+    let cq_size = |per_qp: usize, signaled: usize| -> Result<u32, Box<dyn std::error::Error>> {
+        let want = (per_qp * n).clamp(1, max_cqe);
+        if signaled * n > want {
+            return Err(format!(
+                " {n} QPs need {} completion queue entries, more than the device's max_cqe {max_cqe}: lower -t/-r or raise -Q",
+                signaled * n
+            )
+            .into());
+        }
+        Ok(want as u32)
+    };
+    let t = p.tx_depth as usize;
+    let signaled = (t / (p.cq_mod as usize).max(1) + 1).min(t);
+    let scq = ctx.create_cq(cq_size(p.tx_depth as usize, signaled)?, chan_ev.as_ref())?;
     let rcq = if verb == Verb::Send {
-        Some(ctx.create_cq((p.rx_depth as usize * n).max(1) as u32, chan_ev.as_ref())?)
+        let r = p.rx_depth as usize;
+        Some(ctx.create_cq(cq_size(r, r)?, chan_ev.as_ref())?)
     } else {
         None
     };

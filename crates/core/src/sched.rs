@@ -35,9 +35,12 @@
 //! by more than one packet. A QP that cannot start a new PSN for that reason
 //! waits in the destination's FIFO wait list; when ACKs free budget, as many
 //! waiters are woken as the free budget has room for full packets (at least
-//! one), in order, and a woken QP that finds the budget gone again goes to
-//! the back. Retransmissions are never held by it: their PSNs are counted
-//! already.
+//! one), in order. While any wait, the budget is first come, first served:
+//! a QP not woken from the list (its own ACK came in, it was posted to)
+//! queues at the back, and a woken one sends one new packet and, if it has
+//! more, queues at the back again — so under pressure the budget is shared
+//! packet by packet. Retransmissions are never held by it: their PSNs are
+//! counted already.
 //!
 //! # Timers
 //!
@@ -368,15 +371,22 @@ impl Sched {
     }
 
     /// One past the last PSN the QP may send: its own window, and for new
-    /// PSNs (from `hwm` on) the room left in its destination's budget.
+    /// PSNs (from `hwm` on) the room left in its destination's budget —
+    /// none while others wait for it, unless this QP is one they woke: the
+    /// budget is served first come, first served.
     fn limit(&self, s: usize, qp: &Qp) -> Psn {
         let own = self.own_limit(s, qp);
         let d = self.slots[s].dest;
         if d == NIL {
             return own;
         }
-        let free = self.budget.saturating_sub(self.dests[d as usize].inflight);
-        let room = free.div_ceil(psn_cost(qp.mtu())).min(1 << 22) as u32;
+        let dest = &self.dests[d as usize];
+        let room = if dest.waiters.len > 0 && !self.slots[s].woken {
+            0
+        } else {
+            let free = self.budget.saturating_sub(dest.inflight);
+            free.div_ceil(psn_cost(qp.mtu())).min(1 << 22) as u32
+        };
         let by_dest = qp.req.hwm.add(room);
         if by_dest.before(own) {
             by_dest
@@ -617,7 +627,6 @@ impl Sched {
             }
             let s = s as usize;
             shared.stats.sched_visits += 1;
-            self.clear_woken(s);
             if self.slots[s].deficit <= 0 {
                 self.slots[s].deficit += self.quantum;
             }
@@ -633,6 +642,9 @@ impl Sched {
                     }
                 }
             }
+            // A woken waiter has had its turn at the budget (if it sends
+            // more, it waits at the back again).
+            self.clear_woken(s);
             let Some(t) = t else {
                 self.sync(s, qp, now, None);
                 // `want` and the requester agree, so a QP filed as ready
@@ -656,7 +668,19 @@ impl Sched {
             self.slots[s].deficit -= t.wire_len() as i64;
             self.sync(s, qp, now, None);
             let slot = &self.slots[s];
-            if slot.place == Place::Ready && slot.deficit <= 0 && self.ready.len > 1 {
+            if slot.place == Place::Parked
+                && self.dests[slot.dest as usize].waiters.len == 1
+                && self.ready.len > 0
+            {
+                // It filled the budget and is the first to wait for it; the
+                // ready QPs behind it have not had their turn yet and will
+                // wait too. Let them queue first: end its turn at the back of
+                // the ready list, and it parks behind them when it comes up.
+                let d = slot.dest as usize;
+                self.dests[d].waiters.unlink(&mut self.slots, s as u32);
+                self.ready.push_back(&mut self.slots, s as u32);
+                self.slots[s].place = Place::Ready;
+            } else if slot.place == Place::Ready && slot.deficit <= 0 && self.ready.len > 1 {
                 self.ready.unlink(&mut self.slots, s as u32);
                 self.ready.push_back(&mut self.slots, s as u32);
             }

@@ -895,12 +895,8 @@ impl Endpoint {
         // A completion lost in the previous call stops its QP before it
         // sends again.
         self.fail_qps_of_dead_cqs();
-        let t = self
-            .sched
-            .poll_transmit(&mut self.qps, &mut self.shared, now, buf)?;
-        self.shared.stats.tx_packets += 1;
-        self.shared.stats.tx_bytes += t.wire_len() as u64;
-        Some(t)
+        self.sched
+            .poll_transmit(&mut self.qps, &mut self.shared, now, buf)
     }
 
     /// The earliest time `handle_timeout` should be called. O(1).

@@ -620,10 +620,11 @@ impl Sched {
     ) -> Option<Transmit> {
         self.now = self.now.max(now);
         let mut empty = 0usize;
-        let out = loop {
+        loop {
             let s = self.ready.head;
             if s == NIL {
-                break None;
+                self.settle_timers(qps);
+                return None;
             }
             let s = s as usize;
             shared.stats.sched_visits += 1;
@@ -684,10 +685,11 @@ impl Sched {
                 self.ready.unlink(&mut self.slots, s as u32);
                 self.ready.push_back(&mut self.slots, s as u32);
             }
-            break Some(t);
-        };
-        self.settle_timers(qps);
-        out
+            self.settle_timers(qps);
+            shared.stats.tx_packets += 1;
+            shared.stats.tx_bytes += t.wire_len() as u64;
+            return Some(t);
+        }
     }
 
     /// Check that no QP is forgotten: every QP that may send is on the ready

@@ -7,6 +7,7 @@
 mod support;
 
 use softrdma_core::gate::psn_cost;
+use softrdma_core::mr::KeySource;
 use softrdma_core::qp::attr::Mtu;
 use softrdma_core::qp::QpCap;
 use softrdma_core::wc::WcStatus;
@@ -30,7 +31,12 @@ fn pairs(
     let mut sim = Sim::new(7);
     for id in 0..2 {
         let mut h = Host::new(id, mem, 7 + id as u64);
-        let mut cfg = h.ep.config().clone();
+        // As `Host::new` sets it up, then tuned.
+        let mut cfg = EndpointConfig {
+            key_source: KeySource::seeded(7 + id as u64),
+            qpn_base: h.ep.config().qpn_base,
+            ..Default::default()
+        };
         tune(&mut cfg);
         h.ep = Endpoint::new(cfg);
         h.check_sched = n <= 128;

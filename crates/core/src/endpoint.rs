@@ -12,7 +12,8 @@ use crate::mr::{KeySource, Memory, MrTable, MwBind, MwType, PdId, Span};
 use crate::qp::attr::{AccessFlags, AttrLimits, AttrMask, Mtu, QpAttr};
 use crate::qp::queue::{RecvQueue, RecvWqe, SendState, SendWqe};
 use crate::qp::state::{check_modify, QpState, QpType};
-use crate::qp::{Qp, QpCap};
+use crate::qp::{Qp, QpCap, MAX_UNACKED_PSNS};
+use crate::sched::{Before, Sched};
 use crate::stats::Stats;
 use crate::transmit::Transmit;
 use crate::wc::Completion;
@@ -48,7 +49,8 @@ pub struct EndpointConfig {
     /// default is a fixed seed, deterministic and so only for tests.
     pub key_source: KeySource,
     /// QP numbers are `qpn_base + index`; several processes sharing one
-    /// address pick disjoint ranges.
+    /// address pick disjoint ranges (the verbs layer gives each 64K), and
+    /// `qpn_base + max_qp` must stay within the 24-bit QPN space.
     pub qpn_base: u32,
     pub max_qp: u32,
     pub max_cq: u32,
@@ -58,6 +60,17 @@ pub struct EndpointConfig {
     pub max_rd_atom: u8,
     pub port_mtu: Mtu,
     pub max_events: usize,
+    /// Most unacknowledged bytes towards one destination GID across all
+    /// its RC QPs (counted as [`crate::gate`] says), so that a sender with
+    /// many QPs cannot overrun its receiver's socket buffer. A larger value
+    /// keeps more in flight on a long path; a smaller one protects a
+    /// smaller receive buffer. `u64::MAX` turns it off.
+    pub max_inflight_per_dest: u64,
+    /// Bytes a ready QP sends per turn of the scheduler's round robin. A
+    /// larger quantum gives longer runs from one QP (longer GSO trains,
+    /// fewer list rotations); a smaller one interleaves QPs more finely, so
+    /// a short message waits less behind long ones.
+    pub sched_quantum: u32,
 }
 
 impl Default for EndpointConfig {
@@ -65,7 +78,7 @@ impl Default for EndpointConfig {
         EndpointConfig {
             key_source: KeySource::default(),
             qpn_base: 0x11,
-            max_qp: 1024,
+            max_qp: 16384,
             max_cq: 1024,
             max_cqe: 1 << 16,
             max_qp_wr: 1 << 14,
@@ -75,6 +88,14 @@ impl Default for EndpointConfig {
             max_rd_atom: 128,
             port_mtu: Mtu::B4096,
             max_events: 4096,
+            // What a receiver's UDP socket buffer holds: the UDP backend
+            // asks for 8 MiB, and the kernel charges a 4 KiB datagram about
+            // twice its length, so 4 MiB of packets fit with room to spare.
+            max_inflight_per_dest: 4 << 20,
+            // Four 4 KiB packets: runs long enough for GSO to batch, short
+            // enough that 100 busy QPs delay a small message by 1.6 MB of
+            // wire time, not a whole message each.
+            sched_quantum: 16 << 10,
         }
     }
 }
@@ -204,8 +225,8 @@ pub struct Endpoint {
     qps: Vec<Option<Qp>>,
     shared: Shared,
     next_pd: u32,
-    /// Round-robin position for `poll_transmit`.
-    cursor: usize,
+    /// Which QP sends next, and when a waiting one may again.
+    sched: Sched,
 }
 
 impl Endpoint {
@@ -223,7 +244,7 @@ impl Endpoint {
             },
             qps: Vec::new(),
             next_pd: 1,
-            cursor: 0,
+            sched: Sched::new(cfg.sched_quantum, cfg.max_inflight_per_dest),
             cfg,
         }
     }
@@ -411,6 +432,9 @@ impl Endpoint {
             // queue this QP again; it is in ERR by then and skipped.
             qp.enter_error(&mut self.shared);
             self.shared.push_event(Event::QpFatal(qpn));
+            let now = self.sched.now;
+            self.sched.sync(s, qp, now, None);
+            self.sched.settle_timers(&self.qps);
         }
     }
 
@@ -544,6 +568,11 @@ impl Endpoint {
             None => return Err(Error::OutOfResources("queue pairs")),
         };
         let qpn = self.cfg.qpn_base + slot as u32;
+        if qpn >= 1 << 24 {
+            return Err(Error::OutOfResources(
+                "QP numbers: qpn_base + max_qp passes the 24-bit QPN space",
+            ));
+        }
         let mut qp = Qp::new(qpn, &init);
         if init.qp_type == QpType::Ud {
             qp.attr.path_mtu = self.cfg.port_mtu;
@@ -551,6 +580,7 @@ impl Endpoint {
         self.cq_mut(init.send_cq)?.users += 1;
         self.cq_mut(init.recv_cq)?.users += 1;
         self.qps[slot] = Some(qp);
+        self.sched.on_create(slot);
         Ok(qpn)
     }
 
@@ -583,6 +613,10 @@ impl Endpoint {
         )?;
         attr.validate(mask, &limits)?;
         qp.apply(attr, mask, next, &mut self.shared);
+        if next == QpState::Reset {
+            self.sched.gate_mut(s).reset();
+        }
+        self.sync(s);
         Ok(())
     }
 
@@ -590,7 +624,9 @@ impl Endpoint {
     /// application sees every work request end.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), Error> {
         let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        self.sched.on_destroy(s);
         let mut qp = self.qps[s].take().expect("slot checked");
+        self.sched.settle_timers(&self.qps);
         if qp.state != QpState::Reset {
             qp.enter_error(&mut self.shared);
         }
@@ -740,6 +776,7 @@ impl Endpoint {
         if qp.state == QpState::Err {
             qp.flush(&mut self.shared);
         }
+        self.sync(s); // the doorbell
         Ok(())
     }
 
@@ -823,11 +860,13 @@ impl Endpoint {
             self.shared.stats.dropped_no_qp += 1; // not from the connected peer
             return;
         }
+        let before = Before::of(qp, &self.shared.stats);
         if info.has(Flags::RESPONSE) {
             if matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
                 qp.handle_response(now, &pkt, &repr, &mut self.shared, mem);
             } else {
                 self.shared.stats.dropped_no_qp += 1;
+                return;
             }
         } else if matches!(
             qp.state,
@@ -836,14 +875,18 @@ impl Endpoint {
             qp.handle_request(meta, &pkt, &repr, &mut self.shared, mem);
         } else {
             self.shared.stats.dropped_no_qp += 1;
+            return;
         }
+        self.sched
+            .sync(s, qp, now, Some((before, &mut self.shared.stats)));
+        self.sched.settle_timers(&self.qps);
         self.fail_qps_of_dead_cqs();
     }
 
     /// The next packet to send: headers (and inline payload) are written
     /// into `buf`, which must hold at least 4096 + 128 bytes. The payload
     /// segments stay valid only until the next call into the endpoint (see
-    /// [`Transmit`]).
+    /// [`Transmit`]). Only QPs on the scheduler's ready list are looked at.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
         assert!(
             buf.len() >= 4096 + 128,
@@ -852,44 +895,79 @@ impl Endpoint {
         // A completion lost in the previous call stops its QP before it
         // sends again.
         self.fail_qps_of_dead_cqs();
-        let n = self.qps.len();
-        for i in 0..n {
-            let s = (self.cursor + i) % n;
-            let Some(qp) = self.qps[s].as_mut() else {
-                continue;
-            };
-            let t = if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Err) {
-                None
-            } else {
-                qp.poll_response(buf, &mut self.shared)
-                    .or_else(|| qp.poll_request(now, buf, &mut self.shared))
-            };
-            if let Some(t) = t {
-                self.cursor = (s + 1) % n;
-                self.shared.stats.tx_packets += 1;
-                self.shared.stats.tx_bytes += t.wire_len() as u64;
-                return Some(t);
-            }
-        }
-        None
+        self.sched
+            .poll_transmit(&mut self.qps, &mut self.shared, now, buf)
     }
 
-    /// The earliest time `handle_timeout` should be called.
+    /// The earliest time `handle_timeout` should be called. O(1).
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        self.qps
-            .iter()
-            .flatten()
-            .filter_map(|q| q.next_timeout())
-            .min()
+        self.sched.poll_timeout()
     }
 
+    /// Fire the timers due at `now` (retransmission, RNR back-off, pacing);
+    /// only QPs with an expired timer are visited.
     pub fn handle_timeout(&mut self, now: Nanos) {
-        for qp in self.qps.iter_mut().flatten() {
-            if qp.next_timeout().is_some_and(|t| t <= now) {
-                qp.handle_timeout(now, &mut self.shared);
-            }
-        }
+        self.sched
+            .handle_timeout(&mut self.qps, &mut self.shared, now);
         self.fail_qps_of_dead_cqs();
+    }
+
+    /// Re-file slot `s` with the scheduler after a command on its QP.
+    fn sync(&mut self, s: usize) {
+        if let Some(qp) = self.qps[s].as_ref() {
+            let now = self.sched.now;
+            self.sched.sync(s, qp, now, None);
+        }
+        self.sched.settle_timers(&self.qps);
+    }
+
+    /// Pace a QP's requests at `bits_per_sec` (of [`Transmit::wire_len`]
+    /// bytes), or `None` for line rate: the congestion-control hook for
+    /// rate-based algorithms.
+    pub fn set_qp_rate(&mut self, qpn: u32, bits_per_sec: Option<u64>) -> Result<(), Error> {
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        if bits_per_sec == Some(0) {
+            return Err(Error::InvalidArgument(
+                "a QP rate of 0 bits/s never sends; None means line rate",
+            ));
+        }
+        self.sched.gate_mut(s).set_rate(bits_per_sec);
+        self.sync(s);
+        Ok(())
+    }
+
+    /// Set a QP's window: at most `psns` unacknowledged PSNs (1..=256) and,
+    /// if given, `bytes` unacknowledged bytes: the congestion-control hook
+    /// for window-based algorithms. Resets the loss back-off.
+    pub fn set_qp_window(&mut self, qpn: u32, psns: u32, bytes: Option<u64>) -> Result<(), Error> {
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        if psns == 0 || psns > MAX_UNACKED_PSNS {
+            return Err(Error::InvalidArgument(
+                "a QP window must be 1..=256 unacknowledged PSNs",
+            ));
+        }
+        self.sched.gate_mut(s).set_window(psns, bytes);
+        self.sync(s);
+        Ok(())
+    }
+
+    /// A QP's transmit gate: its window, back-off and rate.
+    pub fn qp_gate(&self, qpn: u32) -> Result<&crate::gate::TxGate, Error> {
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        Ok(self.sched.gate(s))
+    }
+
+    /// Unacknowledged bytes towards `gid` across all its RC QPs.
+    pub fn dest_inflight(&self, gid: &[u8; 16]) -> u64 {
+        self.sched.dest_inflight(gid)
+    }
+
+    /// Check the scheduler's invariants: no QP with work is forgotten (every
+    /// one that may send is on the ready list, every one held by a gate has
+    /// a timer or a wake-up coming), and its lists, budgets and timers are
+    /// consistent. Scans every QP: for tests and debugging, not hot paths.
+    pub fn check_scheduler(&self) -> Result<(), String> {
+        self.sched.check(&self.qps)
     }
 
     /// Whether no work queue holds a work request (so no queued work can

@@ -23,15 +23,22 @@
 //! requests into packets, the completer turns ACKs, NAKs, read responses and
 //! timeouts into completions and retransmissions, and the responder executes
 //! inbound requests and queues its responses in PSN order.
+//!
+//! Which QP sends next is the [`sched`]uler's: a ready list of the QPs that
+//! have something they may send, each behind its transmit [`gate`] (window
+//! and rate) and its destination's budget, with every timer in one heap.
 
 #![forbid(unsafe_code)]
 
 pub mod cq;
 pub mod endpoint;
 pub mod error;
+pub mod gate;
 pub mod mr;
 pub mod qp;
+pub mod sched;
 pub mod stats;
+mod timer;
 pub mod transmit;
 pub mod wc;
 pub mod wr;

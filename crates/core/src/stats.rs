@@ -31,4 +31,9 @@ pub struct Stats {
     pub dropped_messages: u64,
     /// Completions lost to a full completion queue.
     pub cq_overflows: u64,
+    /// QPs `poll_transmit` looked at (one per packet, plus one for each QP
+    /// found to have nothing after all): the scheduler's cost.
+    pub sched_visits: u64,
+    /// Times a retransmission timeout halved a QP's window.
+    pub window_backoffs: u64,
 }

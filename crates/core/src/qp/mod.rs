@@ -21,7 +21,7 @@ use queue::{RecvQueue, SendQueue};
 use state::{QpState, QpType};
 
 pub(crate) use completer::Completer;
-pub(crate) use requester::Requester;
+pub(crate) use requester::{Requester, Stop};
 pub(crate) use responder::Responder;
 
 /// Capacities a QP is created with (`struct ibv_qp_cap`).

@@ -13,7 +13,7 @@ use softrdma_wire::{Opcode, Psn};
 
 use super::queue::{gather, SendState};
 use super::state::{QpState, QpType};
-use super::{Qp, ACK_REQ_EVERY, MAX_UNACKED_PSNS};
+use super::{Qp, ACK_REQ_EVERY};
 use crate::endpoint::Ctx;
 use crate::transmit::{Segs, Transmit};
 use crate::wc::{Completion, WcStatus};
@@ -108,6 +108,30 @@ pub(crate) fn packets_for(op: &SendOp, length: u32, mtu: u32) -> u32 {
     }
 }
 
+/// Why the requester has no packet to send now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Nothing it may send whatever the gates say: no work, a fence, the
+    /// READ/atomic limit, an RNR back-off, a draining or unready QP.
+    Idle,
+    /// The next packet, with this PSN, is at or past the gate's limit.
+    Gate(Psn),
+    /// Work that sends no packet: a bind or local invalidate to carry out,
+    /// a finished WQE to complete. The scheduler visits the QP for it.
+    Local,
+}
+
+/// The packet the requester would send next.
+#[derive(Clone, Copy)]
+struct Next {
+    idx: u64,
+    wqe: super::queue::SendWqe,
+    first_psn: Psn,
+    npkts: u32,
+    k: u32,
+    psn: Psn,
+}
+
 impl Qp {
     /// Carry out the bind and invalidate WQEs the requester has reached, in
     /// order, as rxe's `rxe_do_local_ops` does: they send nothing, and
@@ -142,43 +166,44 @@ impl Qp {
         }
     }
 
-    /// Build the next request packet, if the send queue has one to send now.
-    pub(crate) fn poll_request(
-        &mut self,
-        now: Nanos,
-        buf: &mut [u8],
-        ctx: &mut Ctx<'_>,
-    ) -> Option<Transmit> {
+    /// The next request packet, if one may go: the protocol's own rules,
+    /// then the transmit gate's `limit` (RC only: a packet whose PSN is not
+    /// before it waits). Pure, so the scheduler asks it to decide whether
+    /// the QP belongs on its ready list.
+    fn next_request(&self, limit: Psn) -> Result<Next, Stop> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.comp.rnr_waiting() {
-            return None;
-        }
-        if self.state == QpState::Rts {
-            self.run_local_ops(ctx);
+            return Err(Stop::Idle);
         }
         let idx = self.sq.send;
-        let wqe = *self.sq.get(idx)?;
-        if let SendState::Done(_) = wqe.state {
-            // Nothing more of it goes out; it completes once it is the oldest.
-            if idx == self.sq.tail {
-                self.settle_done(ctx);
+        let wqe = *self.sq.get(idx).ok_or(Stop::Idle)?;
+        match wqe.state {
+            // Binds and invalidates send nothing but are the requester's
+            // work; a finished WQE at the tail still has to complete.
+            SendState::Posted if wqe.op.is_local() => {
+                return if self.state == QpState::Rts {
+                    Err(Stop::Local)
+                } else {
+                    Err(Stop::Idle)
+                };
             }
-            return None;
+            SendState::Done(_) if idx == self.sq.tail => return Err(Stop::Local),
+            SendState::Done(_) => return Err(Stop::Idle),
+            _ => {}
         }
-        let mtu = self.mtu();
         let rc = self.qp_type == QpType::Rc;
         if wqe.state == SendState::Posted {
             if self.state == QpState::Sqd {
-                return None; // draining: start nothing new
+                return Err(Stop::Idle); // draining: start nothing new
             }
             if rc {
                 let fence = wqe.flags.contains(crate::wr::SendFlags::FENCE);
                 if fence && self.req.rd_atomic_inflight > 0 {
-                    return None;
+                    return Err(Stop::Idle);
                 }
                 if wqe.op.is_read_or_atomic()
                     && self.req.rd_atomic_inflight >= (self.attr.max_rd_atomic as u32).max(1)
                 {
-                    return None;
+                    return Err(Stop::Idle);
                 }
             }
         }
@@ -187,12 +212,60 @@ impl Qp {
         } else {
             wqe.first_psn
         };
-        let npkts = packets_for(&wqe.op, wqe.length, mtu);
+        let npkts = packets_for(&wqe.op, wqe.length, self.mtu());
         let k = self.req.pkt_idx;
         let psn = first_psn.add(k);
-        if rc && self.comp.psn.distance_to(psn) >= MAX_UNACKED_PSNS {
-            return None; // window full
+        if rc && !psn.before(limit) {
+            return Err(Stop::Gate(psn));
         }
+        Ok(Next {
+            idx,
+            wqe,
+            first_psn,
+            npkts,
+            k,
+            psn,
+        })
+    }
+
+    /// Whether a request packet may go now under `limit`, and if not, why.
+    pub(crate) fn request_ready(&self, limit: Psn) -> Result<(), Stop> {
+        self.next_request(limit).map(|_| ())
+    }
+
+    /// Build the next request packet, if the send queue has one to send now
+    /// and its PSN is before the transmit gate's `limit`.
+    pub(crate) fn poll_request(
+        &mut self,
+        now: Nanos,
+        buf: &mut [u8],
+        ctx: &mut Ctx<'_>,
+        limit: Psn,
+    ) -> Option<Transmit> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.comp.rnr_waiting() {
+            return None;
+        }
+        if self.state == QpState::Rts {
+            self.run_local_ops(ctx);
+        }
+        let idx = self.sq.send;
+        if let SendState::Done(_) = self.sq.get(idx)?.state {
+            // Nothing more of it goes out; it completes once it is the oldest.
+            if idx == self.sq.tail {
+                self.settle_done(ctx);
+            }
+            return None;
+        }
+        let Next {
+            idx,
+            wqe,
+            first_psn,
+            npkts,
+            k,
+            psn,
+        } = self.next_request(limit).ok()?;
+        let mtu = self.mtu();
+        let rc = self.qp_type == QpType::Rc;
 
         let is_read = matches!(wqe.op, SendOp::Read { .. });
         let p = if is_read || wqe.op.is_atomic() {
@@ -285,7 +358,9 @@ impl Qp {
         let ack_req = rc
             && (ends
                 || self.req.noack + 1 >= ACK_REQ_EVERY
-                || self.comp.psn.distance_to(psn) + 1 >= MAX_UNACKED_PSNS);
+                // The last packet the gate lets through asks for the ACK
+                // that will open it again.
+                || !psn.next().before(limit));
         let solicited = ends
             && wqe.flags.contains(crate::wr::SendFlags::SOLICITED)
             && matches!(

@@ -150,6 +150,11 @@ impl Responder {
         self.out.clear();
     }
 
+    /// A response is queued: the scheduler's test for "this QP has work".
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     fn has_room(&self) -> bool {
         self.out.len() < self.out_cap
     }

@@ -87,6 +87,11 @@ pub struct Host {
     batch: usize,
     next_tx: u64,
     head: Vec<u8>,
+    /// Check the scheduler's invariants (`Endpoint::check_scheduler`, a
+    /// scan of every QP) each time the host has sent all it can and after
+    /// each timer; tests with thousands of QPs turn it off and check at
+    /// points of their own.
+    pub check_sched: bool,
 }
 
 impl Host {
@@ -109,6 +114,7 @@ impl Host {
             batch: 0,
             next_tx: 0,
             head: vec![0; 4096 + 128],
+            check_sched: true,
         }
     }
 
@@ -233,6 +239,7 @@ impl Node for Host {
         loop {
             let Some((to, n)) = self.build(now, buf) else {
                 self.batch = 0;
+                self.check();
                 return None;
             };
             let pkt = Packet::new_checked(&buf[..n]).expect("the core emits valid packets");
@@ -270,6 +277,18 @@ impl Node for Host {
         }
         self.sync();
         self.ep.handle_timeout(now);
+        self.check();
+    }
+}
+
+impl Host {
+    /// Panic if the scheduler forgot a QP (see [`Host::check_sched`]).
+    pub fn check(&self) {
+        if self.check_sched {
+            if let Err(e) = self.ep.check_scheduler() {
+                panic!("node {}: scheduler invariant broken: {e}", self.id);
+            }
+        }
     }
 }
 

@@ -1,0 +1,818 @@
+//! The QP scheduler: which queue pair sends next, and when a waiting one
+//! may send again — the arbiter of a NIC's send engine.
+//!
+//! # Ready list
+//!
+//! Only QPs with something they may send are visited. A QP is put on the
+//! ready list when something may have given it work — a command or an event
+//! addressed to it: `post_send`, `modify_qp`, a packet for it (the responder
+//! queued an ACK, NAK, READ or atomic response; an ACK moved its window),
+//! one of its timers (retransmission, RNR back-off, pacing), or its
+//! destination's budget opening. Each time, [`Sched::sync`] asks the QP what
+//! it wants ([`Want`]), with the same pure test the requester itself uses to
+//! build a packet, and files it accordingly: on the ready list, behind a
+//! pacing timer, on its destination's wait list, or nowhere (it waits for an
+//! event of its own: an ACK, a timer, a command). A QP therefore leaves the
+//! list as soon as it has nothing it may send, and work per packet does not
+//! depend on how many QPs exist or sit idle.
+//!
+//! The ready list and the wait lists are intrusive doubly linked lists
+//! threaded through the per-slot state (no allocation, O(1) insert and
+//! removal anywhere). Among ready QPs the order is deficit round robin in
+//! bytes: a QP at the head of the list sends until it has spent its quantum
+//! ([`crate::EndpointConfig::sched_quantum`], counted in
+//! [`Transmit::wire_len`] bytes, responses included), then goes to the back.
+//! Bytes rather than packets, so a QP of small packets and one of MTU
+//! packets share the wire by bytes; a deficit may go negative by less than
+//! one packet and is repaid the next turn, so no QP gets more than its share
+//! by more than one packet. A QP that leaves the list forfeits its deficit.
+//!
+//! # Destinations
+//!
+//! Every RC QP is counted against its destination GID: the unacknowledged
+//! bytes of all QPs towards one GID ([`crate::gate`] says how they are
+//! counted) may not pass [`crate::EndpointConfig::max_inflight_per_dest`]
+//! by more than one packet. A QP that cannot start a new PSN for that reason
+//! waits in the destination's FIFO wait list; when ACKs free budget, as many
+//! waiters are woken as the free budget has room for full packets (at least
+//! one), in order. While any wait, the budget is first come, first served:
+//! a QP not woken from the list (its own ACK came in, it was posted to)
+//! queues at the back, and a woken one sends one new packet and, if it has
+//! more, queues at the back again — so under pressure the budget is shared
+//! packet by packet. Retransmissions are never held by it: their PSNs are
+//! counted already.
+//!
+//! # Timers
+//!
+//! All of them are in one [`TimerHeap`]; each slot has at most one live
+//! entry, at or before the earliest of its deadlines (completer timers and
+//! its pacing time). [`Sched::settle_timers`] keeps the heap's top exact.
+
+use std::collections::BTreeMap;
+
+use softrdma_wire::Psn;
+
+use crate::endpoint::Shared;
+use crate::gate::{psn_cost, TxGate};
+use crate::qp::state::{QpState, QpType};
+use crate::qp::{Qp, Stop};
+use crate::stats::Stats;
+use crate::timer::TimerHeap;
+use crate::transmit::Transmit;
+use crate::Nanos;
+
+const NIL: u32 = u32::MAX;
+
+/// The largest cost of one PSN (at MTU 4096): how much free budget one
+/// woken waiter is assumed to use.
+const MAX_PSN_COST: u64 = 4096 + crate::gate::PACKET_OVERHEAD;
+
+/// Where a slot is filed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// On no list: no work, or waiting for an event of its own.
+    Idle,
+    Ready,
+    /// On its destination's wait list.
+    Parked,
+}
+
+/// What a QP wants from the scheduler now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// It has a packet it may send.
+    Send,
+    /// Its next request waits for its rate until this time.
+    Pace(Nanos),
+    /// Its next request is a new PSN its destination's budget has no room for.
+    Dest,
+    /// Nothing, until an event of its own (ACK, timer, command).
+    Nothing,
+}
+
+/// The scheduler's state for one QP slot.
+#[derive(Debug)]
+struct Slot {
+    prev: u32,
+    next: u32,
+    place: Place,
+    /// Woken from its destination's wait list and not yet visited.
+    woken: bool,
+    /// Deficit round robin: bytes it may still send this turn.
+    deficit: i64,
+    /// Index into `Sched::dests`, or `NIL`.
+    dest: u32,
+    /// Bytes it counts for in its destination's `inflight`.
+    charged: u64,
+    /// Generation and deadline of its live timer entry.
+    gen: u32,
+    armed: Option<Nanos>,
+    /// Its rate holds its next request until then.
+    pace_at: Option<Nanos>,
+    gate: TxGate,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            prev: NIL,
+            next: NIL,
+            place: Place::Idle,
+            woken: false,
+            deficit: 0,
+            dest: NIL,
+            charged: 0,
+            gen: 0,
+            armed: None,
+            pace_at: None,
+            gate: TxGate::default(),
+        }
+    }
+}
+
+/// An intrusive list of slots (through `Slot::prev` / `Slot::next`).
+#[derive(Debug, Clone, Copy)]
+struct List {
+    head: u32,
+    tail: u32,
+    len: u32,
+}
+
+impl List {
+    const EMPTY: List = List {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
+
+    fn push_back(&mut self, slots: &mut [Slot], s: u32) {
+        slots[s as usize].prev = self.tail;
+        slots[s as usize].next = NIL;
+        match self.tail {
+            NIL => self.head = s,
+            t => slots[t as usize].next = s,
+        }
+        self.tail = s;
+        self.len += 1;
+    }
+
+    fn unlink(&mut self, slots: &mut [Slot], s: u32) {
+        let (p, n) = (slots[s as usize].prev, slots[s as usize].next);
+        match p {
+            NIL => self.head = n,
+            p => slots[p as usize].next = n,
+        }
+        match n {
+            NIL => self.tail = p,
+            n => slots[n as usize].prev = p,
+        }
+        slots[s as usize].prev = NIL;
+        slots[s as usize].next = NIL;
+        self.len -= 1;
+    }
+
+    fn iter<'a>(&self, slots: &'a [Slot]) -> impl Iterator<Item = u32> + 'a {
+        let mut cur = self.head;
+        std::iter::from_fn(move || {
+            let s = cur;
+            if s == NIL {
+                return None;
+            }
+            cur = slots[s as usize].next;
+            Some(s)
+        })
+    }
+}
+
+/// The QPs of an endpoint towards one GID.
+#[derive(Debug)]
+struct Dest {
+    gid: [u8; 16],
+    refs: u32,
+    /// Unacknowledged bytes of its QPs (the sum of their `charged`).
+    inflight: u64,
+    waiters: List,
+    /// Waiters woken and not yet visited.
+    woken: u32,
+}
+
+/// What feedback a call produced for the loss back-off, taken before it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Before {
+    una: Psn,
+    timeouts: u64,
+}
+
+impl Before {
+    pub fn of(qp: &Qp, stats: &Stats) -> Before {
+        Before {
+            una: qp.comp.psn,
+            timeouts: stats.timeouts,
+        }
+    }
+}
+
+/// Unacknowledged bytes of a QP, as [`crate::gate`] counts them.
+fn inflight_bytes(qp: &Qp) -> u64 {
+    if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
+        return 0;
+    }
+    qp.comp.psn.distance_to(qp.req.hwm) as u64 * psn_cost(qp.mtu())
+}
+
+/// The scheduler of one endpoint.
+#[derive(Debug)]
+pub(crate) struct Sched {
+    slots: Vec<Slot>,
+    ready: List,
+    dests: Vec<Dest>,
+    by_gid: BTreeMap<[u8; 16], u32>,
+    free_dests: Vec<u32>,
+    timers: TimerHeap,
+    /// Slots with a live timer entry.
+    armed: usize,
+    quantum: i64,
+    budget: u64,
+    /// The latest time any call brought; commands that carry no time
+    /// (`post_send`, `modify_qp`) are filed against it.
+    pub now: Nanos,
+}
+
+impl Sched {
+    pub fn new(quantum: u32, budget: u64) -> Sched {
+        Sched {
+            slots: Vec::new(),
+            ready: List::EMPTY,
+            dests: Vec::new(),
+            by_gid: BTreeMap::new(),
+            free_dests: Vec::new(),
+            timers: TimerHeap::default(),
+            armed: 0,
+            quantum: quantum.max(1) as i64,
+            budget,
+            now: 0,
+        }
+    }
+
+    /// A QP was created in slot `s`.
+    pub fn on_create(&mut self, s: usize) {
+        while self.slots.len() <= s {
+            self.slots.push(Slot::default());
+        }
+        let gen = self.slots[s].gen;
+        self.slots[s] = Slot {
+            gen: gen.wrapping_add(1),
+            ..Slot::default()
+        };
+    }
+
+    /// The QP in slot `s` is gone: take it off every list, return its
+    /// budget, disarm its timer (its heap entry goes stale).
+    pub fn on_destroy(&mut self, s: usize) {
+        self.file(s, Want::Nothing);
+        self.detach(s);
+        let slot = &mut self.slots[s];
+        if slot.armed.take().is_some() {
+            self.armed -= 1;
+        }
+        slot.gen = slot.gen.wrapping_add(1);
+    }
+
+    pub fn gate(&self, s: usize) -> &TxGate {
+        &self.slots[s].gate
+    }
+
+    pub fn gate_mut(&mut self, s: usize) -> &mut TxGate {
+        &mut self.slots[s].gate
+    }
+
+    /// Unacknowledged bytes towards `gid` across its QPs.
+    pub fn dest_inflight(&self, gid: &[u8; 16]) -> u64 {
+        self.by_gid
+            .get(gid)
+            .map_or(0, |&d| self.dests[d as usize].inflight)
+    }
+
+    /// After anything that may have changed what the QP in slot `s` can
+    /// send: update its destination and budget, feed the loss back-off,
+    /// file it where it belongs and arm its timer.
+    pub fn sync(&mut self, s: usize, qp: &Qp, now: Nanos, fb: Option<(Before, &mut Stats)>) {
+        self.now = self.now.max(now);
+        let want_gid = (qp.qp_type == QpType::Rc
+            && matches!(
+                qp.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            ))
+        .then_some(qp.attr.av.dgid);
+        let d = self.slots[s].dest;
+        let same = match want_gid {
+            Some(g) => d != NIL && self.dests[d as usize].gid == g,
+            None => d == NIL,
+        };
+        if !same {
+            self.detach(s);
+            if let Some(g) = want_gid {
+                self.attach(s, g);
+            }
+        }
+        if let Some((before, stats)) = fb {
+            let gate = &mut self.slots[s].gate;
+            if stats.timeouts > before.timeouts {
+                gate.on_timeout();
+                stats.window_backoffs += 1;
+            } else if qp.comp.psn.after(before.una) {
+                gate.on_acked(before.una.distance_to(qp.comp.psn));
+            }
+        }
+        let charge = inflight_bytes(qp);
+        let slot = &mut self.slots[s];
+        let d = slot.dest;
+        if d != NIL {
+            let dest = &mut self.dests[d as usize];
+            dest.inflight = dest.inflight - slot.charged + charge;
+        }
+        slot.charged = charge;
+        let want = self.want(s, qp, now);
+        self.file(s, want);
+        self.arm(s, qp);
+        if d != NIL {
+            self.refill(d);
+        }
+    }
+
+    /// Where the QP in slot `s` stands. The requester's own test decides
+    /// whether a request may go, so this can never disagree with it.
+    fn want(&self, s: usize, qp: &Qp, now: Nanos) -> Want {
+        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Err) {
+            return Want::Nothing;
+        }
+        if qp.resp.has_output() {
+            return Want::Send;
+        }
+        match qp.request_ready(self.limit(s, qp)) {
+            Err(Stop::Idle) => Want::Nothing,
+            Err(Stop::Local) => Want::Send,
+            Err(Stop::Gate(psn)) if psn.before(self.own_limit(s, qp)) => Want::Dest,
+            Err(Stop::Gate(_)) => Want::Nothing,
+            Ok(()) => {
+                let g = &self.slots[s].gate;
+                if g.rate_open(now) {
+                    Want::Send
+                } else {
+                    Want::Pace(g.next_send_at())
+                }
+            }
+        }
+    }
+
+    /// One past the last PSN the QP's own window allows.
+    fn own_limit(&self, s: usize, qp: &Qp) -> Psn {
+        qp.comp.psn.add(self.slots[s].gate.window(qp.mtu()))
+    }
+
+    /// One past the last PSN the QP may send: its own window, and for new
+    /// PSNs (from `hwm` on) the room left in its destination's budget —
+    /// none while others wait for it, unless this QP is one they woke: the
+    /// budget is served first come, first served.
+    fn limit(&self, s: usize, qp: &Qp) -> Psn {
+        let own = self.own_limit(s, qp);
+        let d = self.slots[s].dest;
+        if d == NIL {
+            return own;
+        }
+        let dest = &self.dests[d as usize];
+        let room = if dest.waiters.len > 0 && !self.slots[s].woken {
+            0
+        } else {
+            let free = self.budget.saturating_sub(dest.inflight);
+            free.div_ceil(psn_cost(qp.mtu())).min(1 << 22) as u32
+        };
+        let by_dest = qp.req.hwm.add(room);
+        if by_dest.before(own) {
+            by_dest
+        } else {
+            own
+        }
+    }
+
+    /// File slot `s` as `want` says. A QP already on the ready list keeps
+    /// its place in the round.
+    fn file(&mut self, s: usize, want: Want) {
+        let si = s as u32;
+        if want != Want::Send {
+            self.unready(s);
+        }
+        if want != Want::Dest && self.slots[s].place == Place::Parked {
+            let d = self.slots[s].dest as usize;
+            self.dests[d].waiters.unlink(&mut self.slots, si);
+            self.slots[s].place = Place::Idle;
+        }
+        self.slots[s].pace_at = match want {
+            Want::Pace(t) => Some(t),
+            _ => None,
+        };
+        match (want, self.slots[s].place) {
+            (Want::Send, Place::Idle) => {
+                self.ready.push_back(&mut self.slots, si);
+                self.slots[s].place = Place::Ready;
+            }
+            (Want::Dest, Place::Idle) => {
+                let d = self.slots[s].dest as usize;
+                self.dests[d].waiters.push_back(&mut self.slots, si);
+                self.slots[s].place = Place::Parked;
+            }
+            _ => {}
+        }
+    }
+
+    /// Take slot `s` off the ready list, if it is there.
+    fn unready(&mut self, s: usize) {
+        self.clear_woken(s);
+        if self.slots[s].place == Place::Ready {
+            self.ready.unlink(&mut self.slots, s as u32);
+            self.slots[s].place = Place::Idle;
+            self.slots[s].deficit = 0;
+        }
+    }
+
+    fn clear_woken(&mut self, s: usize) {
+        let slot = &mut self.slots[s];
+        if slot.woken {
+            slot.woken = false;
+            self.dests[slot.dest as usize].woken -= 1;
+        }
+    }
+
+    /// Wake waiters of destination `d` while its free budget has room for
+    /// more full packets than are already woken.
+    fn refill(&mut self, d: u32) {
+        let dest = &self.dests[d as usize];
+        let room = self
+            .budget
+            .saturating_sub(dest.inflight)
+            .div_ceil(MAX_PSN_COST);
+        while (self.dests[d as usize].woken as u64) < room {
+            let s = self.dests[d as usize].waiters.head;
+            if s == NIL {
+                break;
+            }
+            self.dests[d as usize].waiters.unlink(&mut self.slots, s);
+            self.ready.push_back(&mut self.slots, s);
+            let slot = &mut self.slots[s as usize];
+            slot.place = Place::Ready;
+            slot.woken = true;
+            self.dests[d as usize].woken += 1;
+        }
+    }
+
+    fn attach(&mut self, s: usize, gid: [u8; 16]) {
+        let d = match self.by_gid.get(&gid) {
+            Some(&d) => d,
+            None => {
+                let dest = Dest {
+                    gid,
+                    refs: 0,
+                    inflight: 0,
+                    waiters: List::EMPTY,
+                    woken: 0,
+                };
+                let d = match self.free_dests.pop() {
+                    Some(d) => {
+                        self.dests[d as usize] = dest;
+                        d
+                    }
+                    None => {
+                        self.dests.push(dest);
+                        (self.dests.len() - 1) as u32
+                    }
+                };
+                self.by_gid.insert(gid, d);
+                d
+            }
+        };
+        self.dests[d as usize].refs += 1;
+        self.slots[s].dest = d;
+    }
+
+    fn detach(&mut self, s: usize) {
+        let d = self.slots[s].dest;
+        if d == NIL {
+            return;
+        }
+        if self.slots[s].place == Place::Parked {
+            self.dests[d as usize]
+                .waiters
+                .unlink(&mut self.slots, s as u32);
+            self.slots[s].place = Place::Idle;
+        }
+        self.clear_woken(s);
+        let slot = &mut self.slots[s];
+        let dest = &mut self.dests[d as usize];
+        dest.inflight -= slot.charged;
+        slot.charged = 0;
+        slot.dest = NIL;
+        dest.refs -= 1;
+        if dest.refs == 0 {
+            self.by_gid.remove(&dest.gid);
+            self.free_dests.push(d);
+        } else {
+            self.refill(d);
+        }
+    }
+
+    /// The earliest deadline of slot `s`'s QP: its completer's timers and
+    /// its pacing time.
+    fn deadline(&self, s: usize, qp: &Qp) -> Option<Nanos> {
+        match (qp.next_timeout(), self.slots[s].pace_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Give slot `s` a heap entry at or before its deadline. A deadline that
+    /// moved later keeps the earlier entry (see `settle_timers`).
+    fn arm(&mut self, s: usize, qp: &Qp) {
+        let Some(t) = self.deadline(s, qp) else {
+            return;
+        };
+        let slot = &mut self.slots[s];
+        if slot.armed.is_some_and(|a| a <= t) {
+            return;
+        }
+        if slot.armed.is_none() {
+            self.armed += 1;
+        }
+        slot.gen = slot.gen.wrapping_add(1);
+        slot.armed = Some(t);
+        self.timers.push(t, s as u32, slot.gen);
+    }
+
+    fn is_live(&self, (t, s, gen): (Nanos, u32, u32)) -> bool {
+        let slot = &self.slots[s as usize];
+        slot.gen == gen && slot.armed == Some(t)
+    }
+
+    /// Make the heap's top exact: drop stale entries and move an early one
+    /// (a deadline pushed out since it was armed) to where it belongs. After
+    /// this the top is the endpoint's earliest deadline.
+    pub fn settle_timers(&mut self, qps: &[Option<Qp>]) {
+        while let Some(e @ (t, s, _)) = self.timers.peek() {
+            if !self.is_live(e) {
+                self.timers.pop();
+                continue;
+            }
+            let s = s as usize;
+            let qp = qps[s].as_ref().expect("a live timer belongs to a QP");
+            let truth = self.deadline(s, qp);
+            if truth == Some(t) {
+                break;
+            }
+            self.timers.pop();
+            self.slots[s].armed = None;
+            self.armed -= 1;
+            self.arm(s, qp);
+        }
+        let slots = &self.slots;
+        self.timers.compact(self.armed, |&(t, s, g)| {
+            let slot = &slots[s as usize];
+            slot.gen == g && slot.armed == Some(t)
+        });
+    }
+
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        self.timers.peek().map(|(t, _, _)| t)
+    }
+
+    /// Fire the timers due at `now`, visiting only their QPs.
+    pub fn handle_timeout(&mut self, qps: &mut [Option<Qp>], shared: &mut Shared, now: Nanos) {
+        self.now = self.now.max(now);
+        while let Some(e @ (t, s, _)) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            if !self.is_live(e) {
+                continue;
+            }
+            let s = s as usize;
+            self.slots[s].armed = None;
+            self.armed -= 1;
+            let qp = qps[s].as_mut().expect("a live timer belongs to a QP");
+            let before = Before::of(qp, &shared.stats);
+            if qp.next_timeout().is_some_and(|d| d <= now) {
+                qp.handle_timeout(now, shared);
+            }
+            if self.slots[s].pace_at.is_some_and(|p| p <= now) {
+                self.slots[s].pace_at = None;
+            }
+            self.sync(s, qp, now, Some((before, &mut shared.stats)));
+        }
+        self.settle_timers(qps);
+    }
+
+    /// The next packet of the QP at the head of the ready list.
+    pub fn poll_transmit(
+        &mut self,
+        qps: &mut [Option<Qp>],
+        shared: &mut Shared,
+        now: Nanos,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        self.now = self.now.max(now);
+        let mut empty = 0usize;
+        loop {
+            let s = self.ready.head;
+            if s == NIL {
+                self.settle_timers(qps);
+                return None;
+            }
+            let s = s as usize;
+            shared.stats.sched_visits += 1;
+            if self.slots[s].deficit <= 0 {
+                self.slots[s].deficit += self.quantum;
+            }
+            let qp = qps[s].as_mut().expect("a ready slot holds a QP");
+            let mut t = None;
+            if !matches!(qp.state, QpState::Reset | QpState::Init | QpState::Err) {
+                t = qp.poll_response(buf, shared);
+                if t.is_none() && self.slots[s].gate.rate_open(now) {
+                    let limit = self.limit(s, qp);
+                    t = qp.poll_request(now, buf, shared, limit);
+                    if let Some(t) = &t {
+                        self.slots[s].gate.on_sent(now, t.wire_len());
+                    }
+                }
+            }
+            // A woken waiter has had its turn at the budget (if it sends
+            // more, it waits at the back again).
+            self.clear_woken(s);
+            let Some(t) = t else {
+                self.sync(s, qp, now, None);
+                // `want` and the requester agree, so a QP filed as ready
+                // has a packet, or work that sends none (a bind, a local
+                // invalidate, a finished WQE to complete), which the visit
+                // just did. A QP still ready after an empty visit goes to
+                // the back; one that keeps coming back empty would be a
+                // broken invariant, and must not spin here.
+                empty += 1;
+                if self.slots[s].place == Place::Ready {
+                    if empty > 2 * self.ready.len as usize + 2 {
+                        debug_assert!(false, "QP {:#x} filed ready sends nothing", qp.qpn);
+                        self.unready(s);
+                    } else {
+                        self.ready.unlink(&mut self.slots, s as u32);
+                        self.ready.push_back(&mut self.slots, s as u32);
+                    }
+                }
+                continue;
+            };
+            self.slots[s].deficit -= t.wire_len() as i64;
+            self.sync(s, qp, now, None);
+            let slot = &self.slots[s];
+            if slot.place == Place::Parked
+                && self.dests[slot.dest as usize].waiters.len == 1
+                && self.ready.len > 0
+            {
+                // It filled the budget and is the first to wait for it; the
+                // ready QPs behind it have not had their turn yet and will
+                // wait too. Let them queue first: end its turn at the back of
+                // the ready list, and it parks behind them when it comes up.
+                let d = slot.dest as usize;
+                self.dests[d].waiters.unlink(&mut self.slots, s as u32);
+                self.ready.push_back(&mut self.slots, s as u32);
+                self.slots[s].place = Place::Ready;
+            } else if slot.place == Place::Ready && slot.deficit <= 0 && self.ready.len > 1 {
+                self.ready.unlink(&mut self.slots, s as u32);
+                self.ready.push_back(&mut self.slots, s as u32);
+            }
+            self.settle_timers(qps);
+            shared.stats.tx_packets += 1;
+            shared.stats.tx_bytes += t.wire_len() as u64;
+            return Some(t);
+        }
+    }
+
+    /// Check that no QP is forgotten: every QP that may send is on the ready
+    /// list, one held by its rate has a timer, one held by its destination
+    /// is parked where a release will wake it; the lists, budgets and timer
+    /// heap are consistent. O(QPs + timers): for tests.
+    pub fn check(&self, qps: &[Option<Qp>]) -> Result<(), String> {
+        let mut on_ready = vec![false; self.slots.len()];
+        let mut n = 0u32;
+        let mut prev = NIL;
+        for s in self.ready.iter(&self.slots) {
+            let slot = &self.slots[s as usize];
+            if slot.place != Place::Ready || slot.prev != prev || on_ready[s as usize] {
+                return Err(format!("ready list broken at slot {s}"));
+            }
+            on_ready[s as usize] = true;
+            prev = s;
+            n += 1;
+        }
+        if n != self.ready.len || self.ready.tail != prev {
+            return Err(format!("ready list holds {n}, says {}", self.ready.len));
+        }
+        let mut live = vec![false; self.slots.len()];
+        let mut nlive = 0;
+        for e in self.timers.iter() {
+            if self.is_live(e) {
+                if live[e.1 as usize] {
+                    return Err(format!("slot {} has two live timers", e.1));
+                }
+                live[e.1 as usize] = true;
+                nlive += 1;
+            }
+        }
+        if nlive != self.armed {
+            return Err(format!("{nlive} live timers, {} armed", self.armed));
+        }
+        let mut inflight = vec![0u64; self.dests.len()];
+        let mut woken = vec![0u32; self.dests.len()];
+        let mut earliest: Option<Nanos> = None;
+        for (s, slot) in self.slots.iter().enumerate() {
+            let Some(qp) = qps.get(s).and_then(|q| q.as_ref()) else {
+                if slot.place != Place::Idle || slot.dest != NIL || slot.armed.is_some() {
+                    return Err(format!("slot {s} has no QP but is still scheduled"));
+                }
+                continue;
+            };
+            let q = qp.qpn;
+            if on_ready[s] != (slot.place == Place::Ready) {
+                return Err(format!("QP {q:#x} is marked ready but not on the list"));
+            }
+            if slot.dest != NIL {
+                if inflight_bytes(qp) != slot.charged {
+                    return Err(format!(
+                        "QP {q:#x} charges {} bytes to its destination, has {} in flight",
+                        slot.charged,
+                        inflight_bytes(qp)
+                    ));
+                }
+                inflight[slot.dest as usize] += slot.charged;
+                woken[slot.dest as usize] += slot.woken as u32;
+            } else if slot.charged != 0 || slot.woken {
+                return Err(format!("QP {q:#x} has no destination but charges one"));
+            }
+            let want = self.want(s, qp, self.now);
+            let ok = match want {
+                Want::Send => slot.place == Place::Ready,
+                Want::Pace(t) => slot.place == Place::Ready || slot.pace_at == Some(t),
+                Want::Dest => matches!(slot.place, Place::Ready | Place::Parked),
+                Want::Nothing => true,
+            };
+            if !ok {
+                return Err(format!(
+                    "QP {q:#x} is forgotten: it wants {want:?} but is filed {:?} (pace_at {:?})",
+                    slot.place, slot.pace_at
+                ));
+            }
+            if let Some(d) = self.deadline(s, qp) {
+                match slot.armed {
+                    Some(a) if a <= d && live[s] => {}
+                    a => {
+                        return Err(format!(
+                            "QP {q:#x} has a deadline at {d} but its timer is {a:?}"
+                        ))
+                    }
+                }
+                earliest = Some(earliest.map_or(d, |e| e.min(d)));
+            }
+        }
+        if let Some(e) = earliest {
+            if self.poll_timeout() != Some(e) {
+                return Err(format!(
+                    "poll_timeout says {:?}, the earliest deadline is {e}",
+                    self.poll_timeout()
+                ));
+            }
+        }
+        for (d, dest) in self.dests.iter().enumerate() {
+            if dest.refs == 0 {
+                continue;
+            }
+            if dest.inflight != inflight[d] || dest.woken != woken[d] {
+                return Err(format!(
+                    "destination {d}: {} bytes and {} woken recorded, {} and {} counted",
+                    dest.inflight, dest.woken, inflight[d], woken[d]
+                ));
+            }
+            for s in dest.waiters.iter(&self.slots) {
+                let slot = &self.slots[s as usize];
+                if slot.place != Place::Parked || slot.dest != d as u32 {
+                    return Err(format!("wait list of destination {d} broken at slot {s}"));
+                }
+            }
+            let room = self
+                .budget
+                .saturating_sub(dest.inflight)
+                .div_ceil(MAX_PSN_COST);
+            if dest.waiters.len > 0 && (dest.woken as u64) < room {
+                return Err(format!(
+                    "destination {d} has room for {room} packets, {} QPs waiting and only {} woken",
+                    dest.waiters.len, dest.woken
+                ));
+            }
+        }
+        Ok(())
+    }
+}

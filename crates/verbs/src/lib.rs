@@ -104,6 +104,7 @@ pub struct DeviceAttr {
     pub max_cq: u32,
     pub max_cqe: u32,
     pub max_mr: u32,
+    pub max_mw: u32,
     pub max_pd: u32,
     pub max_qp_rd_atom: u32,
     pub max_qp_init_rd_atom: u32,
@@ -128,6 +129,13 @@ pub struct PortAttr {
     pub link_layer_ethernet: bool,
 }
 
+/// The core's limits as every context is configured with them.
+struct Limits {
+    max_qp: u32,
+}
+
+const DEFAULT_LIMITS: Limits = Limits { max_qp: 16384 };
+
 /// What a device reports (`ibv_query_device`); needs no open context.
 pub fn device_attr(dev: &DeviceInfo) -> DeviceAttr {
     let g = dev.gid();
@@ -140,12 +148,13 @@ pub fn device_attr(dev: &DeviceInfo) -> DeviceAttr {
         vendor_part_id: 1,
         hw_ver: 0,
         max_mr_size: softrdma_core::MAX_MSG_SIZE,
-        max_qp: 1024,
+        max_qp: DEFAULT_LIMITS.max_qp,
         max_qp_wr: 1 << 14,
         max_sge: softrdma_core::MAX_SGE as u32,
         max_cq: 1024,
         max_cqe: 1 << 16,
         max_mr: softrdma_core::mr::MAX_MR as u32,
+        max_mw: softrdma_core::mr::MAX_MW as u32,
         max_pd: 1 << 16,
         max_qp_rd_atom: 128,
         max_qp_init_rd_atom: 128,
@@ -231,8 +240,15 @@ impl Context {
                 "the OS random number generator (getrandom) is unavailable, and memory keys must be unpredictable: {e}"
             )))
         })?;
+        // What may be in flight towards one peer: what a receiver's socket
+        // buffer holds (ours is the best guess at the peer's; both run the
+        // same code on the same kind of host), so many QPs cannot overflow
+        // it into go-back-N and retry exhaustion.
+        let inflight = (port.rcvbuf() as u64).clamp(256 << 10, 4 << 20);
         let cfg = softrdma_core::EndpointConfig {
             key_source: os_keys(),
+            max_inflight_per_dest: inflight,
+            max_qp: DEFAULT_LIMITS.max_qp,
             qpn_base: (slot << 16) | 0x100,
             port_mtu,
             ..Default::default()

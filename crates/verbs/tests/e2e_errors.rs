@@ -416,3 +416,73 @@ fn remote_violation_fails_one_qp_only() {
         },
     );
 }
+
+/// A UD destination the IO layer cannot reach (an IPv6 GID from an IPv4
+/// device) loses that one datagram, as UD may; it must not stop the device.
+/// The first engine stopped on the send error, and every QP of the context
+/// then went unserved: here the same context must still serve an RDMA READ
+/// from the peer with no call from this process.
+#[test]
+fn one_bad_ud_destination_does_not_stop_the_device() {
+    const TGT: u64 = 1200;
+    two_processes(
+        "one_bad_ud_destination_does_not_stop_the_device",
+        |mut oob| {
+            let ctx = open(V4);
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64, None).unwrap();
+            let ud = qp_init(&pd, QpType::Ud, &cq, &cq, None, cap(16, 16));
+            connect(&ud, QpType::Ud, psn(1), &addr_of(&ctx, &ud, 0));
+            let rc = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let tgt = mr_with(&pd, 8192, TGT, ALL_REMOTE);
+            let src = mr_with(&pd, 64, TGT + 1, AccessFlags::LOCAL_WRITE);
+            let v6: std::net::IpAddr = "2001:db8::1".parse().unwrap();
+            for i in 0..4 {
+                ud.post_send(&SendWr {
+                    wr_id: i,
+                    op: SendOp::Send,
+                    sgl: &[src.sge(0, 64)],
+                    flags: SendFlags::SIGNALED,
+                    ud: Some(UdDest {
+                        gid: ip_to_gid(v6),
+                        remote_qpn: 0x123,
+                        remote_qkey: 0x1111,
+                    }),
+                })
+                .unwrap();
+            }
+            // UD completes a send once it has left (or been lost), as an
+            // RNIC does.
+            let w = wait_cq(&cq, 4, "UD sends to an unreachable destination");
+            assert!(w.iter().all(|c| c.status == WcStatus::Success), "{w:?}");
+            exchange_and_connect(&ctx, &mut oob, &[&rc], QpType::Rc, 60);
+            oob.send_region(&Region::of(&tgt));
+            // From here on this process makes no call: the engine thread
+            // alone serves the peer's READ.
+            oob.expect("read");
+        },
+        |mut oob| {
+            let ctx = open(V4);
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64, None).unwrap();
+            let rc = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let dst = pd.reg_mr(vec![0; 8192], AccessFlags::LOCAL_WRITE).unwrap();
+            exchange_and_connect(&ctx, &mut oob, &[&rc], QpType::Rc, 60);
+            let tgt = oob.recv_region();
+            rc.post_send(&wr(
+                1,
+                SendOp::Read {
+                    remote_addr: tgt.at(0),
+                    rkey: tgt.rkey,
+                },
+                &[dst.sge(0, 8192)],
+                SendFlags::SIGNALED,
+            ))
+            .unwrap();
+            let w = wait_cq(&cq, 1, "READ from the device that met a bad destination");
+            assert_wc(&w[0], 1, WcStatus::Success, WcOpcode::RdmaRead, 8192);
+            assert_bytes(&read_mr(&dst, 0, 8192), &pattern(TGT, 8192), "READ data");
+            oob.signal("read");
+        },
+    );
+}

@@ -79,6 +79,11 @@ impl Cq {
         Pushed::Queued { notify: fire }
     }
 
+    /// Drop the completions of QP `qpn` still queued (a QP moved to RESET).
+    pub fn purge_qp(&mut self, qpn: u32) {
+        self.ring.retain(|c| c.qp_num != qpn);
+    }
+
     /// Change the depth, keeping every queued completion (the caller has
     /// checked that they fit). The ring's memory follows the depth, so a
     /// CQ never holds more than it may queue.

@@ -8,7 +8,7 @@ use softrdma_wire::opcode::{Flags, Transport};
 use softrdma_wire::{Packet, PacketRepr};
 
 use crate::cq::{Armed, Cq, CqId, Pushed};
-use crate::mr::{KeySource, Memory, MrTable, MwBind, MwType, PdId, Span};
+use crate::mr::{KeySource, Memory, MrTable, MwBind, MwId, MwType, PdId, Rereg, Span};
 use crate::qp::attr::{AccessFlags, AttrLimits, AttrMask, Mtu, QpAttr};
 use crate::qp::queue::{RecvQueue, RecvWqe, SendState, SendWqe};
 use crate::qp::state::{check_modify, QpState, QpType};
@@ -218,6 +218,21 @@ impl Shared {
     }
 }
 
+/// When a receive's scatter/gather entries are checked against the region
+/// table (key, PD, bounds, `LOCAL_WRITE`). Either way every byte placed is
+/// translated through the table when it is written, so neither can reach
+/// memory that is not registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecvCheck {
+    /// When posted: a bad SGE fails the post with an error naming it.
+    AtPost,
+    /// When a message needs them, as an RNIC reads its receive WQEs (rxe
+    /// and mlx5 check nothing at post): a bad SGE is queued, the receive
+    /// that has to place bytes in it completes `LOC_PROT_ERR`, and an RC
+    /// sender gets `REM_OP_ERR`. What the C ABI's `ibv_post_recv` does.
+    Deferred,
+}
+
 /// One soft RNIC's transport.
 #[derive(Debug)]
 pub struct Endpoint {
@@ -285,27 +300,38 @@ impl Endpoint {
         self.shared.mrs.deregister(lkey).map(|_| ())
     }
 
+    /// `ibv_rereg_mr`: change a region's PD, access or translation in
+    /// place, keeping its keys (see `mr::rereg`). As with `dereg_mr`, once
+    /// this returns nothing posted or begun before it reaches memory
+    /// through the old registration: that work fails as if the region had
+    /// been deregistered.
+    pub fn rereg_mr(&mut self, lkey: u32, change: &Rereg) -> Result<(), Error> {
+        self.shared.mrs.reregister(lkey, change).map(|_| ())
+    }
+
     pub fn mrs(&self) -> &MrTable {
         &self.shared.mrs
     }
 
-    /// `ibv_alloc_mw`: a memory window in `pd`; returns its rkey.
-    pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> Result<u32, Error> {
+    /// `ibv_alloc_mw`: a memory window in `pd`; returns its handle (stable
+    /// whatever binds do to the rkey) and its first rkey.
+    pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> Result<(MwId, u32), Error> {
         self.shared.mrs.alloc_mw(pd, kind)
     }
 
-    /// `ibv_dealloc_mw`, by the window's current rkey. Like deregistration,
-    /// nothing in flight reaches memory through the window afterwards.
-    pub fn dealloc_mw(&mut self, rkey: u32) -> Result<(), Error> {
-        self.shared.mrs.dealloc_mw(rkey)
+    /// `ibv_dealloc_mw`. Like deregistration, nothing in flight reaches
+    /// memory through the window afterwards.
+    pub fn dealloc_mw(&mut self, mw: MwId) -> Result<(), Error> {
+        self.shared.mrs.dealloc_mw(mw)
     }
 
     /// `ibv_bind_mw` for a type-1 window: posts the bind work request on
     /// `qpn` (the window's rkey moves on by one in its low 8 bits, as
     /// `ibv_inc_rkey` does) and returns the rkey the window will have once
-    /// it executes. `bind.mw_rkey` is the window's current rkey;
-    /// `bind.new_rkey` is ignored. A type-2 window is bound by posting
-    /// [`SendOp::BindMw`] instead.
+    /// it executes. `bind.mw_rkey` is the window's current rkey (the bind
+    /// fails with `MW_BIND_ERR` if the window no longer has it when it
+    /// executes); `bind.new_rkey` is ignored. A type-2 window is bound by
+    /// posting [`SendOp::BindMw`] instead.
     pub fn bind_mw(
         &mut self,
         qpn: u32,
@@ -314,7 +340,7 @@ impl Endpoint {
         flags: crate::wr::SendFlags,
         mem: &impl Memory,
     ) -> Result<u32, Error> {
-        match self.shared.mrs.get_mw(bind.mw_rkey) {
+        match self.shared.mrs.get_mw(MwId::of_rkey(bind.mw_rkey)) {
             Some(w) if w.kind == MwType::Type1 => {}
             Some(_) => {
                 return Err(Error::InvalidArgument(
@@ -487,6 +513,7 @@ impl Endpoint {
         pd: PdId,
         wr: &RecvWr<'_>,
         max_sge: u32,
+        check: RecvCheck,
         out: &mut [Span; MAX_SGE],
     ) -> Result<usize, Error> {
         if wr.sgl.len() > max_sge as usize {
@@ -496,20 +523,43 @@ impl Endpoint {
             });
         }
         for (o, s) in out.iter_mut().zip(wr.sgl) {
-            *o = self
-                .shared
-                .mrs
-                .resolve_local(pd, s.lkey, s.addr, s.length, AccessFlags::LOCAL_WRITE)
-                .map_err(|_| {
-                    Error::InvalidArgument(
+            let r = self.shared.mrs.resolve_local(
+                pd,
+                s.lkey,
+                s.addr,
+                s.length,
+                AccessFlags::LOCAL_WRITE,
+            );
+            *o = match (r, check) {
+                (Ok(span), _) => span,
+                // A reference to no registration: every access of its bytes
+                // fails, as one to a deregistered region does.
+                (Err(_), RecvCheck::Deferred) => Span {
+                    len: s.length,
+                    ..Span::default()
+                },
+                (Err(_), RecvCheck::AtPost) => {
+                    return Err(Error::InvalidArgument(
                         "receive SGE not covered by a local-writable MR of the QP's PD",
-                    )
-                })?;
+                    ))
+                }
+            };
         }
         Ok(wr.sgl.len())
     }
 
+    /// `ibv_post_srq_recv`, its SGEs checked at post ([`RecvCheck::AtPost`]).
     pub fn post_srq_recv(&mut self, srq: u32, wr: &RecvWr<'_>) -> Result<(), Error> {
+        self.post_srq_recv_with(srq, wr, RecvCheck::AtPost)
+    }
+
+    /// `ibv_post_srq_recv` with the SGE checks `check` says.
+    pub fn post_srq_recv_with(
+        &mut self,
+        srq: u32,
+        wr: &RecvWr<'_>,
+        check: RecvCheck,
+    ) -> Result<(), Error> {
         let (pd, max_sge, full, depth) = match self.shared.srqs.get(srq as usize) {
             Some(Some((pd, q))) => (*pd, q.max_sge, q.is_full(), q.depth),
             _ => return Err(Error::NoSuchSrq(srq)),
@@ -521,7 +571,7 @@ impl Endpoint {
             });
         }
         let mut segs = [Span::default(); MAX_SGE];
-        let n = self.translate_recv(pd, wr, max_sge, &mut segs)?;
+        let n = self.translate_recv(pd, wr, max_sge, check, &mut segs)?;
         self.shared.srqs[srq as usize]
             .as_mut()
             .expect("checked")
@@ -780,8 +830,18 @@ impl Endpoint {
         Ok(())
     }
 
-    /// `ibv_post_recv`.
+    /// `ibv_post_recv`, its SGEs checked at post ([`RecvCheck::AtPost`]).
     pub fn post_recv(&mut self, qpn: u32, wr: &RecvWr<'_>) -> Result<(), Error> {
+        self.post_recv_with(qpn, wr, RecvCheck::AtPost)
+    }
+
+    /// `ibv_post_recv` with the SGE checks `check` says.
+    pub fn post_recv_with(
+        &mut self,
+        qpn: u32,
+        wr: &RecvWr<'_>,
+        check: RecvCheck,
+    ) -> Result<(), Error> {
         let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
         let (pd, max_sge, srq, state) = {
             let q = self.qps[s].as_ref().expect("slot checked");
@@ -799,7 +859,7 @@ impl Endpoint {
             });
         }
         let mut segs = [Span::default(); MAX_SGE];
-        let n = self.translate_recv(pd, wr, max_sge, &mut segs)?;
+        let n = self.translate_recv(pd, wr, max_sge, check, &mut segs)?;
         let qp = self.qps[s].as_mut().expect("slot checked");
         if qp.rq.is_full() {
             return Err(Error::QueueFull {

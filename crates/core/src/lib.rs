@@ -43,7 +43,7 @@ pub mod transmit;
 pub mod wc;
 pub mod wr;
 
-pub use endpoint::{Endpoint, EndpointConfig, Event, QpInit, RxMeta};
+pub use endpoint::{Endpoint, EndpointConfig, Event, QpInit, RecvCheck, RxMeta};
 pub use error::Error;
 pub use transmit::Transmit;
 

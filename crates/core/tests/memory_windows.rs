@@ -6,7 +6,7 @@
 
 mod support;
 
-use softrdma_core::mr::{MwBind, MwType};
+use softrdma_core::mr::{MwBind, MwId, MwType};
 use softrdma_core::qp::attr::AccessFlags;
 use softrdma_core::qp::state::QpState;
 use softrdma_core::wc::{wc_flags, WcOpcode, WcStatus};
@@ -36,7 +36,9 @@ fn bindable() -> AccessFlags {
 fn window(sim: &mut Sim<Host>, qb: &QpEnd, kind: MwType, access: AccessFlags) -> (u32, u32) {
     let b = sim.node_mut(1);
     let (lkey, _) = b.ep.reg_mr(qb.pd, at(1), at(1), 64 << 10, access).unwrap();
-    (lkey, b.ep.alloc_mw(qb.pd, kind).unwrap())
+    let (id, rkey) = b.ep.alloc_mw(qb.pd, kind).unwrap();
+    assert!(id.owns(rkey));
+    (lkey, rkey)
 }
 
 /// Post a type-2 bind on B's QP and let it run; returns the new rkey.
@@ -82,8 +84,9 @@ fn type2_window_grants_its_range_only() {
         (bc[0].wr_id, bc[0].status, bc[0].opcode),
         (5, WcStatus::Success, WcOpcode::BindMw)
     );
-    // The old rkey is gone.
-    assert!(sim.node(1).ep.mrs().get_mw(mw).is_none());
+    // The window, found by its handle, has the new rkey; the old one is gone.
+    let w = *sim.node(1).ep.mrs().get_mw(MwId::of_rkey(mw)).unwrap();
+    assert_eq!(w.rkey, rkey);
     pattern(sim.node_mut(0), at(0), 4096, 8);
     let a = sim.node_mut(0);
     a.post(&qa, 1, write(at(1) + 4096, rkey), at(0), 4096, SIG)
@@ -250,7 +253,8 @@ fn binding_needs_mw_bind_on_the_region() {
         [(5, WcStatus::MwBindErr)]
     );
     assert_eq!(sim.node(1).ep.qp(qb.qpn).unwrap().state, QpState::Err);
-    assert!(sim.node(1).ep.mrs().get_mw(mw).unwrap().pd == qb.pd);
+    let w = *sim.node(1).ep.mrs().get_mw(MwId::of_rkey(mw)).unwrap();
+    assert_eq!((w.pd, w.rkey), (qb.pd, mw), "a failed bind leaves the rkey");
 }
 
 #[test]
@@ -350,8 +354,8 @@ fn a_region_with_bound_windows_cannot_be_deregistered() {
             "memory region (memory windows are bound to it)"
         ))
     );
-    h.ep.dealloc_mw(rkey).unwrap();
-    assert!(h.ep.mrs().get_mw(rkey).is_none());
+    h.ep.dealloc_mw(MwId::of_rkey(rkey)).unwrap();
+    assert!(h.ep.mrs().get_mw(MwId::of_rkey(rkey)).is_none());
     h.ep.dereg_mr(lkey).unwrap();
 }
 
@@ -391,5 +395,91 @@ fn window_invalidated_mid_write_takes_no_more_of_it() {
     assert_eq!(
         statuses(&sim.node_mut(0).poll_cq(qa.scq)),
         [(1, WcStatus::RemAccessErr)]
+    );
+}
+
+#[test]
+fn a_window_is_named_by_its_handle_whatever_binds_do_to_its_rkey() {
+    let (mut sim, qa, qb, _t) = setup();
+    let h = sim.node_mut(1);
+    let (lkey, _) =
+        h.ep.reg_mr(qb.pd, at(1), at(1), 64 << 10, bindable())
+            .unwrap();
+    let (id, first) = h.ep.alloc_mw(qb.pd, MwType::Type2).unwrap();
+    // LOCAL_WRITE among a window's access bits grants nothing and is
+    // accepted (rdma-core's tests pass it; rxe and mlx5 take it).
+    let b = MwBind {
+        mw_rkey: first,
+        new_rkey: 0x77,
+        mr_lkey: lkey,
+        addr: at(1),
+        len: 4096,
+        access: AccessFlags::REMOTE_WRITE.union(AccessFlags::LOCAL_WRITE),
+    };
+    let rkey = bind2(&mut sim, &qb, b, 5);
+    assert_eq!(
+        statuses(&sim.node_mut(1).poll_cq(qb.scq)),
+        [(5, WcStatus::Success)]
+    );
+    assert_eq!(sim.node(1).ep.mrs().get_mw(id).unwrap().rkey, rkey);
+    sim.node_mut(0)
+        .post(&qa, 1, write(at(1), rkey), at(0), 8, SIG)
+        .unwrap();
+    sim.run_until_idle(SEC).unwrap();
+    assert_eq!(
+        statuses(&sim.node_mut(0).poll_cq(qa.scq)),
+        [(1, WcStatus::Success)]
+    );
+    // A bound window keeps its region from being reregistered, as from
+    // being deregistered.
+    let h = sim.node_mut(1);
+    let change = softrdma_core::mr::Rereg {
+        access: Some(AccessFlags::LOCAL_WRITE),
+        ..Default::default()
+    };
+    assert_eq!(
+        h.ep.rereg_mr(lkey, &change),
+        Err(Error::Busy(
+            "memory region (memory windows are bound to it)"
+        ))
+    );
+    // Deallocated by its handle, though the rkey it was allocated with is
+    // long gone; the region is free again.
+    h.ep.dealloc_mw(id).unwrap();
+    assert!(h.ep.mrs().get_mw(id).is_none());
+    assert_eq!(
+        h.ep.dealloc_mw(id),
+        Err(Error::InvalidArgument("no memory window has this handle"))
+    );
+    h.ep.rereg_mr(lkey, &change).unwrap();
+    h.ep.dereg_mr(lkey).unwrap();
+}
+
+#[test]
+fn a_bind_naming_the_window_by_an_old_rkey_fails() {
+    // rxe: `mw->rkey != mw_rkey` is MW_BIND_ERR.
+    let (mut sim, _qa, qb, _t) = setup();
+    let (lkey, mw) = window(&mut sim, &qb, MwType::Type1, bindable());
+    let h = sim.node_mut(1);
+    let b = MwBind {
+        mw_rkey: mw,
+        new_rkey: 0,
+        mr_lkey: lkey,
+        addr: at(1),
+        len: 256,
+        access: AccessFlags::REMOTE_READ,
+    };
+    let rkey = h.ep.bind_mw(qb.qpn, 9, b, SIG, &h.mem).unwrap();
+    // Posted with the allocation's rkey, which the first bind replaced.
+    h.ep.bind_mw(qb.qpn, 10, b, SIG, &h.mem).unwrap();
+    assert!(h.take(0, usize::MAX).is_empty());
+    assert_eq!(
+        statuses(&h.poll_cq(qb.scq)),
+        [(9, WcStatus::Success), (10, WcStatus::MwBindErr)]
+    );
+    assert_eq!(
+        h.ep.mrs().get_mw(MwId::of_rkey(mw)).unwrap().rkey,
+        rkey,
+        "the failed bind changed nothing"
     );
 }

@@ -288,7 +288,7 @@ fn check(s: &Scenario, must_succeed: bool) {
                     .union(AccessFlags::LOCAL_WRITE)
                     .union(AccessFlags::MW_BIND);
                 let (lkey, _) = h.ep.reg_mr(qb.pd, p.remote, p.remote, 64, access).unwrap();
-                let mw = h.ep.alloc_mw(qb.pd, MwType::Type2).unwrap();
+                let (id, mw) = h.ep.alloc_mw(qb.pd, MwType::Type2).unwrap();
                 let bind = MwBind {
                     mw_rkey: mw,
                     new_rkey: 0x5a,
@@ -307,7 +307,7 @@ fn check(s: &Scenario, must_succeed: bool) {
                 h.ep.post_send(qb.qpn, &wr, &h.mem).unwrap();
                 assert!(h.take(0, usize::MAX).is_empty());
                 p.inv_rkey = (mw & !0xff) | 0x5a;
-                assert!(h.ep.mrs().get_mw(p.inv_rkey).is_some());
+                assert_eq!(h.ep.mrs().get_mw(id).unwrap().rkey, p.inv_rkey);
             }
             pl.push(p);
         }

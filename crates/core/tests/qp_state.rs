@@ -177,14 +177,22 @@ fn reset_makes_a_qp_new_again() {
         let h = sim.node_mut(q.node);
         h.ep.modify_qp(q.qpn, &to_state(QpState::Err), AttrMask::STATE)
             .unwrap();
-        h.ep.modify_qp(q.qpn, &to_state(QpState::Reset), AttrMask::STATE)
-            .unwrap();
     }
-    // ERR flushed the SEND; RESET dropped nothing more.
+    // ERR flushed the SEND.
     assert_eq!(
         statuses(&sim.node_mut(0).poll_cq(qa.scq)),
         [(1, WcStatus::WrFlushErr)]
     );
+    // B's receive was flushed too; RESET takes that unpolled completion
+    // out of the CQ with the QP's queues (as mlx4/mlx5 clean their CQs).
+    let b = sim.node_mut(1);
+    b.post_recv(&qb, 69, region(0), 64);
+    for q in [&qa, &qb] {
+        let h = sim.node_mut(q.node);
+        h.ep.modify_qp(q.qpn, &to_state(QpState::Reset), AttrMask::STATE)
+            .unwrap();
+    }
+    assert!(sim.node_mut(1).poll_cq(qb.rcq).is_empty());
     // Bring both up again with other PSNs; traffic flows.
     connect(sim.node_mut(0), &qa, &qb, 5, 9, &o);
     connect(sim.node_mut(1), &qb, &qa, 9, 5, &o);

@@ -87,6 +87,7 @@ pub const IBV_MW_TYPE_2: u32 = 2;
 
 pub const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
 pub const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
+pub const IBV_ACCESS_REMOTE_READ: u32 = 4;
 pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
 pub const IBV_ACCESS_MW_BIND: u32 = 16;
 pub const IBV_ACCESS_ZERO_BASED: u32 = 32;

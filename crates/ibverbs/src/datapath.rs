@@ -4,7 +4,11 @@
 //!
 //! Work request chains are walked one request at a time and each is posted
 //! whole or not at all; on the first failure `*bad_wr` names it and the
-//! requests after it are not posted, as verbs specifies. Scatter/gather
+//! requests after it are not posted, as verbs specifies. Receive SGEs are
+//! checked when a message needs them, not at post (`RecvCheck::Deferred`):
+//! a userspace provider only writes the WQE, and the RNIC (rxe's
+//! responder) finds a bad key when it places data, as a local protection
+//! error on the receive and a remote operational error for the sender. Scatter/gather
 //! lists are copied onto the stack (no allocation per request).
 
 use std::os::raw::c_int;
@@ -86,18 +90,17 @@ fn send_op(wr: &ibv_send_wr) -> Res<sv::SendOp> {
         IBV_WR_SEND_WITH_INV => sv::SendOp::SendWithInv { rkey: wr.imm_data },
         op => {
             return Err(Fail::inval(format!(
-                "ibv_wr_opcode {op} is not supported (memory windows, TSO, atomic write)"
+                "ibv_wr_opcode {op} is not supported (TSO, atomic write, flush)"
             )))
         }
     })
 }
 
 fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
-    // Memory window operations: checked in full, then refused until the
-    // core has windows (see `mw`).
+    // Memory window operations carry no scatter/gather list (see `mw`).
     match wr.opcode {
-        IBV_WR_BIND_MW => return crate::mw::check_bind_wr(q, wr),
-        IBV_WR_LOCAL_INV => return crate::mw::check_local_inv(q, wr.imm_data),
+        IBV_WR_BIND_MW => return crate::mw::post_bind_wr(q, wr),
+        IBV_WR_LOCAL_INV => return crate::mw::post_local_inv(q, wr),
         _ => {}
     }
     let mut buf = [sv::Sge::default(); MAX_SGE];
@@ -193,7 +196,7 @@ pub unsafe extern "C" fn post_recv(
     // verbs' contract; the QP is checked by from_c on each post.
     unsafe {
         post_recv_chain("ibv_post_recv", wr, bad_wr, |r| {
-            Ok(Qp::from_c(qp)?.sv.post_recv(r)?)
+            Ok(Qp::from_c(qp)?.sv.post_recv_deferred(r)?)
         })
     }
 }
@@ -206,7 +209,7 @@ pub unsafe extern "C" fn post_srq_recv(
     // SAFETY: as for post_recv; the SRQ is checked by from_c on each post.
     unsafe {
         post_recv_chain("ibv_post_srq_recv", wr, bad_wr, |r| {
-            Ok(Srq::from_c(srq)?.sv.post_recv(r)?)
+            Ok(Srq::from_c(srq)?.sv.post_recv_deferred(r)?)
         })
     }
 }

@@ -220,13 +220,15 @@ fn fill_device_attr(info: &sv::DeviceInfo, out: &mut ibv_device_attr) {
     out.hw_ver = a.hw_ver;
     out.max_qp = sat(a.max_qp);
     out.max_qp_wr = sat(a.max_qp_wr);
-    // SYS_IMAGE_GUID | RC_RNR_NAK_GEN | CURR_QP_STATE_MOD
-    out.device_cap_flags = (1 << 11) | (1 << 12) | (1 << 7);
+    // SYS_IMAGE_GUID | RC_RNR_NAK_GEN | CURR_QP_STATE_MOD | MEM_WINDOW |
+    // MEM_WINDOW_TYPE_2B (type 2 windows bound to a QP, as rxe's)
+    out.device_cap_flags = (1 << 11) | (1 << 12) | (1 << 7) | (1 << 17) | (1 << 24);
     out.max_sge = sat(a.max_sge);
     out.max_sge_rd = sat(a.max_sge);
     out.max_cq = sat(a.max_cq);
     out.max_cqe = sat(a.max_cqe);
     out.max_mr = sat(a.max_mr);
+    out.max_mw = sat(a.max_mw);
     out.max_pd = sat(a.max_pd);
     out.max_qp_rd_atom = sat(a.max_qp_rd_atom);
     out.max_res_rd_atom = sat(a.max_qp_rd_atom.saturating_mul(a.max_qp));

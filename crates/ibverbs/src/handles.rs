@@ -198,7 +198,6 @@ macro_rules! handle {
             }
 
             /// Move a new object into the application's hands.
-            #[allow(dead_code)] // no memory window is made yet
             pub fn into_c(o: $t) -> *mut $c {
                 let p = o.c_ptr();
                 register(p as usize, o);
@@ -208,7 +207,6 @@ macro_rules! handle {
             /// Take an object back from the application to destroy it: it
             /// is unregistered now and freed when the last reference (this
             /// one, or a concurrent call's) is dropped.
-            #[allow(dead_code)] // no memory window is made yet
             pub fn take(p: *mut $c) -> Res<Arc<$t>> {
                 unregister(p as usize, Self::WHAT)
             }
@@ -381,35 +379,52 @@ impl Pd {
 
 pub struct Mr {
     c: CSlot<ibv_mr>,
-    /// The region (dropping it deregisters).
-    #[allow(dead_code)]
-    pub sv: sv::Mr,
-    /// `IBV_ACCESS_*` as registered (memory window binds check MW_BIND and
-    /// LOCAL_WRITE).
-    pub access: u32,
+    /// The region and its access bits, changed together by `ibv_rereg_mr`.
+    pub state: Mutex<MrState>,
 }
 handle!(Mr, ibv_mr);
+
+pub struct MrState {
+    /// The region (dropping it deregisters).
+    pub sv: sv::Mr,
+    /// `IBV_ACCESS_*` as registered or last reregistered (memory window
+    /// binds check MW_BIND and LOCAL_WRITE).
+    pub access: u32,
+}
 
 impl Mr {
     pub fn new(c: ibv_mr, sv: sv::Mr, access: u32) -> Mr {
         Mr {
             c: CSlot::new(c),
-            sv,
-            access,
+            state: Mutex::new(MrState { sv, access }),
         }
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, MrState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// A memory window. None exists until the core can allocate them (see
-/// `mw`); the type is here so the entry points check their pointers as
-/// every other one does.
-#[allow(dead_code)]
+/// A memory window: its C structure (whose `rkey` is the application's
+/// record, as on rxe) and the window, named by its stable handle.
 pub struct Mw {
     c: CSlot<ibv_mw>,
+    /// The window (dropping it deallocates).
+    pub sv: sv::Mw,
     /// `IBV_MW_TYPE_1` or `IBV_MW_TYPE_2`.
     pub mw_type: u32,
 }
 handle!(Mw, ibv_mw);
+
+impl Mw {
+    pub fn new(c: ibv_mw, sv: sv::Mw, mw_type: u32) -> Mw {
+        Mw {
+            c: CSlot::new(c),
+            sv,
+            mw_type,
+        }
+    }
+}
 
 pub struct CompChannel {
     c: CSlot<ibv_comp_channel>,

@@ -438,3 +438,4 @@ fn closing_a_context_with_live_resources_keeps_it_for_them() {
 mod cq;
 mod handles;
 mod mr;
+mod mw;

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 pub use device::{by_addr, by_name, devices, gid_to_ip, ip_to_gid, route_source, DeviceInfo};
 pub use engine::AsyncEvent;
 pub use softrdma_core::cq::CqId;
-pub use softrdma_core::mr::{MwType, PdId};
+pub use softrdma_core::mr::{MwId, MwType, PdId};
 pub use softrdma_core::qp::attr::{AccessFlags, AddressVector, AttrMask, Mtu, QpAttr};
 pub use softrdma_core::qp::state::{required_mask, QpState, QpType};
 pub use softrdma_core::qp::QpCap;
@@ -39,6 +39,7 @@ pub use softrdma_core::stats::Stats;
 pub use softrdma_core::wc::{wc_flags, Completion, WcOpcode, WcStatus};
 pub use softrdma_core::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
 pub use softrdma_core::Error as CoreError;
+pub use softrdma_core::RecvCheck;
 pub use softrdma_udp::{FaultConfig, PortStats};
 
 use engine::Engine;
@@ -104,6 +105,7 @@ pub struct DeviceAttr {
     pub max_cq: u32,
     pub max_cqe: u32,
     pub max_mr: u32,
+    /// Memory windows per context.
     pub max_mw: u32,
     pub max_pd: u32,
     pub max_qp_rd_atom: u32,
@@ -490,9 +492,10 @@ impl Pd {
     /// `ibv_alloc_mw`: a memory window of this PD, bound to a region
     /// later with [`Qp::bind_mw`].
     pub fn alloc_mw(&self, kind: MwType) -> Result<Mw> {
-        let rkey = self.eng.lock().ep.alloc_mw(self.id, kind)?;
+        let (id, rkey) = self.eng.lock().ep.alloc_mw(self.id, kind)?;
         Ok(Mw {
             eng: self.eng.clone(),
+            id,
             rkey: std::sync::atomic::AtomicU32::new(rkey),
             kind,
         })
@@ -577,6 +580,88 @@ impl Mr {
         self.read(offset, &mut b);
         b[0]
     }
+
+    /// `ibv_rereg_mr` without a new translation: move the region to `pd`
+    /// and/or change its access, keeping its lkey and rkey (a peer's rkey
+    /// stays good). Work posted or begun before fails as if the region had
+    /// been deregistered (see the core's `mr::rereg`). Refused, changing
+    /// nothing, while memory windows are bound to it.
+    pub fn rereg(&mut self, pd: Option<&Pd>, access: Option<AccessFlags>) -> Result<()> {
+        self.rereg_with(None, pd, access)
+    }
+
+    /// `ibv_rereg_mr` with `CHANGE_TRANSLATION` to an owned buffer (its
+    /// address is the new iova), and optionally a new PD and access, keeping
+    /// the keys. The old buffer, if the region owned one, is freed once the
+    /// core has let go of it, which is when this returns. On error the
+    /// region is unchanged and `buf` is dropped.
+    pub fn rereg_buf(
+        &mut self,
+        buf: Vec<u8>,
+        pd: Option<&Pd>,
+        access: Option<AccessFlags>,
+    ) -> Result<()> {
+        let buf = OwnedBuf::new(buf);
+        let addr = buf.ptr as u64;
+        let t = (addr, buf.len, addr);
+        self.rereg_with(Some((t, Some(buf))), pd, access)
+    }
+
+    /// `ibv_rereg_mr` with `CHANGE_TRANSLATION` to memory the caller owns:
+    /// `len` bytes at `addr`, seen by peers and SGEs at `iova`.
+    ///
+    /// # Safety
+    /// As for [`Pd::reg_mr_raw`]: `addr..addr+len` stays valid for reads
+    /// and writes until the region is dropped or reregistered again *and*
+    /// every work request that used it has completed.
+    pub unsafe fn rereg_raw(
+        &mut self,
+        addr: u64,
+        len: usize,
+        iova: u64,
+        pd: Option<&Pd>,
+        access: Option<AccessFlags>,
+    ) -> Result<()> {
+        self.rereg_with(Some(((addr, len, iova), None)), pd, access)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn rereg_with(
+        &mut self,
+        translation: Option<((u64, usize, u64), Option<OwnedBuf>)>,
+        pd: Option<&Pd>,
+        access: Option<AccessFlags>,
+    ) -> Result<()> {
+        if pd.is_some_and(|p| !Arc::ptr_eq(&p.eng, &self.eng)) {
+            return Err(CoreError::InvalidArgument(
+                "the new protection domain belongs to another context",
+            )
+            .into());
+        }
+        let change = softrdma_core::mr::Rereg {
+            pd: pd.map(|p| p.id),
+            translation: translation.as_ref().map(|&((addr, len, iova), _)| {
+                softrdma_core::mr::Translation {
+                    iova,
+                    host_addr: addr,
+                    len: len as u64,
+                }
+            }),
+            access,
+        };
+        let mut st = self.eng.lock();
+        st.ep.rereg_mr(self.lkey, &change)?;
+        if let Some(((addr, len, iova), buf)) = translation {
+            // The core translates nothing through the old registration any
+            // more, and no `Transmit` outlives the pass that sent it under
+            // this lock: the old buffer can go (as at deregistration).
+            drop(std::mem::replace(&mut self.buf, buf));
+            self.addr = addr;
+            self.len = len;
+            self.iova = iova;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Mr {
@@ -603,17 +688,44 @@ impl Drop for Mr {
 
 /// A memory window (`ibv_mw`): remote access to part of a region, granted
 /// and revoked by bind and invalidate operations on the QP's send queue.
+///
+/// The window is named by its [`MwId`], which no bind changes; deallocation
+/// (on drop) goes by it. [`Mw::rkey`] is the rkey as the consumer knows it,
+/// what rdma-core's `ibv_mw.rkey` holds on rxe: moved on by each type-1
+/// [`Qp::bind_mw`] when the bind is posted (as `ibv_bind_mw` does), and
+/// for a type-2 window only by the application ([`Mw::set_rkey`], the
+/// analogue of assigning `ibv_inc_rkey`'s result), since a type-2 bind's
+/// new key is the application's to choose and to remember.
 pub struct Mw {
     eng: Arc<Engine>,
-    /// The window's rkey as of its last bind (the low 8 bits move on with
-    /// each bind, as `ibv_inc_rkey` does).
+    id: MwId,
     rkey: std::sync::atomic::AtomicU32,
     kind: MwType,
 }
 
+/// `ibv_inc_rkey`: the next rkey of a window (its low 8 bits, the
+/// consumer's key, moved on by one).
+pub fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
+}
+
 impl Mw {
+    /// The rkey as the consumer knows it (see [`Mw`]).
     pub fn rkey(&self) -> u32 {
         self.rkey.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Record the window's rkey after a type-2 bind (`mw->rkey =
+    /// wr.bind_mw.rkey` in C): only its low 8 bits are taken, the upper 24
+    /// being the window's own.
+    pub fn set_rkey(&self, rkey: u32) {
+        let r = (self.rkey() & !0xff) | (rkey & 0xff);
+        self.rkey.store(r, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The handle the device names the window by.
+    pub fn id(&self) -> MwId {
+        self.id
     }
 
     pub fn kind(&self) -> MwType {
@@ -624,10 +736,34 @@ impl Mw {
 impl Drop for Mw {
     fn drop(&mut self) {
         let mut st = self.eng.lock();
-        let _ = st.ep.dealloc_mw(self.rkey());
+        // By handle: it names the window whatever its binds did to the rkey.
+        let _ = st.ep.dealloc_mw(self.id);
         // A region dropped while this window was bound to it can go now.
         st.retry_orphans();
     }
+}
+
+/// A bind work request (`IBV_WR_BIND_MW`, or what `ibv_bind_mw` posts) in
+/// full, for [`Qp::post_bind_mw`].
+#[derive(Clone, Copy)]
+pub struct MwBindWr<'a> {
+    pub wr_id: u64,
+    pub flags: SendFlags,
+    /// The rkey the window must have when the bind executes (the bind
+    /// completes `MW_BIND_ERR` otherwise, as on rxe); one of the window's.
+    pub mw_rkey: u32,
+    /// Type 2: the rkey after the bind (its low 8 bits are taken). Type 1:
+    /// ignored, the rkey moves on by one ([`inc_rkey`]), as `ibv_bind_mw`
+    /// moves it.
+    pub new_rkey: u32,
+    /// The region, or `None` with `len` 0 to unbind a type-1 window.
+    pub mr: Option<&'a Mr>,
+    /// Where the window starts, as a byte offset in the region.
+    pub offset: u64,
+    pub len: u64,
+    /// `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`, `ZERO_BASED`
+    /// (`LOCAL_WRITE` is accepted and grants nothing).
+    pub access: AccessFlags,
 }
 
 pub(crate) struct ChannelInner {
@@ -764,6 +900,14 @@ impl Srq {
         self.eng.kick(&mut st);
         Ok(())
     }
+
+    /// [`Qp::post_recv_deferred`] for a shared receive queue.
+    pub fn post_recv_deferred(&self, wr: &RecvWr<'_>) -> Result<()> {
+        let mut st = self.eng.lock();
+        st.ep.post_srq_recv_with(self.id, wr, RecvCheck::Deferred)?;
+        self.eng.kick(&mut st);
+        Ok(())
+    }
 }
 
 impl Drop for Srq {
@@ -882,9 +1026,12 @@ impl Qp {
     /// Bind a memory window to `len` bytes of `mr` at `offset` with the
     /// remote `access` (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`,
     /// `ZERO_BASED`): `ibv_bind_mw` for a type-1 window, an `IBV_WR_BIND_MW`
-    /// work request for a type-2 one. The bind executes in send-queue order
-    /// and completes (if signaled) with `WcOpcode::BindMw`; returns the
-    /// window's new rkey, which [`Mw::rkey`] reports from now on.
+    /// work request for a type-2 one, naming the window by [`Mw::rkey`] and
+    /// giving it that rkey moved on by one ([`inc_rkey`]). The bind executes
+    /// in send-queue order and completes (if signaled) with
+    /// `WcOpcode::BindMw`; returns the window's new rkey, which a type-1
+    /// window's [`Mw::rkey`] reports from now on (a type-2 window's once
+    /// the application records it with [`Mw::set_rkey`]).
     #[allow(clippy::too_many_arguments)]
     pub fn bind_mw(
         &self,
@@ -896,40 +1043,79 @@ impl Qp {
         wr_id: u64,
         flags: SendFlags,
     ) -> Result<u32> {
-        if offset.checked_add(len).is_none_or(|e| e > mr.len) {
-            return Err(
-                CoreError::InvalidArgument("memory window outside its memory region").into(),
-            );
+        let r = mw.rkey();
+        self.post_bind_mw(
+            mw,
+            &MwBindWr {
+                wr_id,
+                flags,
+                mw_rkey: r,
+                new_rkey: inc_rkey(r),
+                mr: Some(mr),
+                offset: offset as u64,
+                len: len as u64,
+                access,
+            },
+        )
+    }
+
+    /// Post a bind work request in full (see [`MwBindWr`]); returns the
+    /// rkey the window will have once it executes.
+    pub fn post_bind_mw(&self, mw: &Mw, wr: &MwBindWr<'_>) -> Result<u32> {
+        let bad = |m| Err(Error::Verbs(CoreError::InvalidArgument(m)));
+        if !Arc::ptr_eq(&mw.eng, &self.eng)
+            || wr.mr.is_some_and(|m| !Arc::ptr_eq(&m.eng, &self.eng))
+        {
+            return bad("the memory window and the region must belong to the QP's context");
         }
-        let old = mw.rkey();
+        if !mw.id.owns(wr.mw_rkey) {
+            return bad("mw_rkey is not one of this memory window's rkeys");
+        }
+        let (mr_lkey, addr) = match wr.mr {
+            Some(mr) => {
+                if wr
+                    .offset
+                    .checked_add(wr.len)
+                    .is_none_or(|e| e > mr.len as u64)
+                {
+                    return bad("memory window outside its memory region");
+                }
+                (mr.lkey, mr.iova + wr.offset)
+            }
+            None if wr.len == 0 => (0, 0),
+            None => return bad("a bind with a length needs a memory region"),
+        };
         let bind = softrdma_core::mr::MwBind {
-            mw_rkey: old,
-            new_rkey: (old & !0xff) | (old.wrapping_add(1) & 0xff),
-            mr_lkey: mr.lkey,
-            addr: mr.iova + offset as u64,
-            len: len as u64,
-            access,
+            mw_rkey: wr.mw_rkey,
+            new_rkey: wr.new_rkey,
+            mr_lkey,
+            addr,
+            len: wr.len,
+            access: wr.access,
         };
         let mut st = self.eng.lock();
         let mem = st.mem;
         let new = match mw.kind {
-            MwType::Type1 => st.ep.bind_mw(self.qpn, wr_id, bind, flags, &mem)?,
+            MwType::Type1 => {
+                let new = st.ep.bind_mw(self.qpn, wr.wr_id, bind, wr.flags, &mem)?;
+                mw.rkey.store(new, std::sync::atomic::Ordering::Relaxed);
+                new
+            }
             MwType::Type2 => {
                 st.ep.post_send(
                     self.qpn,
                     &SendWr {
-                        wr_id,
+                        wr_id: wr.wr_id,
                         op: SendOp::BindMw(bind),
                         sgl: &[],
-                        flags,
+                        flags: wr.flags,
                         ud: None,
                     },
                     &mem,
                 )?;
-                bind.new_rkey
+                (wr.mw_rkey & !0xff) | (wr.new_rkey & 0xff)
             }
         };
-        mw.rkey.store(new, std::sync::atomic::Ordering::Relaxed);
         self.eng.kick(&mut st);
         Ok(new)
     }
@@ -949,6 +1135,18 @@ impl Qp {
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         let mut st = self.eng.lock();
         st.ep.post_recv(self.qpn, wr)?;
+        self.eng.kick(&mut st);
+        Ok(())
+    }
+
+    /// Post a receive whose SGEs are checked when a message needs them, as
+    /// an RNIC reads its receive WQEs ([`RecvCheck::Deferred`]): a bad one
+    /// completes `LOC_PROT_ERR` then (the RC sender sees `REM_OP_ERR`)
+    /// instead of failing the post. What the C ABI's `ibv_post_recv` does;
+    /// every byte is still placed only in registered memory.
+    pub fn post_recv_deferred(&self, wr: &RecvWr<'_>) -> Result<()> {
+        let mut st = self.eng.lock();
+        st.ep.post_recv_with(self.qpn, wr, RecvCheck::Deferred)?;
         self.eng.kick(&mut st);
         Ok(())
     }

@@ -59,6 +59,10 @@ fn rc_every_opcode() {
                     SendFlags::SIGNALED,
                 )
                 .unwrap();
+            // A type-2 window's new key is the application's to record
+            // (rxe's ibv_mw.rkey moves only when it does).
+            assert_eq!(rkey, inc_rkey(mw.rkey()));
+            mw.set_rkey(rkey);
             assert_eq!(rkey, mw.rkey());
             let b = wait_cq(&cq, 1, "the bind");
             assert_wc(&b[0], 99, WcStatus::Success, WcOpcode::BindMw, 0);

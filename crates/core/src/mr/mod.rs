@@ -25,6 +25,7 @@
 //! [`Memory`], nor into a [`crate::Transmit`] built after it.
 
 mod keys;
+mod rereg;
 mod window;
 
 use std::collections::HashMap;
@@ -32,7 +33,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use keys::IssuedKeys;
 pub use keys::KeySource;
-pub use window::{Mw, MwBind, MwBindError, MwType, MAX_MW};
+pub use rereg::{Rereg, Translation};
+pub use window::{Mw, MwBind, MwBindError, MwId, MwType, MAX_MW};
 
 use crate::qp::attr::AccessFlags;
 
@@ -192,8 +194,10 @@ impl Slot {
 pub struct MrTable {
     slots: Vec<Slot>,
     free: Vec<u32>,
-    /// Every live lkey and rkey, to its slot.
+    /// Every live region's lkey and rkey, to its slot.
     by_key: KeyMap,
+    /// Every live window's [`MwId`] (its rkeys' upper 24 bits), to its slot.
+    mws: KeyMap,
     issued: IssuedKeys,
     /// The upper 24 bits of every memory window's rkeys, ever (a window's
     /// rkeys differ only in the 8 bits its consumer picks).
@@ -393,13 +397,15 @@ impl MrTable {
         if len == 0 {
             return Ok((MemRef::default(), 0));
         }
-        let idx = *self.by_key.get(&rkey).ok_or(RemoteAccessError::BadRkey)?;
-        let (idx, mr) = match self.slots[idx as usize].obj {
-            Some(Obj::Mr(m)) if m.rkey == rkey => (idx, m),
-            Some(Obj::Mw(w)) if w.rkey == rkey => {
-                let off = w.resolve(qpn, pd, va, len, need)?;
-                return Ok((self.mem_ref(idx), off));
-            }
+        // Regions' keys and windows' 24-bit prefixes never overlap (see
+        // `draw_key`), so at most one of the two lookups can hit.
+        let Some(&idx) = self.by_key.get(&rkey) else {
+            let (idx, w) = self.window(rkey).ok_or(RemoteAccessError::BadRkey)?;
+            let off = w.resolve(qpn, pd, va, len, need)?;
+            return Ok((self.mem_ref(idx), off));
+        };
+        let mr = match self.slots[idx as usize].obj {
+            Some(Obj::Mr(m)) if m.rkey == rkey => m,
             _ => return Err(RemoteAccessError::BadRkey),
         };
         if mr.pd != pd {

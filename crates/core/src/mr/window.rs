@@ -12,6 +12,11 @@
 //! A window lives in a region-table slot of its own. Its rkeys share their
 //! upper 24 bits, drawn from the key source at allocation and never used
 //! for any other key; the low 8 bits are the consumer's (`ibv_inc_rkey`).
+//! Those 24 bits are the window's [`MwId`], the handle that names it for
+//! deallocation and queries whatever binds do to its rkey (rxe finds a
+//! window the same way, by the rkey's index bits). Binds and
+//! invalidations name it by its full current rkey, which must match, as
+//! rxe requires (`mw->rkey != mw_rkey` is `-EINVAL`, a `MW_BIND_ERR`).
 //! Every bind and invalidation bumps the slot's generation, so an access in
 //! flight through the old binding translates no more. Translation goes
 //! through the window to its region's own slot, so it also fails once the
@@ -22,6 +27,24 @@ use crate::qp::attr::AccessFlags;
 
 /// Windows per context.
 pub const MAX_MW: usize = 1 << 16;
+
+/// A memory window's handle: the upper 24 bits every rkey of the window
+/// has. Stable for the window's life; never another window's, since no key
+/// ever issued shares them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MwId(u32);
+
+impl MwId {
+    /// The window an rkey would belong to (if any window has it).
+    pub fn of_rkey(rkey: u32) -> MwId {
+        MwId(rkey >> 8)
+    }
+
+    /// Whether `rkey` is one of this window's rkeys (any consumer key).
+    pub fn owns(self, rkey: u32) -> bool {
+        rkey >> 8 == self.0
+    }
+}
 
 /// `enum ibv_mw_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +82,8 @@ pub(super) struct Binding {
 /// work request carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MwBind {
-    /// The window's current rkey.
+    /// The window's current rkey: it names the window (its upper 24 bits)
+    /// and must be the rkey the window has when the bind executes.
     pub mw_rkey: u32,
     /// Its rkey after the bind: only the low 8 bits are taken (the upper 24
     /// are the window's).
@@ -69,7 +93,9 @@ pub struct MwBind {
     /// The window's first byte in the region's iova space.
     pub addr: u64,
     pub len: u64,
-    /// `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`, `ZERO_BASED`.
+    /// `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`, `ZERO_BASED`;
+    /// `LOCAL_WRITE` is accepted and grants nothing (rxe and mlx5 take it,
+    /// and rdma-core's tests pass it).
     pub access: AccessFlags,
 }
 
@@ -77,6 +103,9 @@ pub struct MwBind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MwBindError {
     NoSuchWindow,
+    /// The bind names the window by an rkey it no longer has (rxe:
+    /// `mw->rkey != mw_rkey`).
+    StaleRkey,
     NoSuchRegion,
     /// A type-1 window cannot be zero-based (o10-36.2.2).
     ZeroBasedType1,
@@ -130,26 +159,33 @@ impl Mw {
 }
 
 impl MrTable {
-    fn window(&self, rkey: u32) -> Option<(u32, Mw)> {
-        let idx = *self.by_key.get(&rkey)?;
+    /// The window whose current rkey is exactly `rkey`.
+    pub(super) fn window(&self, rkey: u32) -> Option<(u32, Mw)> {
+        let (idx, w) = self.window_by_id(MwId::of_rkey(rkey))?;
+        (w.rkey == rkey).then_some((idx, w))
+    }
+
+    fn window_by_id(&self, id: MwId) -> Option<(u32, Mw)> {
+        let idx = *self.mws.get(&id.0)?;
         match self.slots[idx as usize].obj {
-            Some(Obj::Mw(w)) if w.rkey == rkey => Some((idx, w)),
+            Some(Obj::Mw(w)) => Some((idx, w)),
             _ => None,
         }
     }
 
-    /// The window whose current rkey is `rkey`.
-    pub fn get_mw(&self, rkey: u32) -> Option<&Mw> {
-        let idx = *self.by_key.get(&rkey)?;
+    /// The window `id` names (`ibv_mw`'s state: PD, type, current rkey).
+    pub fn get_mw(&self, id: MwId) -> Option<&Mw> {
+        let idx = *self.mws.get(&id.0)?;
         match &self.slots[idx as usize].obj {
-            Some(Obj::Mw(w)) if w.rkey == rkey => Some(w),
+            Some(Obj::Mw(w)) => Some(w),
             _ => None,
         }
     }
 
-    /// Allocate a window (`ibv_alloc_mw`); returns its rkey. A new type-1
-    /// window is valid but grants nothing until bound; a type-2 one is free.
-    pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> Result<u32, crate::Error> {
+    /// Allocate a window (`ibv_alloc_mw`); returns its handle and first
+    /// rkey. A new type-1 window is valid but grants nothing until bound; a
+    /// type-2 one is free.
+    pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> Result<(MwId, u32), crate::Error> {
         if self.live_mws >= MAX_MW {
             return Err(crate::Error::OutOfResources("memory windows"));
         }
@@ -163,9 +199,10 @@ impl MrTable {
             rkey,
             binding: None,
         }));
-        self.by_key.insert(rkey, idx);
+        let id = MwId::of_rkey(rkey);
+        self.mws.insert(id.0, idx);
         self.live_mws += 1;
-        Ok(rkey)
+        Ok((id, rkey))
     }
 
     /// An rkey whose upper 24 bits no key ever had; they are then the
@@ -187,12 +224,12 @@ impl MrTable {
     }
 
     /// Deallocate a window (`ibv_dealloc_mw`), bound or not.
-    pub fn dealloc_mw(&mut self, rkey: u32) -> Result<(), crate::Error> {
-        let (idx, w) = self.window(rkey).ok_or(crate::Error::InvalidArgument(
-            "no memory window has this rkey",
+    pub fn dealloc_mw(&mut self, id: MwId) -> Result<(), crate::Error> {
+        let (idx, w) = self.window_by_id(id).ok_or(crate::Error::InvalidArgument(
+            "no memory window has this handle",
         ))?;
         self.unbind(&w);
-        self.by_key.remove(&w.rkey);
+        self.mws.remove(&id.0);
         self.release_slot(idx);
         self.live_mws -= 1;
         Ok(())
@@ -226,14 +263,21 @@ impl MrTable {
     /// window's new rkey.
     pub fn bind_mw(&mut self, qpn: u32, qp_pd: PdId, b: &MwBind) -> Result<u32, MwBindError> {
         use MwBindError::*;
-        let (idx, w) = self.window(b.mw_rkey).ok_or(NoSuchWindow)?;
+        let (idx, w) = self
+            .window_by_id(MwId::of_rkey(b.mw_rkey))
+            .ok_or(NoSuchWindow)?;
+        if w.rkey != b.mw_rkey {
+            return Err(StaleRkey);
+        }
         let supported = AccessFlags::REMOTE_READ
             .union(AccessFlags::REMOTE_WRITE)
             .union(AccessFlags::REMOTE_ATOMIC)
-            .union(AccessFlags::ZERO_BASED);
+            .union(AccessFlags::ZERO_BASED)
+            .union(AccessFlags::LOCAL_WRITE);
         if !b.access.difference(supported).is_empty() {
             return Err(BadAccess);
         }
+        let grants = b.access.difference(AccessFlags::LOCAL_WRITE);
         let zero_based = b.access.contains(AccessFlags::ZERO_BASED);
         match w.kind {
             MwType::Type1 if zero_based => return Err(ZeroBasedType1),
@@ -256,7 +300,7 @@ impl MrTable {
                 return Err(NoBindAccess);
             }
             let writes = AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_ATOMIC);
-            if b.access.intersects(writes) && !mr.access.contains(AccessFlags::LOCAL_WRITE) {
+            if grants.intersects(writes) && !mr.access.contains(AccessFlags::LOCAL_WRITE) {
                 return Err(NoLocalWrite);
             }
             let mr_off = mr.offset_of(b.addr, b.len).ok_or(OutOfBounds)?;
@@ -266,7 +310,7 @@ impl MrTable {
                 mr_off,
                 addr: if zero_based { 0 } else { b.addr },
                 len: b.len,
-                access: b.access,
+                access: grants,
                 qpn: (w.kind == MwType::Type2).then_some(qpn),
             })
         };
@@ -283,8 +327,6 @@ impl MrTable {
                 mr.windows += 1;
             }
         }
-        self.by_key.remove(&w.rkey);
-        self.by_key.insert(rkey, idx);
         Ok(rkey)
     }
 

@@ -158,7 +158,19 @@ impl Qp {
             self.comp.rnr_left = self.attr.rnr_retry;
         }
         match next {
-            QpState::Reset => self.reset(),
+            QpState::Reset => {
+                self.reset();
+                // What the QP left in its CQs goes with its queues, as the
+                // mlx4/mlx5 providers clean the CQs on RESET (`mlx5_cq_clean`):
+                // a QP brought back up must not hand its poller the flushes
+                // of its previous life (rdma-core's tests restate QPs after
+                // an error and poll on).
+                for cq in [self.send_cq, self.recv_cq] {
+                    if let Some(Some(q)) = ctx.cqs.get_mut(cq.0 as usize) {
+                        q.purge_qp(self.qpn);
+                    }
+                }
+            }
             QpState::Err if prev != QpState::Err => self.flush(ctx),
             _ => {}
         }

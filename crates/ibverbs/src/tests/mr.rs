@@ -100,12 +100,12 @@ fn memory_window_and_rereg_entry_points_check_their_arguments() {
         let s = side(ctx, 2);
         let ops = &(*ctx).ops;
 
-        // Window type first: 3 does not exist (EINVAL); 1 and 2 exist but
-        // wait for the core (EOPNOTSUPP, which rdma-core's tests skip on).
+        // Window type first: 3 does not exist (EINVAL); 1 and 2 exist.
         assert!((ops.alloc_mw.unwrap())(s.pd, 3).is_null());
         assert_eq!(errno(), libc::EINVAL);
-        assert!((ops.alloc_mw.unwrap())(s.pd, IBV_MW_TYPE_1).is_null());
-        assert_eq!(errno(), libc::EOPNOTSUPP);
+        let mw = (ops.alloc_mw.unwrap())(s.pd, IBV_MW_TYPE_1);
+        assert!(!mw.is_null());
+        assert_eq!(((*mw).pd, (*mw).type_), (s.pd, IBV_MW_TYPE_1));
         assert!((ops.alloc_mw.unwrap())(s.cq.cast(), IBV_MW_TYPE_2).is_null());
         assert_eq!(errno(), libc::EINVAL);
         assert_eq!((ops.dealloc_mw.unwrap())(s.mr.cast()), libc::EINVAL);
@@ -114,8 +114,20 @@ fn memory_window_and_rereg_entry_points_check_their_arguments() {
             (ops.bind_mw.unwrap())(s.qp, null_mut(), &mut bind),
             libc::EINVAL
         );
+        // A type-1 window cannot be zero-based; LOCAL_WRITE alone is fine
+        // but the region lacks MW_BIND.
+        bind.bind_info.mr = s.mr;
+        bind.bind_info.addr = (*s.mr).addr as u64;
+        bind.bind_info.length = 8;
+        bind.bind_info.mw_access_flags = IBV_ACCESS_ZERO_BASED;
+        assert_eq!((ops.bind_mw.unwrap())(s.qp, mw, &mut bind), libc::EINVAL);
+        bind.bind_info.mw_access_flags = IBV_ACCESS_LOCAL_WRITE;
+        assert_eq!((ops.bind_mw.unwrap())(s.qp, mw, &mut bind), libc::EINVAL);
+        assert_eq!((ops.dealloc_mw.unwrap())(mw), 0);
+        assert_eq!((ops.dealloc_mw.unwrap())(mw), libc::EINVAL, "already gone");
 
-        // Work requests: a BIND_MW names no live window; LOCAL_INV waits.
+        // Work requests: a BIND_MW names no live window; LOCAL_INV on a QP
+        // in RESET is refused for the state.
         let mut wr = ibv_send_wr::zeroed();
         let mut bad = null_mut();
         wr.opcode = IBV_WR_BIND_MW;
@@ -125,14 +137,13 @@ fn memory_window_and_rereg_entry_points_check_their_arguments() {
         );
         wr.opcode = IBV_WR_LOCAL_INV;
         wr.imm_data = (*s.mr).rkey;
-        // The QP is in RESET: still the opcode is what is refused first.
         assert_eq!(
             (ops.post_send.unwrap())(s.qp, &mut wr, &mut bad),
-            libc::EOPNOTSUPP
+            libc::EINVAL
         );
 
-        // ibv_rereg_mr: flags, translation and PD are checked, then the
-        // core is missing. Every failure leaves the region as it was.
+        // ibv_rereg_mr: flags, translation, PD and access are checked, and
+        // every failure leaves the region as it was.
         let rereg = |flags, pd, addr: *mut u8, len, access| {
             let r = ibv_rereg_mr(s.mr, flags, pd, addr.cast(), len, access);
             (r, if r == 0 { 0 } else { errno() })
@@ -166,9 +177,17 @@ fn memory_window_and_rereg_entry_points_check_their_arguments() {
             "the region is LOCAL_WRITE: its new pages must be writable"
         );
         assert_eq!(
-            rereg(IBV_REREG_MR_CHANGE_ACCESS, null_mut(), null_mut(), 0, 1 | 2),
-            (-1, libc::EOPNOTSUPP)
+            rereg(IBV_REREG_MR_CHANGE_PD, s.pd, null_mut(), 0, 1),
+            (-1, libc::EINVAL),
+            "access without CHANGE_ACCESS"
         );
+        let keys = ((*s.mr).lkey, (*s.mr).rkey);
+        assert_eq!((*s.mr).addr.cast::<u8>(), ok_addr);
+        assert_eq!(
+            rereg(IBV_REREG_MR_CHANGE_ACCESS, null_mut(), null_mut(), 0, 1 | 2),
+            (0, 0)
+        );
+        assert_eq!(((*s.mr).lkey, (*s.mr).rkey), keys, "rereg keeps the keys");
         assert_eq!((*s.mr).addr.cast::<u8>(), ok_addr);
         assert_eq!(
             ibv_rereg_mr(

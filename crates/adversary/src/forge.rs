@@ -42,16 +42,22 @@ pub fn fill_icrc(src: SocketAddrV4, dst: SocketAddrV4, d: &mut [u8]) {
     icrc::fill(&ip, &udp, d);
 }
 
-/// Whether `d`, received from `src` at `dst`, carries a correct ICRC (sent
-/// with ID 0 and DF, as softrdma sends).
+/// Whether `d`, received from `src` at `dst`, carries a correct ICRC as
+/// softrdma sends it: DF set and IPv4 ID 0, or, for the segments of one
+/// GSO train, the ID the kernel numbers segment k with (k < 64; see
+/// `softrdma_udp`'s receive policy, which accepts the same from a peer).
 pub fn icrc_ok(src: SocketAddrV4, dst: SocketAddrV4, d: &[u8]) -> bool {
     if d.len() < len::BTH + len::ICRC {
         return false;
     }
     let ulen = (d.len() + 8) as u16;
-    let ip = icrc::ipv4_header(src.ip().octets(), dst.ip().octets(), 0, true, ulen);
     let udp = icrc::udp_header(src.port(), dst.port(), ulen);
-    icrc::carried(d) == Some(icrc::compute(&ip, &udp, &d[..d.len() - len::ICRC]))
+    let body = &d[..d.len() - len::ICRC];
+    let want = icrc::carried(d);
+    (0..64u16).any(|id| {
+        let ip = icrc::ipv4_header(src.ip().octets(), dst.ip().octets(), id, true, ulen);
+        want == Some(icrc::compute(&ip, &udp, body))
+    })
 }
 
 impl Forger {

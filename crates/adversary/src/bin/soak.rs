@@ -515,7 +515,16 @@ impl Side {
 
         let n = self.qps.len();
         for c in wait_cq(&self.scq, 5 * n, "the round's sends") {
-            assert_eq!(c.status, WcStatus::Success, "round {round}: {c:?}");
+            if c.status != WcStatus::Success {
+                // What the transport saw, for the post-mortem.
+                let (st, ps) = self.ctx.stats();
+                let q = self.qps[(c.wr_id >> 8) as usize].query().map(|q| q.0);
+                panic!(
+                    "round {round}, side {me}: {c:?} (QP now {q:?})
+{st:?}
+{ps:?}"
+                );
+            }
         }
         for c in wait_cq(&self.rcq, 2 * n, "the round's receives") {
             assert_eq!(c.status, WcStatus::Success, "round {round}: {c:?}");

@@ -917,7 +917,7 @@ impl Endpoint {
             return;
         }
         if qp.qp_type != QpType::Ud && meta.sgid != qp.attr.av.dgid {
-            self.shared.stats.dropped_no_qp += 1; // not from the connected peer
+            self.shared.stats.wrong_source += 1; // not from the connected peer
             return;
         }
         let before = Before::of(qp, &self.shared.stats);

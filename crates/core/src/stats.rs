@@ -25,6 +25,17 @@ pub struct Stats {
     pub malformed: u64,
     /// Packets for a QP that does not exist or is not ready.
     pub dropped_no_qp: u64,
+    /// RC/UC packets from an address other than the QP's connected peer.
+    pub wrong_source: u64,
+    /// Requests dropped unanswered because the responder's queue of
+    /// answers was full (the requester retransmits them).
+    pub responder_busy: u64,
+    /// Remote Access Error NAKs sent: a bad rkey, a range outside the
+    /// region, or an access the region or QP does not grant.
+    pub access_naks_sent: u64,
+    /// Invalid Request NAKs sent: an opcode out of sequence, a length the
+    /// message does not allow, too many READs and atomics outstanding.
+    pub invalid_naks_sent: u64,
     /// UD packets with the wrong Q_Key.
     pub bad_qkey: u64,
     /// UC messages dropped after a PSN gap, UD sends without a receive WQE.

@@ -229,6 +229,8 @@ impl Qp {
         mem: &mut impl Memory,
     ) {
         if self.resp.fatal.is_some() {
+            // Going to ERR once the fatal NAK has left: not ready.
+            ctx.stats.dropped_no_qp += 1;
             return;
         }
         let psn = repr.bth.psn;
@@ -253,6 +255,7 @@ impl Qp {
             return;
         }
         if !self.resp.has_room() {
+            ctx.stats.responder_busy += 1;
             return; // back-pressure: the requester will resend
         }
         match self.execute(pkt, repr, ctx, mem) {
@@ -272,6 +275,11 @@ impl Qp {
             Err(Fault::Drop) => {}
             Err(Fault::Fatal) => self.fatal_now(Event::QpFatal(self.qpn), ctx),
             Err(Fault::Nak(code, ev)) => {
+                match code {
+                    NakCode::RemoteAccessError => ctx.stats.access_naks_sent += 1,
+                    NakCode::InvalidRequest => ctx.stats.invalid_naks_sent += 1,
+                    _ => {}
+                }
                 let msn = self.resp.msn;
                 self.resp.out.push_back(Resp::Ack {
                     psn,
@@ -632,6 +640,7 @@ impl Qp {
     /// A request behind `epsn`: answer it again without executing it twice.
     fn duplicate(&mut self, pkt: &Packet<&[u8]>, repr: &PacketRepr, ctx: &mut Ctx<'_>) {
         if !self.resp.has_room() {
+            ctx.stats.responder_busy += 1;
             return;
         }
         let psn = repr.bth.psn;

@@ -6,13 +6,16 @@
 //!
 //! * Handles own their resource and release it on drop; a QP is flushed and
 //!   drained before it goes away, so every posted work request completes.
-//! * Memory a work request references stays valid until no queue can use
-//!   it: [`Pd::reg_mr`] takes ownership of the buffer, and a dropped region's
-//!   buffer is only freed once every work queue of the context is idle. Every
-//!   scatter/gather entry is checked against the registered regions when it
-//!   is posted, so safe code cannot point the engine at unregistered memory.
-//!   [`Pd::reg_mr_raw`] and [`Qp::post_send_unchecked`] are the `unsafe` tier
-//!   for callers (such as the C ABI) that manage lifetimes themselves.
+//! * Memory a work request references is never touched after its region is
+//!   gone: [`Pd::reg_mr`] takes ownership of the buffer, the core translates
+//!   every access of in-flight work through the region table at the moment
+//!   of the access, and a dropped region's buffer is freed as soon as its
+//!   deregistration returns (work still using it fails with the IBA status).
+//!   Every scatter/gather entry is checked against the registered regions
+//!   when it is posted, so safe code cannot point the engine at
+//!   unregistered memory. [`Pd::reg_mr_raw`] and [`Qp::post_send_unchecked`]
+//!   are the `unsafe` tier for callers (such as the C ABI) that manage
+//!   lifetimes themselves.
 //! * Verbs misuse returns an [`Error`] that names the problem; remote faults
 //!   arrive as IBA completion statuses and QP states.
 //!

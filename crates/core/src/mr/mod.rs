@@ -24,12 +24,14 @@
 //! returns, the core never again hands the region's addresses to
 //! [`Memory`], nor into a [`crate::Transmit`] built after it.
 
+mod guarded;
 mod keys;
 mod window;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+pub use guarded::GuardedMemory;
 use keys::IssuedKeys;
 pub use keys::KeySource;
 pub use window::{Mw, MwBind, MwBindError, MwType, MAX_MW};

@@ -1332,6 +1332,12 @@ fn bind_of(s: &Side, b: &BindSpec) -> Option<MwBind> {
     })
 }
 
+/// `SOFTRDMA_FUZZ_TRACE=1`: print each action (to read a crash's story).
+fn trace() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SOFTRDMA_FUZZ_TRACE").is_some())
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
     let mut w = World::new();
@@ -1340,6 +1346,9 @@ fuzz_target!(|data: &[u8]| {
         let Ok(a) = Action::arbitrary(&mut u) else {
             break;
         };
+        if trace() {
+            eprintln!("{steps:3} t={} {a:?}", w.now);
+        }
         w.step(a);
         steps += 1;
     }

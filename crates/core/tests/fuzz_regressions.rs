@@ -1,0 +1,105 @@
+//! Bugs the stateful fuzz target (fuzz/fuzz_targets/endpoint.rs) found,
+//! each reduced to the few calls that show it. See docs/RELIABILITY.md.
+
+mod support;
+
+use softrdma_core::mr::{MwBind, MwType};
+use softrdma_core::qp::attr::AccessFlags;
+use softrdma_core::qp::state::QpState;
+use softrdma_core::wc::{WcOpcode, WcStatus};
+use softrdma_core::wr::{SendFlags, SendOp, SendWr};
+use softrdma_netsim::Sim;
+use support::*;
+
+const SIG: SendFlags = SendFlags::SIGNALED;
+
+fn post_local(sim: &mut Sim<Host>, q: &QpEnd, wr_id: u64, op: SendOp) {
+    let h = sim.node_mut(q.node);
+    let wr = SendWr {
+        wr_id,
+        op,
+        sgl: &[],
+        flags: SIG,
+        ud: None,
+    };
+    h.ep.post_send(q.qpn, &wr, &h.mem).unwrap();
+}
+
+/// A SEND on the wire, then a LOCAL_INV that fails, then `next`: only the
+/// SEND may go out; once it is acknowledged the LOCAL_INV fails, the QP
+/// enters ERR, and `next` is flushed.
+fn failed_local_op_then(next: impl FnOnce(&mut Sim<Host>, &QpEnd, &QpEnd)) {
+    let (mut sim, qa, qb) = pair(1, 1 << 20, &Opts::default());
+    sim.node_mut(1).post_recv(&qb, 1, region(0), 64);
+    let a = sim.node_mut(0);
+    a.post(&qa, 10, SendOp::Send, region(0), 64, SIG).unwrap();
+    // No window has this rkey: the invalidation fails when it executes.
+    post_local(&mut sim, &qa, 11, SendOp::LocalInv { rkey: 0xdead_beef });
+    next(&mut sim, &qa, &qb);
+
+    let out = sim.node_mut(0).take(0, usize::MAX);
+    assert_eq!(
+        describe_all(0, &out),
+        ["A SEND_ONLY 100 ackreq"],
+        "nothing after the failed LOCAL_INV starts"
+    );
+    let b = sim.node_mut(1);
+    b.deliver(0, 0, &out[0]);
+    let ack = b.take(0, usize::MAX);
+    assert_eq!(describe_all(1, &ack), ["B ACKNOWLEDGE 100 [ACK msn=1]"]);
+    let a = sim.node_mut(0);
+    a.deliver(0, 1, &ack[0]);
+    assert!(a.take(0, usize::MAX).is_empty());
+    let c = a.poll_cq(qa.scq);
+    let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status, c.opcode)).collect();
+    assert_eq!(
+        got[..2],
+        [
+            (10, WcStatus::Success, WcOpcode::Send),
+            (11, WcStatus::LocQpOpErr, WcOpcode::LocalInv),
+        ]
+    );
+    assert_eq!(got.len(), 3);
+    assert_eq!((got[2].0, got[2].1), (12, WcStatus::WrFlushErr));
+    assert_eq!(a.ep.qp(qa.qpn).unwrap().state, QpState::Err);
+}
+
+/// Found by the fuzzer as a panic ("validated at post") in the packet
+/// builder: after a local operation failed behind unacknowledged work, the
+/// requester moved on to the next WQE, and when that was a BIND_MW — which
+/// has no packet — tried to build one.
+#[test]
+fn a_bind_after_a_failed_local_invalidate_is_flushed_not_sent() {
+    failed_local_op_then(|sim, qa, _| {
+        let a = sim.node_mut(0);
+        let access = Opts::default().access.union(AccessFlags::MW_BIND);
+        let (lkey, _) =
+            a.ep.reg_mr(qa.pd, region(1), region(1), 4096, access)
+                .unwrap();
+        let mw = a.ep.alloc_mw(qa.pd, MwType::Type2).unwrap();
+        let bind = MwBind {
+            mw_rkey: mw,
+            new_rkey: 1,
+            mr_lkey: lkey,
+            addr: region(1),
+            len: 4096,
+            access: AccessFlags::REMOTE_READ,
+        };
+        post_local(sim, qa, 12, SendOp::BindMw(bind));
+    });
+}
+
+/// The same bug seen from the wire: an ordinary WRITE after the failed
+/// LOCAL_INV went out, though nothing after a failed WQE may start.
+#[test]
+fn a_write_after_a_failed_local_invalidate_does_not_start() {
+    failed_local_op_then(|sim, qa, qb| {
+        let op = SendOp::Write {
+            remote_addr: region(2),
+            rkey: qb.rkey,
+        };
+        sim.node_mut(0)
+            .post(qa, 12, op, region(0), 64, SIG)
+            .unwrap();
+    });
+}

@@ -241,9 +241,9 @@ enum Key {
     /// The rkey of one of the peer's regions (live or not).
     PeerRegion(u8),
     /// Any key the harness has seen on the peer (windows, lkeys, stale ones).
-    PeerKey(u8),
+    Peer(u8),
     /// A key of this side (for LOCAL_INV).
-    OwnKey(u8),
+    Own(u8),
     Raw(u32),
 }
 
@@ -492,26 +492,23 @@ impl Side {
             Iova::NearTop(d) => u64::MAX - d as u64,
             Iova::Raw(v) => v,
         };
-        match self.ep.reg_mr(self.pds[pd], iova, host, len, access) {
-            Ok((lkey, rkey)) => {
-                if self.regions.len() < 32 {
-                    self.regions.push(Region {
-                        lkey,
-                        rkey,
-                        iova,
-                        host,
-                        len,
-                        live: true,
-                    });
-                    self.mem.grant(host, len);
-                    self.remember_key(lkey);
-                    self.remember_key(rkey);
-                } else {
-                    // No room to remember it: take it back at once.
-                    self.ep.dereg_mr(lkey).expect("fresh region deregisters");
-                }
+        if let Ok((lkey, rkey)) = self.ep.reg_mr(self.pds[pd], iova, host, len, access) {
+            if self.regions.len() < 32 {
+                self.regions.push(Region {
+                    lkey,
+                    rkey,
+                    iova,
+                    host,
+                    len,
+                    live: true,
+                });
+                self.mem.grant(host, len);
+                self.remember_key(lkey);
+                self.remember_key(rkey);
+            } else {
+                // No room to remember it: take it back at once.
+                self.ep.dereg_mr(lkey).expect("fresh region deregisters");
             }
-            Err(_) => {}
         }
     }
 
@@ -701,8 +698,8 @@ impl World {
             now: 0,
             wr_ids: 0,
         };
-        for p in 0..QPS.len() {
-            w.connect(p, 100 + p as u32, 0xff_fff0 - p as u32, QPS[p].2, 1, 7, 7);
+        for (p, &(_, _, mtu)) in QPS.iter().enumerate() {
+            w.connect(p, 100 + p as u32, 0xff_fff0 - p as u32, mtu, 1, 7, 7);
         }
         w
     }
@@ -968,13 +965,10 @@ impl World {
                 let s = self.side(side);
                 if let Some(r) = s.region(which) {
                     let i = which as usize % s.regions.len();
-                    match s.ep.dereg_mr(r.lkey) {
-                        Ok(()) => {
-                            assert!(r.live, "a deregistered region deregistered again");
-                            s.regions[i].live = false;
-                            s.mem.revoke(r.host, r.len);
-                        }
-                        Err(_) => {}
+                    if s.ep.dereg_mr(r.lkey).is_ok() {
+                        assert!(r.live, "a deregistered region deregistered again");
+                        s.regions[i].live = false;
+                        s.mem.revoke(r.host, r.len);
                     }
                 }
             }
@@ -1076,8 +1070,8 @@ impl World {
         let q = me.qp(qp);
         let key = |k: &Key| match *k {
             Key::PeerRegion(i) => peer.region(i).map_or(0, |r| r.rkey),
-            Key::PeerKey(i) => peer.key(i),
-            Key::OwnKey(i) => me.key(i),
+            Key::Peer(i) => peer.key(i),
+            Key::Own(i) => me.key(i),
             Key::Raw(k) => k,
         };
         let remote = |r: &Remote| match *r {

@@ -4,7 +4,8 @@
 //! replayed; forge one; post sends of every opcode and receives; modify
 //! QPs (ERR, RESET, SQD and back, arbitrary attributes); register and
 //! deregister regions with work in flight; allocate, bind, invalidate and
-//! deallocate memory windows; advance virtual time; poll CQs and events.
+//! deallocate memory windows; pace QPs and bound their windows; advance
+//! virtual time; poll CQs and events.
 //!
 //! Checked at every step (a failure is a panic, which libFuzzer reports):
 //! * no panic anywhere in the core;
@@ -16,7 +17,8 @@
 //! * what the core emits parses;
 //! * no completion for a work request never posted, none twice;
 //! * CQs never hold more than their depth, the event queue never more than
-//!   `max_events`; after `handle_timeout(now)` no timer is already due.
+//!   `max_events`; after `handle_timeout(now)` no timer is already due;
+//! * the scheduler's own check (`Endpoint::check_scheduler`) holds.
 //!
 //! At the end, all traffic is carried faithfully and timers fired until the
 //! endpoints go quiet (bounded); then every window is deallocated, after
@@ -43,7 +45,11 @@ use softrdma_wire::{Packet, PacketRepr};
 const MEM: u64 = 64 << 10;
 /// Distinct bases, so a host address of one side is never valid on the other.
 const BASE: [u64; 2] = [0x10_0000, 0x40_0000];
-const CQ_DEPTH: [u32; 3] = [4, 16, 64];
+/// Small enough that the first overflows if the fuzzer does not poll it
+/// (and the CQ enters the error state for good, taking its QPs to ERR),
+/// large enough that the others seldom do.
+const CQ_DEPTH: [u32; 3] = [8, 32, 128];
+const MAX_CQE: u32 = 256;
 const MAX_EVENTS: usize = 32;
 const QKEY: u32 = 0x1111_1111;
 /// Packets one side may have emitted and not yet carried; past this the
@@ -185,6 +191,25 @@ enum Action {
     },
     PollEvents {
         side: bool,
+    },
+    /// The congestion-control hooks: pace a QP (`None`: line rate) ...
+    SetRate {
+        side: bool,
+        qp: u8,
+        bps: Option<u32>,
+    },
+    /// `ibv_resize_cq` to 1..=256 entries.
+    ResizeCq {
+        side: bool,
+        cq: u8,
+        depth: u8,
+    },
+    /// ... or bound its window in PSNs and bytes.
+    SetWindow {
+        side: bool,
+        qp: u8,
+        psns: u16,
+        bytes: Option<u32>,
     },
 }
 
@@ -401,11 +426,15 @@ impl Side {
             qpn_base: 0x40 * (i as u32 + 1),
             max_qp: 16,
             max_cq: 8,
-            max_cqe: 256,
+            max_cqe: MAX_CQE,
             max_qp_wr: 64,
             max_rd_atom: 4,
             port_mtu: Mtu::B4096,
             max_events: MAX_EVENTS,
+            // A: a destination budget of a few packets and a short quantum,
+            // so the scheduler's gates and rotation are hit; B: the defaults.
+            max_inflight_per_dest: [8 << 10, 4 << 20][i],
+            sched_quantum: [512, 16 << 10][i],
         });
         let pds = [ep.alloc_pd(), ep.alloc_pd()];
         let cqs = CQ_DEPTH.map(|d| ep.create_cq(d).expect("cq"));
@@ -606,44 +635,32 @@ impl Side {
         self.ep.handle_packet(now, &meta, bytes, &mut self.mem);
     }
 
-    /// Poll one CQ, checking every completion against what was posted.
+    /// Poll up to `n` completions from one CQ, checking each against what
+    /// was posted, and that the CQ held no more than its depth.
     fn poll_cq(&mut self, cq: usize, n: usize) {
-        let mut out = [blank(); 80];
-        let depth = CQ_DEPTH[cq] as usize;
+        let mut out = [blank(); 2 * MAX_CQE as usize];
+        let id = self.cqs[cq];
+        let depth = self.ep.cq_depth(id).expect("the CQ exists") as usize;
         let want = n.min(out.len());
-        let got = self
-            .ep
-            .poll_cq(self.cqs[cq], &mut out[..want])
-            .expect("the CQ exists");
+        let got = match self.ep.poll_cq(id, &mut out[..want]) {
+            Ok(got) => got,
+            // Overflowed: in the error state for good (IBA's CQ error).
+            Err(softrdma_core::Error::CqOverflowed(_)) => return,
+            Err(e) => panic!("poll_cq: {e}"),
+        };
         assert!(got <= want);
+        assert!(got <= depth, "CQ of depth {depth} held {got} completions");
         for c in &out[..got] {
             assert!(
                 self.outstanding.remove(&c.wr_id),
                 "completion {c:?} for a work request not outstanding"
             );
         }
-        if want == out.len() {
-            // Anything left must still fit in the CQ.
-            let more = self
-                .ep
-                .poll_cq(self.cqs[cq], &mut out)
-                .expect("the CQ exists");
-            assert!(
-                more <= depth,
-                "CQ of depth {depth} held {more}+ completions"
-            );
-            for c in &out[..more] {
-                assert!(
-                    self.outstanding.remove(&c.wr_id),
-                    "completion {c:?} for a work request not outstanding"
-                );
-            }
-        }
     }
 
     fn drain(&mut self) {
         for cq in 0..3 {
-            self.poll_cq(cq, usize::MAX);
+            self.poll_cq(cq, 2 * MAX_CQE as usize);
         }
         let mut n = 0;
         while self.ep.poll_event().is_some() {
@@ -1031,6 +1048,27 @@ impl World {
                 s.ep.req_notify_cq(s.cqs[cq as usize % 3], solicited)
                     .expect("the CQ exists");
             }
+            Action::ResizeCq { side, cq, depth } => {
+                let s = self.side(side);
+                let _ = s.ep.resize_cq(s.cqs[cq as usize % 3], depth as u32 + 1);
+            }
+            Action::SetRate { side, qp, bps } => {
+                let s = self.side(side);
+                let q = s.qp(qp);
+                // From 1 kbit/s up: slow enough that timers must pace it.
+                let _ = s.ep.set_qp_rate(q.qpn, bps.map(|b| b as u64 * 1000));
+            }
+            Action::SetWindow {
+                side,
+                qp,
+                psns,
+                bytes,
+            } => {
+                let s = self.side(side);
+                let q = s.qp(qp);
+                let _ =
+                    s.ep.set_qp_window(q.qpn, psns as u32 % 300, bytes.map(u64::from));
+            }
             Action::PollEvents { side } => {
                 let s = self.side(side);
                 for _ in 0..MAX_EVENTS + 1 {
@@ -1300,6 +1338,16 @@ impl World {
         }
     }
 
+    /// The scheduler's own consistency check: no QP with work forgotten,
+    /// lists, budgets and timers agreeing.
+    fn check_scheduler(&self) {
+        for (i, s) in self.s.iter().enumerate() {
+            if let Err(e) = s.ep.check_scheduler() {
+                panic!("side {i}: scheduler inconsistent: {e}");
+            }
+        }
+    }
+
     fn check_counters(&self) {
         for s in &self.s {
             let st = s.ep.stats();
@@ -1344,11 +1392,14 @@ fuzz_target!(|data: &[u8]| {
             eprintln!("{steps:3} t={} {a:?}", w.now);
         }
         w.step(a);
+        w.check_scheduler();
         steps += 1;
     }
     w.settle();
+    w.check_scheduler();
     w.check_counters();
     w.teardown();
     w.settle();
+    w.check_scheduler();
     w.check_counters();
 });

@@ -103,3 +103,49 @@ fn a_write_after_a_failed_local_invalidate_does_not_start() {
             .unwrap();
     });
 }
+
+/// Found by the fuzzer as the scheduler's "filed ready sends nothing": a
+/// QP whose rate gate was closed (its SEND had just gone out at a low
+/// rate) and whose next WQE was local work — a bind — was filed ready, but
+/// its turn runs the requester only when the gate is open, so the turn did
+/// nothing; in a release build the QP was then dropped from the ready list
+/// with no timer, and the bind never ran. Local work now waits for the
+/// rate gate like a packet.
+#[test]
+fn a_bind_behind_a_paced_send_runs_when_the_gate_opens() {
+    let (mut sim, qa, qb) = pair(1, 1 << 20, &Opts::default());
+    sim.node_mut(1).post_recv(&qb, 1, region(0), 64);
+    let a = sim.node_mut(0);
+    // 100 kbit/s: the 64-byte SEND closes the gate for about 8 ms.
+    a.ep.set_qp_rate(qa.qpn, Some(100_000)).unwrap();
+    let access = Opts::default().access.union(AccessFlags::MW_BIND);
+    let (lkey, _) =
+        a.ep.reg_mr(qa.pd, region(1), region(1), 4096, access)
+            .unwrap();
+    let mw = a.ep.alloc_mw(qa.pd, MwType::Type2).unwrap();
+    a.post(&qa, 10, SendOp::Send, region(0), 64, SIG).unwrap();
+    let bind = MwBind {
+        mw_rkey: mw,
+        new_rkey: 1,
+        mr_lkey: lkey,
+        addr: region(1),
+        len: 4096,
+        access: AccessFlags::REMOTE_READ,
+    };
+    post_local(&mut sim, &qa, 11, SendOp::BindMw(bind));
+    sim.run_until_idle(SEC).unwrap();
+    let a = sim.node_mut(0);
+    let got: Vec<_> = a
+        .poll_cq(qa.scq)
+        .iter()
+        .map(|c| (c.wr_id, c.status, c.opcode))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (10, WcStatus::Success, WcOpcode::Send),
+            (11, WcStatus::Success, WcOpcode::BindMw),
+        ]
+    );
+    a.ep.check_scheduler().unwrap();
+}

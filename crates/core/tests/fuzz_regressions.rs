@@ -3,11 +3,13 @@
 
 mod support;
 
+use softrdma_core::mr::KeySource;
 use softrdma_core::mr::{MwBind, MwType};
 use softrdma_core::qp::attr::AccessFlags;
 use softrdma_core::qp::state::QpState;
 use softrdma_core::wc::{WcOpcode, WcStatus};
 use softrdma_core::wr::{SendFlags, SendOp, SendWr};
+use softrdma_core::{Endpoint, EndpointConfig};
 use softrdma_netsim::Sim;
 use support::*;
 
@@ -148,4 +150,72 @@ fn a_bind_behind_a_paced_send_runs_when_the_gate_opens() {
         ]
     );
     a.ep.check_scheduler().unwrap();
+}
+
+/// Found by the fuzzer as "QP is forgotten: it wants Dest but is filed
+/// Idle": a QP held by its rate gate was filed with its pacing timer; then
+/// another QP filled the destination's budget, and the paced QP's state by
+/// the scheduler's own rules became "waiting for the budget", which it was
+/// not filed as. (Its pacing timer would have brought it back; but the
+/// filing no longer said why it waited, and the scheduler's check — the one
+/// guarantee that no QP is forgotten — failed.) A closed rate gate now
+/// holds a QP ahead of the budget.
+#[test]
+fn a_paced_qp_stays_paced_when_another_fills_the_destination_budget() {
+    let o = Opts::default();
+    let mut sim = Sim::new(1);
+    for id in 0..2 {
+        let mut h = Host::new(id, 1 << 20, 1 + id as u64);
+        h.ep = Endpoint::new(EndpointConfig {
+            key_source: KeySource::seeded(1 + id as u64),
+            qpn_base: h.ep.config().qpn_base,
+            max_inflight_per_dest: 8 << 10,
+            ..Default::default()
+        });
+        sim.add_node(h);
+    }
+    let (a1, b1) = (make_qp(sim.node_mut(0), &o), make_qp(sim.node_mut(1), &o));
+    let (a2, b2) = (make_qp(sim.node_mut(0), &o), make_qp(sim.node_mut(1), &o));
+    for (qa, qb) in [(&a1, &b1), (&a2, &b2)] {
+        connect(sim.node_mut(0), qa, qb, o.psn_a, o.psn_b, &o);
+        connect(sim.node_mut(1), qb, qa, o.psn_b, o.psn_a, &o);
+    }
+    let b = sim.node_mut(1);
+    b.post_recv(&b1, 1, region(0), 32 << 10);
+    b.post_recv(&b2, 2, region(0) + (64 << 10), 64);
+    b.post_recv(&b2, 3, region(0) + (64 << 10), 64);
+    let a = sim.node_mut(0);
+    a.ep.set_qp_rate(a2.qpn, Some(86_000)).unwrap();
+    a.post(&a2, 10, SendOp::Send, region(0), 0, SIG).unwrap();
+    a.post(&a1, 11, SendOp::Send, region(0), 22 << 10, SIG)
+        .unwrap();
+    a.post(&a2, 12, SendOp::Send, region(0), 0, SIG).unwrap();
+    // Everything A may send before any ACK. The host checks the scheduler
+    // once it has sent all it can.
+    let out = a.take(0, usize::MAX);
+    assert_eq!(
+        describe_all(0, &out),
+        [
+            "A SEND_ONLY 100 ackreq", // a2: its rate gate closes
+            "A SEND_FIRST 100",       // a1, until the budget is full
+            "A SEND_MIDDLE 101",
+            "A SEND_MIDDLE 102",
+            "A SEND_MIDDLE 103",
+            "A SEND_MIDDLE 104",
+            "A SEND_MIDDLE 105",
+            "A SEND_MIDDLE 106 ackreq",
+        ]
+    );
+    a.check();
+    for d in &out {
+        sim.node_mut(1).deliver(0, 0, d);
+    }
+    sim.run_until_idle(SEC).unwrap();
+    let a = sim.node_mut(0);
+    let done = |q: &QpEnd, a: &mut Host| statuses(&a.poll_cq(q.scq));
+    assert_eq!(done(&a1, a), [(11, WcStatus::Success)]);
+    assert_eq!(
+        done(&a2, a),
+        [(10, WcStatus::Success), (12, WcStatus::Success)]
+    );
 }

@@ -351,10 +351,24 @@ impl Sched {
         }
         match qp.request_ready(self.limit(s, qp)) {
             Err(Stop::Idle) => Want::Nothing,
-            Err(Stop::Local) => Want::Send,
-            Err(Stop::Gate(psn)) if psn.before(self.own_limit(s, qp)) => Want::Dest,
+            Err(Stop::Gate(psn)) if psn.before(self.own_limit(s, qp)) => {
+                // Held by its destination's budget — unless its rate gate
+                // is closed too. That one holds it first: its timer, unlike
+                // the budget, does not move when other QPs send, so a QP
+                // filed as paced stays correctly filed until it fires.
+                let g = &self.slots[s].gate;
+                if g.rate_open(now) {
+                    Want::Dest
+                } else {
+                    Want::Pace(g.next_send_at())
+                }
+            }
             Err(Stop::Gate(_)) => Want::Nothing,
-            Ok(()) => {
+            // Local work (a bind, an invalidation, a finished WQE to
+            // complete) is done by the requester's turn, which a closed
+            // rate gate skips: it waits for the gate like a packet, or the
+            // QP would sit on the ready list with nothing its visit may do.
+            Err(Stop::Local) | Ok(()) => {
                 let g = &self.slots[s].gate;
                 if g.rate_open(now) {
                     Want::Send

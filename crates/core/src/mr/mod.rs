@@ -24,6 +24,7 @@
 //! returns, the core never again hands the region's addresses to
 //! [`Memory`], nor into a [`crate::Transmit`] built after it.
 
+mod guarded;
 mod keys;
 mod rereg;
 mod window;
@@ -31,6 +32,7 @@ mod window;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+pub use guarded::GuardedMemory;
 use keys::IssuedKeys;
 pub use keys::KeySource;
 pub use rereg::{Rereg, Translation};

@@ -153,15 +153,21 @@ impl Qp {
             };
             let idx = self.sq.send;
             self.sq.get_mut(idx).expect("present").state = SendState::Done(status);
+            if status != WcStatus::Success {
+                // Nothing after it starts: the requester stays on it (a
+                // finished WQE, which `poll_request` does not send) until
+                // it is the oldest, then it fails and the QP with it. Moving
+                // on would hand the next WQE — another local operation,
+                // which has no packet — to the packet builder.
+                if idx == self.sq.tail {
+                    self.settle_done(ctx);
+                }
+                return;
+            }
             self.sq.send = idx + 1;
             self.req.pkt_idx = 0;
             if idx == self.sq.tail {
                 self.settle_done(ctx);
-                if status != WcStatus::Success {
-                    return;
-                }
-            } else if status != WcStatus::Success {
-                return; // nothing after it starts; it fails in order
             }
         }
     }

@@ -32,7 +32,7 @@ use std::collections::{HashSet, VecDeque};
 use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use softrdma_core::cq::CqId;
-use softrdma_core::mr::{GuardedMemory, KeySource, Memory, MwBind, MwType, PdId};
+use softrdma_core::mr::{GuardedMemory, KeySource, Memory, MwBind, MwId, MwType, PdId};
 use softrdma_core::qp::attr::{AccessFlags, AttrMask, Mtu, QpAttr};
 use softrdma_core::qp::state::{required_mask, transition_rule, QpState, QpType};
 use softrdma_core::qp::QpCap;
@@ -545,7 +545,7 @@ impl Side {
         if self.windows.len() >= 8 {
             return;
         }
-        if let Ok(rkey) = self.ep.alloc_mw(self.pds[pd], kind) {
+        if let Ok((_, rkey)) = self.ep.alloc_mw(self.pds[pd], kind) {
             self.windows.push(Window {
                 keys: vec![rkey],
                 live: true,
@@ -1021,7 +1021,7 @@ impl World {
             Action::DeallocMw { side, key } => {
                 let s = self.side(side);
                 let k = s.key(key);
-                if s.ep.dealloc_mw(k).is_ok() {
+                if s.ep.dealloc_mw(MwId::of_rkey(k)).is_ok() {
                     for w in &mut s.windows {
                         if w.keys.contains(&k) {
                             w.live = false;
@@ -1317,7 +1317,7 @@ impl World {
                 let freed = w
                     .keys
                     .iter()
-                    .filter(|&&k| s.ep.dealloc_mw(k).is_ok())
+                    .filter(|&&k| s.ep.dealloc_mw(MwId::of_rkey(k)).is_ok())
                     .count();
                 assert!(freed <= 1, "one window deallocated under two rkeys");
                 w.live = false;

@@ -78,7 +78,7 @@ fn a_bind_after_a_failed_local_invalidate_is_flushed_not_sent() {
         let (lkey, _) =
             a.ep.reg_mr(qa.pd, region(1), region(1), 4096, access)
                 .unwrap();
-        let mw = a.ep.alloc_mw(qa.pd, MwType::Type2).unwrap();
+        let (_, mw) = a.ep.alloc_mw(qa.pd, MwType::Type2).unwrap();
         let bind = MwBind {
             mw_rkey: mw,
             new_rkey: 1,
@@ -124,7 +124,7 @@ fn a_bind_behind_a_paced_send_runs_when_the_gate_opens() {
     let (lkey, _) =
         a.ep.reg_mr(qa.pd, region(1), region(1), 4096, access)
             .unwrap();
-    let mw = a.ep.alloc_mw(qa.pd, MwType::Type2).unwrap();
+    let (_, mw) = a.ep.alloc_mw(qa.pd, MwType::Type2).unwrap();
     a.post(&qa, 10, SendOp::Send, region(0), 64, SIG).unwrap();
     let bind = MwBind {
         mw_rkey: mw,

@@ -78,8 +78,6 @@ pub enum AsyncEvent {
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default)]
 struct Pass {
-    /// Anything at all happened (a packet in or out, a timer, an event).
-    did: bool,
     /// The transmit budget ran out with packets still sendable.
     more_tx: bool,
     /// Datagrams were received (the socket may hold more).
@@ -131,16 +129,12 @@ impl State {
                 };
                 ep.handle_packet(now, &meta, bytes, mem);
             }) {
-                Ok(n) => {
-                    p.rx = n > 0;
-                    p.did |= p.rx;
-                }
+                Ok(n) => p.rx = n > 0,
                 Err(e) => eprintln!("softrdma: receive failed: {e}"),
             }
         }
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.ep.handle_timeout(now);
-            p.did = true;
         }
         if defer && p.rx {
             // What these packets call for (ACKs, mostly) waits for the
@@ -149,11 +143,9 @@ impl State {
             // the critical path of a ping-pong. See `Engine::defers`.
             self.tx_deferred = true;
         } else {
-            let (sent, more) = self.transmit(now);
-            p.did |= sent > 0;
-            p.more_tx = more;
+            p.more_tx = self.transmit(now).1;
         }
-        p.did |= self.deliver_events(async_fd);
+        self.deliver_events(async_fd);
         p
     }
 
@@ -206,10 +198,8 @@ impl State {
         (sent, more)
     }
 
-    fn deliver_events(&mut self, async_fd: &EventFd) -> bool {
-        let mut did = false;
+    fn deliver_events(&mut self, async_fd: &EventFd) {
         while let Some(e) = self.ep.poll_event() {
-            did = true;
             match e {
                 Event::CompNotify(cq) => {
                     if let Some(ch) = self.channels.get(&cq.0) {
@@ -224,7 +214,6 @@ impl State {
                 Event::QpLastWqeReached(q) => self.raise(AsyncEvent::QpLastWqeReached(q), async_fd),
             }
         }
-        did
     }
 
     fn raise(&mut self, e: AsyncEvent, fd: &EventFd) {

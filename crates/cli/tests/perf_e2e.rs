@@ -14,9 +14,14 @@ use std::time::{Duration, Instant};
 const LIMIT: Duration = Duration::from_secs(90);
 
 fn spawn(args: &[&str]) -> Child {
+    spawn_env(args, &[])
+}
+
+fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_softrdma"))
         .arg("perf")
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -45,10 +50,40 @@ fn finish(mut c: Child, what: &str) -> Output {
 /// Run `perf ARGS --loopback --check`; it must succeed and say every byte
 /// was verified. Returns stdout.
 fn checked(args: &[&str]) -> String {
+    checked_env(args, &[])
+}
+
+/// A loopback address no other test uses: 127.<pid>.<n>.
+fn own_address() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(2);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) % 254 + 1;
+    let pid = std::process::id() % 65536;
+    format!("127.{}.{}.{n}", pid >> 8, pid & 0xff)
+}
+
+/// [`checked`] for UC and UD, which have no retransmission, on a device of
+/// its own (a loopback address no other test uses). Processes sharing an
+/// address share its UDP port 4791 through a reuseport group, and a member
+/// leaving the group moves the last member to its index: datagrams to the
+/// moved member can be lost during the two system calls of the leave (see
+/// DESIGN.md, "Several processes, one port"). RC retransmits them; UC and
+/// UD may lose them, as their semantics allow, and a count-exact benchmark
+/// over them would then wait forever for the lost message. So these runs
+/// do not share their port with the tests running alongside.
+fn checked_alone(args: &[&str]) -> String {
+    let addr = own_address();
+    let dev = format!("iso={addr}");
+    let mut a = args.to_vec();
+    a.extend(["-d", "iso"]);
+    checked_env(&a, &[("SOFTRDMA_DEVICES", &dev)])
+}
+
+fn checked_env(args: &[&str], env: &[(&str, &str)]) -> String {
     let mut a = args.to_vec();
     a.extend(["--loopback", "--check"]);
     let what = a.join(" ");
-    let o = finish(spawn(&a), &what);
+    let o = finish(spawn_env(&a, env), &what);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -103,15 +138,16 @@ fn every_benchmark_verifies_its_data() {
 #[test]
 fn send_bw_on_every_transport() {
     for conn in ["RC", "UC", "UD"] {
+        let run = if conn == "RC" { checked } else { checked_alone };
         for size in ["1", "1000", "2048", "4096"] {
-            let out = checked(&["send_bw", "-c", conn, "-s", size, "-n", "300"]);
+            let out = run(&["send_bw", "-c", conn, "-s", size, "-n", "300"]);
             row(&out, size.parse().unwrap());
         }
-        checked(&["send_bw", "-c", conn, "-s", "64", "-q", "3", "-n", "200"]);
+        run(&["send_bw", "-c", conn, "-s", "64", "-q", "3", "-n", "200"]);
     }
-    checked(&["send_lat", "-c", "UD", "-s", "100", "-n", "200"]);
-    checked(&["write_lat", "-c", "UC", "-s", "100", "-n", "200"]);
-    checked(&["write_bw", "-c", "UC", "-s", "3000", "-n", "200"]);
+    checked_alone(&["send_lat", "-c", "UD", "-s", "100", "-n", "200"]);
+    checked_alone(&["write_lat", "-c", "UC", "-s", "100", "-n", "200"]);
+    checked_alone(&["write_bw", "-c", "UC", "-s", "3000", "-n", "200"]);
 }
 
 #[test]

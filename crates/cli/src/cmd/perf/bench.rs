@@ -326,8 +326,10 @@ pub fn send_bw_server(r: &Res, p: &Params, size: u64) -> R<(BwResult, bool)> {
                         .all(|(o, &b)| b == pattern(i, sent + o));
                 if !good {
                     eprintln!(
-                        " --check: message {} on QP {i} differs (byte_len {})",
-                        recvd[i], c.byte_len
+                        " --check: message {} on QP {i} differs (byte_len {}; {})",
+                        recvd[i],
+                        c.byte_len,
+                        whose(&msg, i, n, slots, step, k % slots)
                     );
                 }
                 ok &= good;
@@ -359,6 +361,24 @@ pub fn send_bw_server(r: &Res, p: &Params, size: u64) -> R<(BwResult, bool)> {
         },
         ok,
     ))
+}
+
+/// What a received message that failed `--check` holds instead: the
+/// sender's QP and slot whose bytes it matches, if any.
+fn whose(msg: &[u8], qp: usize, qps: usize, slots: u64, step: u64, want: u64) -> String {
+    for q in std::iter::once(qp).chain((0..qps).filter(|&q| q != qp)) {
+        for s in 0..slots {
+            let base = (s * step) as usize;
+            if msg
+                .iter()
+                .enumerate()
+                .all(|(o, &b)| b == pattern(q, base + o))
+            {
+                return format!("holds QP {q}'s slot {s}, expected slot {want}");
+            }
+        }
+    }
+    format!("matches no slot sent, expected slot {want}")
 }
 
 /// perftest's latency statistics over consecutive post intervals.

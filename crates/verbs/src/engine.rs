@@ -2,7 +2,7 @@
 //! an RNIC's pipelines are driven — by doorbells and by packet arrival, with
 //! no timing guesses.
 //!
-//! Three kinds of thread make progress, all through one [`Engine::pass`]
+//! Four kinds of thread make progress, all through one [`Engine::pass`]
 //! under the state lock:
 //!
 //! * **The posting thread** (doorbell). `post_send`, `post_recv` and
@@ -17,11 +17,15 @@
 //!   else is there for — inbound WRITE, READ and atomics while the target
 //!   application blocks in a TCP read or spins on its own memory,
 //!   retransmission timers, the rest of a long message. It never spins: it
-//!   sleeps in `epoll_wait` on the socket (level-triggered, so it sleeps only
-//!   when the socket was seen empty under the lock), the doorbell eventfd and
+//!   sleeps in `epoll_wait` on the socket (edge-triggered; a pass of its own
+//!   drains the socket before it sleeps again), the doorbell eventfd and
 //!   a timerfd armed to the core's next deadline; the kernel wakes it when a
 //!   packet arrives, exactly as an interrupt would. An idle device uses no
 //!   CPU.
+//! * **The idle poller**, one per context at `SCHED_IDLE`: after the engine
+//!   thread was woken for packets, it polls the socket for a while on a
+//!   core no other thread wants, so that a passive responder's next request
+//!   costs no cross-core wake-up (see [`Engine::idle_poll`]).
 //!
 //! Why not a spinning engine thread: on a 2-core host two processes' spinning
 //! application threads already own both cores; a third spinner only takes
@@ -61,6 +65,19 @@ const RX_ROUNDS: usize = 16;
 /// ms). It is periodic, so polling costs no timer system call per message
 /// (each is a VM exit on a virtual machine: 15 µs measured here).
 const WATCHDOG: u64 = 1_000_000;
+
+/// How long the idle poller goes on polling the socket after the last
+/// packet the engine thread had to be woken for (see `Engine::idle_poll`).
+/// The rule is the competitive one for spinning before blocking: poll no
+/// longer than a wake-up costs, so a gap shorter than this is served at
+/// polling speed and a longer one costs at most twice what sleeping at once
+/// would have. A wake-up of the engine thread from another core costs 25
+/// to 40 µs on the 2-core VM this was measured on (perf read_lat with
+/// server and client pinned to different cores: 33 µs; to the same core,
+/// where the waking packet's softirq runs where the thread sleeps: 10.6
+/// µs; qperf's blocking UDP ping-pong: 34 µs one way). The poller runs at
+/// `SCHED_IDLE`, so this is spent only on a core nothing else wants.
+const LINGER: u64 = 50_000;
 
 /// How the engine thread watches the socket when it does.
 const SOCK_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLET) as u32;
@@ -267,6 +284,22 @@ pub(crate) struct Engine {
     pub async_fd: EventFd,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The idle poller: rung to start it, polling until `linger_until`
+    /// (ns since `origin`) while `lingering`.
+    idle_bell: EventFd,
+    lingering: AtomicBool,
+    linger_until: AtomicU64,
+    origin: Instant,
+    poller: Mutex<Option<JoinHandle<()>>>,
+    /// The idle poller serves the socket, so it is out of the engine
+    /// thread's epoll set (as while an application polls); `beats` counts
+    /// its polls so the watchdog can tell a starved poller.
+    poller_masked: AtomicBool,
+    beats: AtomicU64,
+    seen_beats: AtomicU64,
+    /// Serialises changes of the socket's epoll registration, which
+    /// follows `masked || poller_masked`.
+    sock_events: Mutex<()>,
 }
 
 /// The state, owned by one thread; letting go serves the backlog.
@@ -317,6 +350,7 @@ impl Drop for Guard<'_> {
 impl Engine {
     pub fn start(ep: Endpoint, port: Port) -> io::Result<Arc<Engine>> {
         let sock_fd = port.as_raw_fd();
+        let origin = Instant::now();
         let e = Arc::new(Engine {
             state: Mutex::new(State {
                 ep,
@@ -326,7 +360,7 @@ impl Engine {
                 async_events: Default::default(),
                 orphans: Vec::new(),
                 head: vec![0; 4096 + 256],
-                origin: Instant::now(),
+                origin,
                 armed: None,
                 tx_deferred: false,
                 tx_refused: 0,
@@ -346,6 +380,15 @@ impl Engine {
             async_fd: EventFd::new(true)?,
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
+            idle_bell: EventFd::new(false)?,
+            lingering: AtomicBool::new(false),
+            linger_until: AtomicU64::new(0),
+            origin,
+            poller: Mutex::new(None),
+            poller_masked: AtomicBool::new(false),
+            beats: AtomicU64::new(0),
+            seen_beats: AtomicU64::new(0),
+            sock_events: Mutex::new(()),
         });
         let epoll = &e.epoll;
         // Edge-triggered: the engine is woken once per arrival, not again
@@ -361,6 +404,11 @@ impl Engine {
             .name("softrdma-engine".into())
             .spawn(move || me.run())?;
         *e.thread.lock().unwrap() = Some(h);
+        let me = e.clone();
+        let h = std::thread::Builder::new()
+            .name("softrdma-idle".into())
+            .spawn(move || me.idle_poll())?;
+        *e.poller.lock().unwrap() = Some(h);
         Ok(e)
     }
 
@@ -422,12 +470,8 @@ impl Engine {
     fn mask(&self, _st: &mut State) {
         if !self.masked.load(Ordering::Relaxed) {
             self.masked.store(true, Ordering::SeqCst);
-            let _ = self.epoll.modify(self.sock_fd, 0);
-            if !self.watchdog_on.swap(true, Ordering::Relaxed) {
-                self.seen_calls
-                    .store(self.app_calls.load(Ordering::Relaxed), Ordering::Relaxed);
-                self.watchdog.set_periodic(WATCHDOG);
-            }
+            self.set_sock_events();
+            self.start_watchdog();
         }
     }
 
@@ -458,7 +502,7 @@ impl Engine {
     pub fn unmask(&self, st: &mut State) {
         if self.masked.load(Ordering::Relaxed) {
             self.masked.store(false, Ordering::SeqCst);
-            let _ = self.epoll.modify(self.sock_fd, SOCK_EVENTS);
+            self.set_sock_events();
         }
         if st.tx_deferred {
             self.doorbell.signal();
@@ -476,7 +520,7 @@ impl Engine {
     /// What the engine thread was woken for, run by whoever owns the state.
     fn service(&self, st: &mut State) {
         if self.watchdog_fired.swap(false, Ordering::SeqCst) {
-            if !self.masked.load(Ordering::Relaxed) {
+            if !self.masked.load(Ordering::Relaxed) && !self.poller_masked.load(Ordering::SeqCst) {
                 // Handed back since: stop ticking.
                 self.watchdog_on.store(false, Ordering::Relaxed);
                 self.watchdog.set_relative(0);
@@ -488,7 +532,153 @@ impl Engine {
         // A timer drained by the engine may have been armed for an older
         // deadline: forget it so the pass re-arms for the current one.
         st.armed = None;
-        self.drain(st);
+        if self.drain(st) && !self.masked.load(Ordering::Relaxed) {
+            // Packets the engine thread had to be woken for: nobody polls.
+            // Have the next ones polled on an idle core, if there is one.
+            self.linger_until
+                .store(self.since_origin() + LINGER, Ordering::Release);
+            if !self.lingering.swap(true, Ordering::AcqRel) {
+                self.idle_bell.signal();
+            }
+        }
+    }
+
+    /// Register the socket with the engine thread's epoll as the flags
+    /// say: out while an application thread or the idle poller serves it.
+    /// Re-adding a readable socket wakes the engine thread at once, so
+    /// nothing that arrived meanwhile waits.
+    fn set_sock_events(&self) {
+        let _g = self.sock_events.lock().unwrap_or_else(|p| p.into_inner());
+        let out = self.masked.load(Ordering::SeqCst) || self.poller_masked.load(Ordering::SeqCst);
+        let _ = self
+            .epoll
+            .modify(self.sock_fd, if out { 0 } else { SOCK_EVENTS });
+    }
+
+    fn start_watchdog(&self) {
+        if !self.watchdog_on.swap(true, Ordering::Relaxed) {
+            self.seen_calls
+                .store(self.app_calls.load(Ordering::Relaxed), Ordering::Relaxed);
+            self.seen_beats
+                .store(self.beats.load(Ordering::Relaxed), Ordering::Relaxed);
+            self.watchdog.set_periodic(WATCHDOG);
+        }
+    }
+
+    /// A watchdog tick while the idle poller has the socket: if it has not
+    /// polled for a whole period it is starved (an application took its
+    /// core), and the socket goes back to the engine thread.
+    fn check_poller(&self) {
+        let beats = self.beats.load(Ordering::Relaxed);
+        if beats == self.seen_beats.swap(beats, Ordering::Relaxed)
+            && self.poller_masked.swap(false, Ordering::SeqCst)
+        {
+            self.set_sock_events();
+        }
+    }
+
+    fn since_origin(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    /// The idle poller: after the engine thread was woken for packets, poll
+    /// the socket for [`LINGER`] past the last one, on a core nothing else
+    /// wants.
+    ///
+    /// Why: on a virtual machine, waking a thread on another core costs an
+    /// inter-processor interrupt through the hypervisor, 25–40 µs measured
+    /// here, and a passive responder (the target of a READ, an atomic or a
+    /// WRITE whose application sleeps or spins on memory) pays it for every
+    /// request. A thread that is already running on an idle core sees the
+    /// packet in the time of one `poll` instead — what an RNIC's own
+    /// processor does, on a core the host has spare.
+    ///
+    /// It runs at `SCHED_IDLE`: it gets a core only when no other thread
+    /// wants it, so it never takes a core from a spinning application (the
+    /// first engine's 200 µs spin did, 592 µs per `ib_write_lat` message on
+    /// 2 cores). A starved poller costs nothing: the engine thread stays in
+    /// `epoll` on the socket as before and serves the packet with a wake-up.
+    /// It does not run while an application thread polls (the socket is
+    /// masked then). Priority inversion: a `SCHED_IDLE` thread preempted
+    /// while it owns the state would hold it up to the scheduler's idle
+    /// share; the poller owns it only for one pass, and only a thread that
+    /// wakes onto its core and then spins could preempt it there (the
+    /// engine thread woken by the same packet blocks again at once, leaving
+    /// its work in the backlog the poller serves on release).
+    fn idle_poll(&self) {
+        // `SOFTRDMA_IDLE_POLL=0`: no poller, for hosts where idle cycles are
+        // not free (CPU time billed, battery); every packet nobody polls
+        // for then costs the engine thread a wake-up.
+        if std::env::var("SOFTRDMA_IDLE_POLL").as_deref() == Ok("0") {
+            return;
+        }
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sched_setscheduler reads the sched_param we pass; pid 0 is
+        // this thread. Any user may lower its own thread to SCHED_IDLE.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+            // Without SCHED_IDLE a poller would compete with the
+            // application for cores: none, then.
+            return;
+        }
+        loop {
+            if self.idle_bell.drain().is_err() {
+                continue; // EINTR
+            }
+            loop {
+                // Take the socket from the engine thread's wake-ups only
+                // once this thread runs: it is running now, on a core nobody
+                // else wanted.
+                self.poller_masked.store(true, Ordering::SeqCst);
+                self.set_sock_events();
+                self.start_watchdog();
+                while !self.stop.load(Ordering::Acquire)
+                    && self.poller_masked.load(Ordering::Relaxed)
+                    && !self.masked.load(Ordering::Relaxed)
+                    && self.since_origin() < self.linger_until.load(Ordering::Acquire)
+                {
+                    let mut pfd = libc::pollfd {
+                        fd: self.sock_fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    self.beats.fetch_add(1, Ordering::Relaxed);
+                    // SAFETY: one valid pollfd; timeout 0 never blocks.
+                    if unsafe { libc::poll(&mut pfd, 1, 0) } <= 0 {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    let Some(mut g) = self.try_lock() else {
+                        continue; // its owner serves the socket
+                    };
+                    let p = g.pass(&self.async_fd, true, false);
+                    self.after_pass(&mut g, p.more_tx);
+                    if p.rx {
+                        self.linger_until
+                            .store(self.since_origin() + LINGER, Ordering::Release);
+                    }
+                }
+                if self.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                // Still masked unless the watchdog found this thread
+                // starved and gave the socket back.
+                let starved = !self.poller_masked.swap(false, Ordering::SeqCst);
+                if !starved {
+                    self.set_sock_events();
+                }
+                self.lingering.store(false, Ordering::SeqCst);
+                // The engine may have extended the deadline after the check
+                // above and seen `lingering` still set: look once more. Not
+                // after starving: the next packet the engine thread serves
+                // starts a new round.
+                let again = !starved
+                    && !self.masked.load(Ordering::Relaxed)
+                    && self.since_origin() < self.linger_until.load(Ordering::Acquire);
+                if !again || self.lingering.swap(true, Ordering::AcqRel) {
+                    break;
+                }
+            }
+        }
     }
 
     /// Keep the engine thread's wake-ups right after a pass in any thread:
@@ -520,8 +710,12 @@ impl Engine {
             let rang = self.doorbell.drain().unwrap_or(0) > 0;
             let timed = self.timer.drain() > 0;
             if self.watchdog.drain() > 0 {
-                if !rang && !timed && self.masked.load(Ordering::SeqCst) && self.poller_alive() {
-                    // Only the watchdog, and the poller still calls.
+                self.check_poller();
+                let app = self.masked.load(Ordering::SeqCst);
+                let idle = self.poller_masked.load(Ordering::SeqCst);
+                if !rang && !timed && (app || idle) && (!app || self.poller_alive()) {
+                    // Only the watchdog, and whoever has the socket still
+                    // polls it.
                     continue;
                 }
                 self.watchdog_fired.store(true, Ordering::SeqCst);
@@ -546,21 +740,29 @@ impl Engine {
     /// The engine thread's pass: with an edge-triggered socket it must
     /// leave nothing queued behind, so it receives until the socket is
     /// empty, or rings its own doorbell to come back for the rest.
-    fn drain(&self, st: &mut State) {
+    /// Returns whether anything was received.
+    fn drain(&self, st: &mut State) -> bool {
+        let mut any = false;
         for _ in 0..RX_ROUNDS {
             let p = st.pass(&self.async_fd, true, false);
             self.after_pass(st, p.more_tx);
             if !p.rx {
-                return;
+                return any;
             }
+            any = true;
         }
         self.doorbell.signal();
+        any
     }
 
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
         self.doorbell.signal();
         if let Some(h) = self.thread.lock().unwrap().take() {
+            let _ = h.join();
+        }
+        self.idle_bell.signal();
+        if let Some(h) = self.poller.lock().unwrap().take() {
             let _ = h.join();
         }
     }

@@ -535,30 +535,53 @@ impl Mr {
         self.len == 0
     }
 
-    /// An SGE for `len` bytes at `offset` (checked against the region).
+    /// An SGE for `len` bytes at `offset`.
+    ///
+    /// # Panics
+    /// If the range is not inside the region, as slice indexing does; see
+    /// [`Mr::try_sge`] for the error instead.
     pub fn sge(&self, offset: usize, len: u32) -> Sge {
-        assert!(
-            offset + len as usize <= self.len,
-            "SGE outside the memory region"
-        );
-        Sge {
+        self.try_sge(offset, len)
+            .unwrap_or_else(|e| panic!("Mr::sge({offset}, {len}): {e}"))
+    }
+
+    /// An SGE for `len` bytes at `offset`, or an error naming the problem
+    /// if the range is not inside the region.
+    pub fn try_sge(&self, offset: usize, len: u32) -> Result<Sge> {
+        self.check(offset, len as usize)?;
+        Ok(Sge {
             addr: self.iova + offset as u64,
             length: len,
             lkey: self.lkey,
+        })
+    }
+
+    fn check(&self, offset: usize, n: usize) -> Result<()> {
+        if offset.checked_add(n).is_some_and(|e| e <= self.len) {
+            Ok(())
+        } else {
+            Err(CoreError::InvalidArgument("range outside the memory region").into())
         }
     }
 
-    fn range(&self, offset: usize, n: usize) -> u64 {
-        assert!(
-            offset.checked_add(n).is_some_and(|e| e <= self.len),
-            "range outside the memory region"
-        );
-        self.addr + offset as u64
+    fn range(&self, offset: usize, n: usize) -> Result<u64> {
+        self.check(offset, n)?;
+        Ok(self.addr + offset as u64)
     }
 
     /// Copy out of the region (under the device's state lock: see [`Mr`]).
+    ///
+    /// # Panics
+    /// If the range is not inside the region; see [`Mr::try_read`].
     pub fn read(&self, offset: usize, out: &mut [u8]) {
-        let a = self.range(offset, out.len());
+        self.try_read(offset, out)
+            .unwrap_or_else(|e| panic!("Mr::read({offset}, {} B): {e}", out.len()))
+    }
+
+    /// [`Mr::read`], with an error instead of a panic for a range outside
+    /// the region.
+    pub fn try_read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let a = self.range(offset, out.len())?;
         let _st = self.eng.lock();
         // SAFETY: in bounds of this region, which is live while `self` is;
         // the engine touches region memory only under the lock held here,
@@ -566,15 +589,28 @@ impl Mr {
         // caller's own buffer, not region memory it can reach through
         // `&mut` (region bytes are never handed out as references).
         unsafe { std::ptr::copy_nonoverlapping(a as *const u8, out.as_mut_ptr(), out.len()) }
+        Ok(())
     }
 
     /// Copy into the region (under the device's state lock).
+    ///
+    /// # Panics
+    /// If the range is not inside the region; see [`Mr::try_write`].
     pub fn write(&self, offset: usize, data: &[u8]) {
-        let a = self.range(offset, data.len());
+        self.try_write(offset, data)
+            .unwrap_or_else(|e| panic!("Mr::write({offset}, {} B): {e}", data.len()))
+    }
+
+    /// [`Mr::write`], with an error instead of a panic for a range outside
+    /// the region.
+    pub fn try_write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let a = self.range(offset, data.len())?;
         let _st = self.eng.lock();
-        // SAFETY: as for `read`; no other access to these bytes can run
-        // while the lock is held.
+        // SAFETY: in bounds of this region (checked just now), which is live
+        // while `self` is; no other access to these bytes can run while the
+        // lock is held.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), a as *mut u8, data.len()) }
+        Ok(())
     }
 
     /// Read one byte: for spinning on a flag a remote WRITE sets.

@@ -486,3 +486,42 @@ fn one_bad_ud_destination_does_not_stop_the_device() {
         },
     );
 }
+
+/// Ranges outside a region are refused with an error by the `try_` forms
+/// of `Mr::sge`, `read` and `write` — also where `offset + len` overflows —
+/// and nothing is read or written.
+#[test]
+fn region_ranges_outside_the_region_are_errors() {
+    let ctx = open(V4);
+    let pd = ctx.alloc_pd();
+    let mr = mr_with(&pd, 4096, 3, AccessFlags::LOCAL_WRITE);
+    let mut before = vec![0u8; 4096];
+    mr.read(0, &mut before);
+    for (off, len) in [
+        (4096usize, 1u32),
+        (4000, 97),
+        (usize::MAX, 2),
+        (usize::MAX - 1, 4),
+    ] {
+        let e = misuse(mr.try_sge(off, len).unwrap_err());
+        assert!(
+            e.to_string().contains("outside the memory region"),
+            "try_sge({off}, {len}): {e}"
+        );
+        let mut buf = vec![0u8; len as usize];
+        assert!(
+            mr.try_read(off, &mut buf).is_err(),
+            "try_read({off}, {len})"
+        );
+        assert!(
+            mr.try_write(off, &vec![0xee; len as usize]).is_err(),
+            "try_write({off}, {len})"
+        );
+    }
+    // The edges are fine.
+    assert_eq!(mr.try_sge(4095, 1).unwrap().length, 1);
+    assert_eq!(mr.try_sge(4096, 0).unwrap().length, 0);
+    let mut after = vec![0u8; 4096];
+    mr.read(0, &mut after);
+    assert_eq!(before, after, "a refused write changed the region");
+}

@@ -268,6 +268,10 @@ impl Side {
         let end = Duration::from_secs(self.args.duration);
         let every = Duration::from_secs(self.args.sample_every.max(1));
         let mut next_sample = every;
+        // One sample is always taken at the end of the warm-up, whatever
+        // the sampling period: the baseline needs it (see `Bound`).
+        let warm = warmup(&self.args);
+        let mut warm_sampled = false;
         let mut peer_samples: Vec<Sample> = Vec::new();
         let mut round = 0u64;
         loop {
@@ -292,7 +296,9 @@ impl Side {
             }
             // Sample at round boundaries, on the parent's clock.
             let due = if self.me == 0 {
-                let due = self.start.elapsed() >= next_sample;
+                let now = self.start.elapsed();
+                let due = now >= next_sample || (!warm_sampled && now >= warm);
+                warm_sampled |= due && now >= warm;
                 self.oob.send(&[due as u8]);
                 due
             } else {
@@ -394,7 +400,7 @@ impl Side {
         ] {
             let after = series
                 .iter()
-                .filter(|s| s.at_s >= bound.warmup.as_secs())
+                .filter(|s| s.at_s > bound.warmup.as_secs())
                 .count();
             if after == 0 {
                 println!(

@@ -295,6 +295,9 @@ pub(crate) struct Engine {
     /// thread's epoll set (as while an application polls); `beats` counts
     /// its polls so the watchdog can tell a starved poller.
     poller_masked: AtomicBool,
+    /// When the poller was last rung: if it starts later than [`LINGER`]
+    /// after, no core was free for it, and it sits the round out.
+    rang_at: AtomicU64,
     beats: AtomicU64,
     seen_beats: AtomicU64,
     /// Serialises changes of the socket's epoll registration, which
@@ -386,6 +389,7 @@ impl Engine {
             origin,
             poller: Mutex::new(None),
             poller_masked: AtomicBool::new(false),
+            rang_at: AtomicU64::new(0),
             beats: AtomicU64::new(0),
             seen_beats: AtomicU64::new(0),
             sock_events: Mutex::new(()),
@@ -521,9 +525,14 @@ impl Engine {
     fn service(&self, st: &mut State) {
         if self.watchdog_fired.swap(false, Ordering::SeqCst) {
             if !self.masked.load(Ordering::Relaxed) && !self.poller_masked.load(Ordering::SeqCst) {
-                // Handed back since: stop ticking.
-                self.watchdog_on.store(false, Ordering::Relaxed);
+                // Handed back since: stop ticking — unless a poller took
+                // the socket meanwhile and saw the watchdog still on (both
+                // sides SeqCst: one of them sees the other).
+                self.watchdog_on.store(false, Ordering::SeqCst);
                 self.watchdog.set_relative(0);
+                if self.masked.load(Ordering::SeqCst) || self.poller_masked.load(Ordering::SeqCst) {
+                    self.start_watchdog();
+                }
             } else if !self.poller_alive() {
                 // No call for a whole period: nobody polls.
                 self.unmask(st);
@@ -538,6 +547,7 @@ impl Engine {
             self.linger_until
                 .store(self.since_origin() + LINGER, Ordering::Release);
             if !self.lingering.swap(true, Ordering::AcqRel) {
+                self.rang_at.store(self.since_origin(), Ordering::Release);
                 self.idle_bell.signal();
             }
         }
@@ -556,7 +566,7 @@ impl Engine {
     }
 
     fn start_watchdog(&self) {
-        if !self.watchdog_on.swap(true, Ordering::Relaxed) {
+        if !self.watchdog_on.swap(true, Ordering::SeqCst) {
             self.seen_calls
                 .store(self.app_calls.load(Ordering::Relaxed), Ordering::Relaxed);
             self.seen_beats
@@ -606,10 +616,13 @@ impl Engine {
     /// engine thread woken by the same packet blocks again at once, leaving
     /// its work in the backlog the poller serves on release).
     fn idle_poll(&self) {
-        // `SOFTRDMA_IDLE_POLL=0`: no poller, for hosts where idle cycles are
-        // not free (CPU time billed, battery); every packet nobody polls
-        // for then costs the engine thread a wake-up.
-        if std::env::var("SOFTRDMA_IDLE_POLL").as_deref() == Ok("0") {
+        // Opt-in (`SOFTRDMA_IDLE_POLL=1`): where both cores belong to
+        // spinning applications the poller costs more than it saves —
+        // `ib_write_lat -a -n 20` took about twice as long with it, and one
+        // such run failed with a retry-exceeded completion (see DESIGN.md,
+        // "The idle poller"). Until it can tell a free core from a busy one
+        // before it is woken, it is off by default.
+        if std::env::var("SOFTRDMA_IDLE_POLL").as_deref() != Ok("1") {
             return;
         }
         let param = libc::sched_param { sched_priority: 0 };
@@ -623,6 +636,17 @@ impl Engine {
         loop {
             if self.idle_bell.drain().is_err() {
                 continue; // EINTR
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if self.since_origin() > self.rang_at.load(Ordering::Acquire) + LINGER {
+                // Rung, but started only after the round was over: every
+                // core was busy (both of `ib_write_lat`'s applications spin,
+                // say). Taking the socket now would leave it with a thread
+                // that may not run again for milliseconds.
+                self.lingering.store(false, Ordering::SeqCst);
+                continue;
             }
             loop {
                 // Take the socket from the engine thread's wake-ups only

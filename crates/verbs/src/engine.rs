@@ -22,10 +22,11 @@
 //!   a timerfd armed to the core's next deadline; the kernel wakes it when a
 //!   packet arrives, exactly as an interrupt would. An idle device uses no
 //!   CPU.
-//! * **The idle poller**, one per context at `SCHED_IDLE`: after the engine
-//!   thread was woken for packets, it polls the socket for a while on a
-//!   core no other thread wants, so that a passive responder's next request
-//!   costs no cross-core wake-up (see [`Engine::idle_poll`]).
+//! * **The idle poller** (opt-in, `SOFTRDMA_IDLE_POLL=1`), one per context
+//!   at `SCHED_IDLE`: after the engine thread was woken for packets, it
+//!   polls the socket for a while on a core no other thread wants, so that
+//!   a passive responder's next request costs no cross-core wake-up (see
+//!   [`Engine::idle_poll`], and why it is off by default).
 //!
 //! Why not a spinning engine thread: on a 2-core host two processes' spinning
 //! application threads already own both cores; a third spinner only takes

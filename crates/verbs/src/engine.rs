@@ -291,6 +291,14 @@ pub(crate) struct Engine {
     lingering: AtomicBool,
     linger_until: AtomicU64,
     origin: Instant,
+    /// `SOFTRDMA_IDLE_POLL=1` at start: without it no poller thread exists
+    /// and the engine never rings one. Opt-in because where both cores
+    /// belong to spinning applications the poller costs more than it saves
+    /// — `ib_write_lat -a -n 20` took about twice as long with it, and one
+    /// such run failed with a retry-exceeded completion (see DESIGN.md,
+    /// "The idle poller") — until it can tell a free core from a busy one
+    /// before it is woken.
+    idle_poll_on: bool,
     poller: Mutex<Option<JoinHandle<()>>>,
     /// The idle poller serves the socket, so it is out of the engine
     /// thread's epoll set (as while an application polls); `beats` counts
@@ -388,6 +396,7 @@ impl Engine {
             lingering: AtomicBool::new(false),
             linger_until: AtomicU64::new(0),
             origin,
+            idle_poll_on: std::env::var("SOFTRDMA_IDLE_POLL").as_deref() == Ok("1"),
             poller: Mutex::new(None),
             poller_masked: AtomicBool::new(false),
             rang_at: AtomicU64::new(0),
@@ -409,11 +418,13 @@ impl Engine {
             .name("softrdma-engine".into())
             .spawn(move || me.run())?;
         *e.thread.lock().unwrap() = Some(h);
-        let me = e.clone();
-        let h = std::thread::Builder::new()
-            .name("softrdma-idle".into())
-            .spawn(move || me.idle_poll())?;
-        *e.poller.lock().unwrap() = Some(h);
+        if e.idle_poll_on {
+            let me = e.clone();
+            let h = std::thread::Builder::new()
+                .name("softrdma-idle".into())
+                .spawn(move || me.idle_poll())?;
+            *e.poller.lock().unwrap() = Some(h);
+        }
         Ok(e)
     }
 
@@ -542,7 +553,7 @@ impl Engine {
         // A timer drained by the engine may have been armed for an older
         // deadline: forget it so the pass re-arms for the current one.
         st.armed = None;
-        if self.drain(st) && !self.masked.load(Ordering::Relaxed) {
+        if self.drain(st) && self.idle_poll_on && !self.masked.load(Ordering::Relaxed) {
             // Packets the engine thread had to be woken for: nobody polls.
             // Have the next ones polled on an idle core, if there is one.
             self.linger_until
@@ -617,15 +628,6 @@ impl Engine {
     /// engine thread woken by the same packet blocks again at once, leaving
     /// its work in the backlog the poller serves on release).
     fn idle_poll(&self) {
-        // Opt-in (`SOFTRDMA_IDLE_POLL=1`): where both cores belong to
-        // spinning applications the poller costs more than it saves —
-        // `ib_write_lat -a -n 20` took about twice as long with it, and one
-        // such run failed with a retry-exceeded completion (see DESIGN.md,
-        // "The idle poller"). Until it can tell a free core from a busy one
-        // before it is woken, it is off by default.
-        if std::env::var("SOFTRDMA_IDLE_POLL").as_deref() != Ok("1") {
-            return;
-        }
         let param = libc::sched_param { sched_priority: 0 };
         // SAFETY: sched_setscheduler reads the sched_param we pass; pid 0 is
         // this thread. Any user may lower its own thread to SCHED_IDLE.

@@ -56,7 +56,9 @@ impl Group {
             Group::MultiQp => "perftest, several QPs (-q 4)",
             Group::Sweep => "perftest, size sweep (-a)",
             Group::Pingpong => "ibv_*_pingpong, buffer validation on (-c)",
-            Group::Loss => "RC under loss (VM: netem loss 2%; ours: --fault loss=0.02)",
+            Group::Loss => {
+                "RC under loss (VM: netem loss 2%, not for rc_pingpong; ours: --fault loss=0.02)"
+            }
             Group::Library => "perftest on softrdma's libibverbs.so.1 against perftest on rxe",
             Group::Reference => "rxe against rxe (reference figures, no softrdma)",
         }

@@ -23,10 +23,17 @@ fn cell(o: &Outcome) -> String {
             .and_then(|c| c.split("retransmits ").nth(1))
             .and_then(|x| x.split(',').next())
             .unwrap_or("-");
+        let lost = if crate::run::vm_loss(&o.combo) {
+            format!(
+                "netem dropped {}",
+                o.netem_dropped.map_or("?".into(), |d| d.to_string())
+            )
+        } else {
+            "only our side lossy".into()
+        };
         let _ = write!(
             s,
-            "; netem dropped {}, resent on the wire {}, our retransmits {retx}",
-            o.netem_dropped.map_or("?".into(), |d| d.to_string()),
+            "; {lost}, resent on the wire {}, our retransmits {retx}",
             o.verdict.resent
         );
     }

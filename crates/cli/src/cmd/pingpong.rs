@@ -37,6 +37,10 @@
 //!   bad data makes the exit status 1.
 //! * `--fault` (not in rdma-core) impairs what this side sends, as `perf
 //!   --fault` does; the interop suite's loss runs against rxe use it.
+//! * RC lingers: after its last completion it keeps the QP answering until
+//!   no packet has arrived for two retransmission periods (134 ms), so a
+//!   peer whose final ACK was lost gets it again instead of retrying into
+//!   a destroyed QP (`Pp::linger`).
 //! * A client retries connecting for a few seconds while the server
 //!   starts; a run in which no completion arrives for a minute gives up
 //!   instead of hanging.
@@ -316,7 +320,39 @@ struct Pp {
     _pd: Pd,
 }
 
+/// rdma-core's RC attributes: local ACK timeout 4.096 µs × 2^14 = 67 ms,
+/// seven retries.
+const ACK_TIMEOUT: u8 = 14;
+const RETRY_CNT: u8 = 7;
+
 impl Pp {
+    /// Keep the QP answering for a while after the last completion.
+    ///
+    /// The ping-pong has no closing handshake: the side that completes
+    /// first exits right after ACKing the peer's last message. If that ACK
+    /// is lost, the peer retransmits into a destroyed QP — rdma-core's
+    /// program then fails with "transport retry counter exceeded", and rxe,
+    /// which treats `retry_cnt` 7 as "retry for ever", never finishes at
+    /// all. So this side stays until its QP has been quiet for two of the
+    /// peer's retransmission periods (both sides use rdma-core's timeout,
+    /// 67 ms): a retransmission comes one period after the original, is
+    /// ACKed again (the responder answers a duplicate), and restarts the
+    /// wait. At most `retry_cnt + 1` periods pass with traffic, the most
+    /// the peer itself would retransmit. Costs 134 ms at exit.
+    fn linger(&self) {
+        let period = Duration::from_nanos(4096 << ACK_TIMEOUT);
+        let heard = || self.ctx.stats().0.rx_packets;
+        let mut seen = heard();
+        for _ in 0..=RETRY_CNT {
+            std::thread::sleep(2 * period);
+            let now = heard();
+            if now == seen {
+                return;
+            }
+            seen = now;
+        }
+    }
+
     fn new(dev: &DeviceInfo, a: &Args, size: u32) -> Result<Pp, Fail> {
         let t = a.transport;
         let opts = OpenOptions {
@@ -476,8 +512,8 @@ impl Pp {
             .modify(&attr, rtr)
             .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
         attr.qp_state = QpState::Rts;
-        attr.timeout = 14;
-        attr.retry_cnt = 7;
+        attr.timeout = ACK_TIMEOUT;
+        attr.retry_cnt = RETRY_CNT;
         attr.rnr_retry = 7;
         attr.sq_psn = my_psn;
         attr.max_rd_atomic = 1;
@@ -703,6 +739,9 @@ fn pingpong(a: &Args) -> Result<bool, Fail> {
         usec as f64 / 1e6,
         (usec / a.iters as f32) as f64
     );
+    if pp.t == Transport::Rc {
+        pp.linger();
+    }
     let mut ok = true;
     if a.check {
         let mut buf = vec![0u8; size as usize];

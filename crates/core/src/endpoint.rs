@@ -433,6 +433,17 @@ impl Endpoint {
 
     /// The depth of a CQ (what `ibv_create_cq`/`ibv_resize_cq` return in
     /// `cq->cqe`).
+    /// Whether the CQ is armed (`req_notify_cq` since its last event): its
+    /// application is about to sleep on the completion channel.
+    pub fn cq_armed(&self, cq: CqId) -> Result<bool, Error> {
+        self.shared
+            .cqs
+            .get(cq.0 as usize)
+            .and_then(|c| c.as_ref())
+            .map(|c| !matches!(c.armed, crate::cq::Armed::No))
+            .ok_or(Error::NoSuchCq(cq.0))
+    }
+
     pub fn cq_depth(&self, cq: CqId) -> Result<u32, Error> {
         self.shared
             .cqs
@@ -719,6 +730,14 @@ impl Endpoint {
                 op: wr.op.name(),
                 qp_type: tname,
             });
+        }
+        if qp.qp_type == QpType::Rc && wr.op.is_read_or_atomic() && qp.attr.max_rd_atomic == 0 {
+            // rxe and RNICs accept the post and never issue the request:
+            // with no READ/atomic credits the send queue stalls for good.
+            return Err(Error::InvalidArgument(
+                "RDMA READ or atomic on a QP whose max_rd_atomic is 0: hardware would never \
+                 issue it (the send queue stalls); set max_rd_atomic >= 1 at RTR->RTS",
+            ));
         }
         if wr.op.is_local() && !wr.sgl.is_empty() {
             return Err(Error::InvalidArgument(

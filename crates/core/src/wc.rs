@@ -113,6 +113,21 @@ impl Default for Completion {
 }
 
 impl Completion {
+    /// Whether the work request succeeded.
+    pub fn is_success(&self) -> bool {
+        self.status == WcStatus::Success
+    }
+
+    /// `Ok` for a successful completion, `Err` (the completion itself, to
+    /// inspect its status) otherwise.
+    pub fn into_result(self) -> Result<Completion, Completion> {
+        if self.is_success() {
+            Ok(self)
+        } else {
+            Err(self)
+        }
+    }
+
     pub(crate) fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Completion {
         Completion {
             wr_id,

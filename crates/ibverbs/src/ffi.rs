@@ -66,6 +66,10 @@ impl From<softrdma_verbs::Error> for Fail {
         match e {
             softrdma_verbs::Error::Verbs(v) => v.into(),
             softrdma_verbs::Error::Io(io) => io.into(),
+            // The C ABI polls and waits itself; these come only from the
+            // Rust conveniences.
+            e @ softrdma_verbs::Error::Completion(_) => Fail::new(libc::EIO, e.to_string()),
+            e @ softrdma_verbs::Error::Timeout(_) => Fail::new(libc::ETIMEDOUT, e.to_string()),
         }
     }
 }

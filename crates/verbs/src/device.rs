@@ -20,7 +20,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 /// A soft RNIC: a name and the local address it sends and receives on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
+    /// The device's name (`srdma0`), what `ibv_get_device_name` returns.
     pub name: String,
+    /// The local IP address it sends and receives on: its port's GID 0.
     pub addr: IpAddr,
 }
 
@@ -31,6 +33,8 @@ impl DeviceInfo {
     }
 }
 
+/// The GID of an IP address, as a RoCEv2 GID is formed: an IPv6 address as it is,
+/// an IPv4 address IPv4-mapped (`::ffff:a.b.c.d`).
 pub fn ip_to_gid(ip: IpAddr) -> [u8; 16] {
     match ip {
         IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
@@ -38,6 +42,8 @@ pub fn ip_to_gid(ip: IpAddr) -> [u8; 16] {
     }
 }
 
+/// The IP address of a GID, the inverse of [`ip_to_gid`]: an IPv4-mapped GID gives
+/// its IPv4 address, any other its IPv6 address.
 pub fn gid_to_ip(g: [u8; 16]) -> IpAddr {
     let v6 = std::net::Ipv6Addr::from(g);
     match v6.to_ipv4_mapped() {
@@ -172,6 +178,12 @@ fn interface_addrs() -> Vec<IpAddr> {
     // SAFETY: frees the list getifaddrs allocated, exactly once.
     unsafe { libc::freeifaddrs(ifap) };
     out
+}
+
+/// The device that reaches `peer`: the one on the local address the kernel
+/// routes to it from (`route_source`, then `by_addr`).
+pub fn for_peer(peer: IpAddr) -> io::Result<DeviceInfo> {
+    by_addr(route_source(peer)?)
 }
 
 #[cfg(test)]

@@ -86,10 +86,19 @@ const SOCK_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLET) as u32;
 /// An asynchronous event for `ibv_get_async_event`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AsyncEvent {
+    /// `IBV_EVENT_QP_FATAL`: the QP (its number) went to the error state
+    /// for a reason no completion reports.
     QpFatal(u32),
+    /// `IBV_EVENT_QP_REQ_ERR`: the QP's responder detected an invalid
+    /// request (a NAK-invalid-request condition).
     QpReqErr(u32),
+    /// `IBV_EVENT_QP_ACCESS_ERR`: the QP's responder detected a remote
+    /// access violation.
     QpAccessErr(u32),
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: an SRQ-attached QP in the error
+    /// state will take no more receives from the SRQ.
     QpLastWqeReached(u32),
+    /// `IBV_EVENT_CQ_ERR`: the CQ (its number) overflowed.
     CqErr(u32),
 }
 
@@ -430,6 +439,7 @@ impl Engine {
 
     /// Own the state for a command.
     pub fn lock(&self) -> Guard<'_> {
+        crate::buffer::assert_not_in_view();
         Guard {
             g: Some(self.state.lock().unwrap_or_else(|p| p.into_inner())),
             eng: self,
@@ -463,8 +473,19 @@ impl Engine {
     /// A full pass in the application's thread (from `poll_cq` on an empty
     /// CQ, or `Context::progress`).
     pub fn app_pass(&self, st: &mut State) {
+        self.app_pass_with(st, true)
+    }
+
+    /// [`Engine::app_pass`]; `take_socket` false for the poll that follows
+    /// arming a CQ (verbs' "arm, then poll again"): its caller is about to
+    /// sleep on the channel, so the pass serves what is there but leaves
+    /// the socket with the engine thread — masking it would leave the
+    /// sleeper's packets to the watchdog (a millisecond each).
+    pub fn app_pass_with(&self, st: &mut State, take_socket: bool) {
         self.app_calls.fetch_add(1, Ordering::Relaxed);
-        self.mask(st);
+        if take_socket {
+            self.mask(st);
+        }
         let defer = self.progress_promised.load(Ordering::Relaxed);
         let p = st.pass(&self.async_fd, true, defer);
         self.after_pass(st, p.more_tx);

@@ -21,17 +21,65 @@
 //!
 //! Each [`Context`] runs a progress engine (see `engine`) that serves
 //! inbound one-sided operations without any call from the application.
+//!
+//! # Quick start
+//!
+//! An RDMA WRITE from one device context into another's memory. Here both
+//! live in one process on 127.0.0.1; between processes the endpoints travel
+//! out of band instead ([`oob::exchange`], or serde), as in the
+//! `remote_memory` example.
+//!
+//! ```
+//! use softrdma_verbs::*;
+//! use std::time::Duration;
+//! # fn main() -> Result<()> {
+//! let dev = by_addr("127.0.0.1".parse().unwrap())?;
+//! let (a, b) = (Context::open(&dev, &OpenOptions::default())?, Context::open(&dev, &OpenOptions::default())?);
+//! let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+//! let (ca, cb) = (a.create_cq(16, None)?, b.create_cq(16, None)?);
+//! let qa = pa.create_qp(&QpInitAttr::new(QpType::Rc, &ca))?;
+//! let qb = pb.create_qp(&QpInitAttr::new(QpType::Rc, &cb))?;
+//!
+//! // b offers 4 KiB for remote writes; a writes from its own region.
+//! let target = pb.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! let src = pa.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+//! let eb = qb.endpoint().with_regions([target.remote()]);
+//! qa.connect(&eb, &ConnectOptions::default())?;
+//! qb.connect(&qa.endpoint(), &ConnectOptions::default())?;
+//!
+//! src.write(0, b"hello, remote memory");
+//! qa.write(1, src.slice(0..20)?, eb.regions[0].slice(0..20)?)?;
+//! ca.wait(1, Some(Duration::from_secs(10)))?; // Err if it failed
+//! let mut got = [0u8; 20];
+//! target.read(0, &mut got); // b's application made no call: its device did it
+//! assert_eq!(&got, b"hello, remote memory");
+//! # Ok(()) }
+//! ```
 
+#![warn(missing_docs)]
+
+#[cfg(feature = "tokio")]
+pub mod aio;
+mod buffer;
+mod connect;
 mod device;
 mod engine;
 mod memory;
+pub mod oob;
+mod ops;
 mod sys;
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 
-pub use device::{by_addr, by_name, devices, gid_to_ip, ip_to_gid, route_source, DeviceInfo};
+pub use buffer::{Buffer, MrBuf, PageBuf, Plain, RawBuffer, PAGE};
+pub use connect::{
+    ack_timeout_exponent, rnr_timer_code, ConnectOptions, QpEndpoint, RemoteRegion, RnrRetry,
+};
+pub use device::{
+    by_addr, by_name, devices, for_peer, gid_to_ip, ip_to_gid, route_source, DeviceInfo,
+};
 pub use engine::AsyncEvent;
 pub use softrdma_core::cq::CqId;
 pub use softrdma_core::mr::{MwId, MwType, PdId};
@@ -45,6 +93,7 @@ pub use softrdma_core::Error as CoreError;
 pub use softrdma_core::RecvCheck;
 pub use softrdma_udp::{FaultConfig, PortStats};
 
+use buffer::OwnedBuf;
 use engine::Engine;
 use sys::EventFd;
 
@@ -53,7 +102,12 @@ use sys::EventFd;
 pub enum Error {
     /// Verbs misuse or resource limits, from the transport core.
     Verbs(CoreError),
+    /// A system call failed (opening a device, waiting on a channel).
     Io(io::Error),
+    /// A work request completed with an error status.
+    Completion(Completion),
+    /// Nothing happened within the time the caller allowed.
+    Timeout(&'static str),
 }
 
 impl std::fmt::Display for Error {
@@ -61,6 +115,12 @@ impl std::fmt::Display for Error {
         match self {
             Error::Verbs(e) => write!(f, "{e}"),
             Error::Io(e) => write!(f, "{e}"),
+            Error::Completion(c) => write!(
+                f,
+                "work request {} ({:?}) completed with status {} ({}), vendor error {:#x}",
+                c.wr_id, c.opcode, c.status, c.status as u32, c.vendor_err
+            ),
+            Error::Timeout(what) => write!(f, "timed out waiting for {what}"),
         }
     }
 }
@@ -73,12 +133,20 @@ impl From<CoreError> for Error {
     }
 }
 
+impl From<Completion> for Error {
+    /// A failed completion as an error (`completion.into_result()?`).
+    fn from(c: Completion) -> Self {
+        Error::Completion(c)
+    }
+}
+
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Self {
         Error::Io(e)
     }
 }
 
+/// The result of a verbs call: the value, or an [`Error`] naming what went wrong.
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Options for opening a device.
@@ -95,40 +163,82 @@ pub struct OpenOptions {
 /// `struct ibv_device_attr`, the parts tools print.
 #[derive(Debug, Clone)]
 pub struct DeviceAttr {
+    /// `fw_ver`: the firmware version; softrdma reports this crate's version.
     pub fw_ver: String,
+    /// `node_guid`: the node's GUID, whose big-endian bytes are an EUI-64 built
+    /// from the last four bytes of GID 0 (the address, for IPv4).
     pub node_guid: u64,
+    /// `sys_image_guid`: the system image GUID; the same as `node_guid`.
     pub sys_image_guid: u64,
+    /// `vendor_id`: the IEEE vendor ID; softrdma reports `0x535244` ("SRD").
     pub vendor_id: u32,
+    /// `vendor_part_id`: the vendor's part ID (1).
     pub vendor_part_id: u32,
+    /// `hw_ver`: the hardware version (0).
     pub hw_ver: u32,
+    /// `max_mr_size`: the largest memory region, in bytes, the device
+    /// advertises (2 GiB, the largest message).
     pub max_mr_size: u64,
+    /// `max_qp`: how many QPs a context may create.
     pub max_qp: u32,
+    /// `max_qp_wr`: the most work requests a QP's send or receive queue may
+    /// hold (its largest `max_send_wr`/`max_recv_wr`).
     pub max_qp_wr: u32,
+    /// `max_sge`: the most scatter/gather entries a send or receive work
+    /// request may have.
     pub max_sge: u32,
+    /// `max_cq`: how many CQs a context may create.
     pub max_cq: u32,
+    /// `max_cqe`: the most completions a CQ may hold (its largest depth).
     pub max_cqe: u32,
+    /// `max_mr`: how many memory regions a context may register.
     pub max_mr: u32,
     /// Memory windows per context.
     pub max_mw: u32,
+    /// `max_pd`: how many protection domains the device advertises a context
+    /// may allocate.
     pub max_pd: u32,
+    /// `max_qp_rd_atom`: the most RDMA READ and atomic requests a QP may
+    /// have outstanding as responder (its largest `max_dest_rd_atomic`).
     pub max_qp_rd_atom: u32,
+    /// `max_qp_init_rd_atom`: the most RDMA READ and atomic requests a QP
+    /// may have outstanding as initiator (its largest `max_rd_atomic`).
     pub max_qp_init_rd_atom: u32,
+    /// `max_srq`: how many SRQs the device advertises a context may create.
     pub max_srq: u32,
+    /// `max_srq_wr`: the most receive work requests an SRQ may hold (its
+    /// largest depth).
     pub max_srq_wr: u32,
+    /// `max_srq_sge`: the most scatter/gather entries an SRQ's receive work
+    /// request may have.
     pub max_srq_sge: u32,
+    /// The most bytes a send may carry inline (the largest `ibv_qp_cap`
+    /// `max_inline_data`; `ibv_device_attr` has no such field).
     pub max_inline_data: u32,
+    /// The largest message a work request may transfer, in bytes
+    /// (`ibv_port_attr`'s `max_msg_sz`: 2 GiB).
     pub max_msg_sz: u64,
+    /// `atomic_cap` is `IBV_ATOMIC_HCA`: the device executes atomic
+    /// operations, atomically among its own accesses.
     pub atomic_cap_hca: bool,
+    /// `phys_port_cnt`: how many ports the device has (1).
     pub phys_port_cnt: u8,
 }
 
 /// `struct ibv_port_attr`, the parts tools print.
 #[derive(Debug, Clone)]
 pub struct PortAttr {
+    /// `state` is `IBV_PORT_ACTIVE` (always, for an open context).
     pub state_active: bool,
+    /// `max_mtu`: the largest path MTU the port supports (4096).
     pub max_mtu: Mtu,
+    /// `active_mtu`: the path MTU in use ([`OpenOptions::port_mtu`], 4096 by
+    /// default).
     pub active_mtu: Mtu,
+    /// `gid_tbl_len`: how many GIDs the port's table holds (1: the device's
+    /// address).
     pub gid_tbl_len: u32,
+    /// `lid`: the port's LID; 0, as on every RoCE port.
     pub lid: u16,
     /// Ethernet (RoCE).
     pub link_layer_ethernet: bool,
@@ -226,6 +336,10 @@ pub struct Context {
 }
 
 impl Context {
+    /// `ibv_open_device`: open `dev` and start its progress engine on its RoCEv2 UDP
+    /// port. Fails if `SOFTRDMA_TRANSPORT` names a transport that is not built, if the
+    /// port cannot be opened on the device's address, or if the OS random number
+    /// generator (which memory keys come from) is unavailable.
     pub fn open(dev: &DeviceInfo, opts: &OpenOptions) -> Result<Context> {
         transport_from_env()?;
         let port = softrdma_udp::Port::open(softrdma_udp::PortConfig {
@@ -266,18 +380,23 @@ impl Context {
         })
     }
 
+    /// The device this context was opened on.
     pub fn device(&self) -> &DeviceInfo {
         &self.dev
     }
 
+    /// GID 0 of port 1 (`ibv_query_gid`): the device's address (see
+    /// [`DeviceInfo::gid`]).
     pub fn gid(&self) -> [u8; 16] {
         self.dev.gid()
     }
 
+    /// `ibv_query_device`: the device's attributes (as [`device_attr`]).
     pub fn query_device(&self) -> DeviceAttr {
         device_attr(&self.dev)
     }
 
+    /// `ibv_query_port` for port 1.
     pub fn query_port(&self) -> PortAttr {
         PortAttr {
             state_active: true,
@@ -289,14 +408,19 @@ impl Context {
         }
     }
 
+    /// `ibv_alloc_pd`: a new protection domain.
     pub fn alloc_pd(&self) -> Pd {
         let id = self.eng.lock().ep.alloc_pd();
         Pd {
             eng: self.eng.clone(),
             id,
+            gid: self.gid(),
+            port_mtu: self.port_mtu,
         }
     }
 
+    /// `ibv_create_comp_channel`: a new completion channel; fails if its eventfd
+    /// cannot be created.
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
         Ok(CompChannel {
             inner: Arc::new(ChannelInner {
@@ -306,6 +430,9 @@ impl Context {
         })
     }
 
+    /// `ibv_create_cq`: a CQ holding `depth` completions (1 to `max_cqe`), its events
+    /// going to `channel` if one is given. Fails for a depth out of range or when
+    /// `max_cq` CQs exist already.
     pub fn create_cq(&self, depth: u32, channel: Option<&CompChannel>) -> Result<Cq> {
         let mut st = self.eng.lock();
         let id = st.ep.create_cq(depth)?;
@@ -315,6 +442,8 @@ impl Context {
         Ok(Cq {
             eng: self.eng.clone(),
             id,
+            channel: channel.cloned(),
+            stash: Mutex::new(std::collections::VecDeque::new()),
         })
     }
 
@@ -323,6 +452,8 @@ impl Context {
         self.eng.async_fd.as_raw_fd()
     }
 
+    /// `ibv_get_async_event` without blocking: the oldest queued event, or `None` if
+    /// none is queued (wait for one on [`Context::async_fd`]). Nothing needs acking.
     pub fn get_async_event(&self) -> Option<AsyncEvent> {
         let _ = self.eng.async_fd.drain();
         let mut st = self.eng.lock();
@@ -361,6 +492,9 @@ impl Drop for Context {
 pub struct Pd {
     eng: Arc<Engine>,
     id: PdId,
+    /// The device's GID and active MTU, for the QPs' endpoints.
+    gid: [u8; 16],
+    port_mtu: Mtu,
 }
 
 /// A registered memory region. It owns its buffer; remote peers may read and
@@ -383,52 +517,25 @@ pub struct Mr {
     /// Where remote peers and SGEs see the first byte.
     iova: u64,
     len: usize,
-    buf: Option<OwnedBuf>,
-}
-
-/// The buffer an owned region was registered from, held as a raw
-/// allocation: a live `Box` asserts unique access, which the engine's raw
-/// reads and writes would contradict.
-struct OwnedBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl OwnedBuf {
-    fn new(buf: Vec<u8>) -> OwnedBuf {
-        let b = Box::into_raw(buf.into_boxed_slice());
-        OwnedBuf {
-            ptr: b.cast::<u8>(),
-            len: b.len(),
-        }
-    }
-}
-
-// SAFETY: `OwnedBuf` only frees the allocation (in `drop`); every access to
-// the bytes goes through the engine's state lock (see `Mr`), so moving or
-// sharing the owner between threads creates no unsynchronised access.
-unsafe impl Send for OwnedBuf {}
-// SAFETY: as for `Send`: it has no method that touches the bytes.
-unsafe impl Sync for OwnedBuf {}
-
-impl Drop for OwnedBuf {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` came from `Box::into_raw` of a boxed slice in
-        // `new` and are freed only here, once.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
-    }
+    pub(crate) buf: Option<OwnedBuf>,
+    /// False once `deregister` has succeeded (`MrBuf::into_buffer`).
+    registered: bool,
 }
 
 impl Pd {
+    /// The handle the device names the protection domain by.
     pub fn id(&self) -> PdId {
         self.id
     }
 
     /// Register an owned buffer. Its address is the region's iova.
     pub fn reg_mr(&self, buf: Vec<u8>, access: AccessFlags) -> Result<Mr> {
-        let buf = OwnedBuf::new(buf);
-        let addr = buf.ptr as u64;
-        let len = buf.len;
+        self.reg_owned(OwnedBuf::of(buf), access)
+    }
+
+    pub(crate) fn reg_owned(&self, buf: OwnedBuf, access: AccessFlags) -> Result<Mr> {
+        let addr = buf.ptr() as u64;
+        let len = buf.len();
         let (lkey, rkey) = self
             .eng
             .lock()
@@ -442,6 +549,7 @@ impl Pd {
             iova: addr,
             len,
             buf: Some(buf),
+            registered: true,
         })
     }
 
@@ -471,9 +579,13 @@ impl Pd {
             iova,
             len,
             buf: None,
+            registered: true,
         })
     }
 
+    /// `ibv_create_qp`: a QP of this PD as `init` describes, in the RESET state
+    /// (bring it up with [`Qp::connect`] or [`Qp::modify`]). Fails if a capacity
+    /// exceeds the device's limits or `max_qp` QPs exist already.
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
         let mut st = self.eng.lock();
         let qpn = st.ep.create_qp(softrdma_core::QpInit {
@@ -489,6 +601,10 @@ impl Pd {
             eng: self.eng.clone(),
             qpn,
             pd: self.id,
+            qp_type: init.qp_type,
+            psn: random_psn(),
+            gid: self.gid,
+            port_mtu: self.port_mtu,
         })
     }
 
@@ -504,6 +620,9 @@ impl Pd {
         })
     }
 
+    /// `ibv_create_srq`: a shared receive queue of this PD holding `depth` receives of
+    /// up to `max_sge` SGEs each; fails if either is 0 or above the device's
+    /// `max_srq_wr` or `max_srq_sge`.
     pub fn create_srq(&self, depth: u32, max_sge: u32) -> Result<Srq> {
         let id = self.eng.lock().ep.create_srq(self.id, depth, max_sge)?;
         Ok(Srq {
@@ -514,9 +633,12 @@ impl Pd {
 }
 
 impl Mr {
+    /// The local key (`ibv_mr.lkey`), for this context's SGEs.
     pub fn lkey(&self) -> u32 {
         self.lkey
     }
+    /// The remote key (`ibv_mr.rkey`), for peers' RDMA operations on the
+    /// region.
     pub fn rkey(&self) -> u32 {
         self.rkey
     }
@@ -528,9 +650,11 @@ impl Mr {
     pub fn iova(&self) -> u64 {
         self.iova
     }
+    /// The region's length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether the region is zero bytes long.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -640,9 +764,9 @@ impl Mr {
         pd: Option<&Pd>,
         access: Option<AccessFlags>,
     ) -> Result<()> {
-        let buf = OwnedBuf::new(buf);
-        let addr = buf.ptr as u64;
-        let t = (addr, buf.len, addr);
+        let buf = OwnedBuf::of(buf);
+        let addr = buf.ptr() as u64;
+        let t = (addr, buf.len(), addr);
         self.rereg_with(Some((t, Some(buf))), pd, access)
     }
 
@@ -703,8 +827,22 @@ impl Mr {
     }
 }
 
+impl Mr {
+    /// Deregister now; the buffer stays in `self.buf` for the caller.
+    /// Refused (changing nothing) while memory windows are bound to it.
+    pub(crate) fn deregister(&mut self) -> Result<()> {
+        let mut st = self.eng.lock();
+        st.ep.dereg_mr(self.lkey)?;
+        self.registered = false;
+        Ok(())
+    }
+}
+
 impl Drop for Mr {
     fn drop(&mut self) {
+        if !self.registered {
+            return;
+        }
         let mut st = self.eng.lock();
         match st.ep.dereg_mr(self.lkey) {
             // Once deregistration returns the core never touches the region
@@ -767,6 +905,7 @@ impl Mw {
         self.id
     }
 
+    /// The window's type (`ibv_mw.type`): 1 or 2.
     pub fn kind(&self) -> MwType {
         self.kind
     }
@@ -786,7 +925,9 @@ impl Drop for Mw {
 /// full, for [`Qp::post_bind_mw`].
 #[derive(Clone, Copy)]
 pub struct MwBindWr<'a> {
+    /// The work request ID the bind's completion reports.
     pub wr_id: u64,
+    /// `send_flags`: [`SendFlags::SIGNALED`] for a completion, and so on.
     pub flags: SendFlags,
     /// The rkey the window must have when the bind executes (the bind
     /// completes `MW_BIND_ERR` otherwise, as on rxe); one of the window's.
@@ -799,6 +940,7 @@ pub struct MwBindWr<'a> {
     pub mr: Option<&'a Mr>,
     /// Where the window starts, as a byte offset in the region.
     pub offset: u64,
+    /// How many bytes the window covers (0, with `mr` `None`, to unbind).
     pub len: u64,
     /// `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`, `ZERO_BASED`
     /// (`LOCAL_WRITE` is accepted and grants nothing).
@@ -818,6 +960,8 @@ pub struct CompChannel {
 }
 
 impl CompChannel {
+    /// The channel's descriptor (`ibv_comp_channel.fd`): readable while CQ
+    /// events are pending, for epoll or poll.
     pub fn fd(&self) -> RawFd {
         self.inner.fd.as_raw_fd()
     }
@@ -864,12 +1008,20 @@ impl CompChannel {
 pub struct Cq {
     eng: Arc<Engine>,
     id: CqId,
+    /// The channel it was created with, for [`Cq::wait`].
+    pub(crate) channel: Option<CompChannel>,
+    /// Completions [`Cq::wait`] polled while looking for another work
+    /// request's; `poll` hands them out first, in order.
+    stash: Mutex<std::collections::VecDeque<Completion>>,
 }
 
 impl Cq {
+    /// The handle the device names the CQ by (what
+    /// [`CompChannel::get_event`] returns).
     pub fn id(&self) -> CqId {
         self.id
     }
+    /// How many completions the CQ holds at most (`ibv_cq.cqe`).
     pub fn depth(&self) -> u32 {
         self.eng.lock().ep.cq_depth(self.id).unwrap_or(0)
     }
@@ -889,6 +1041,21 @@ impl Cq {
     /// Move completions into `out`; returns how many. Polling also drives
     /// the device's progress from this thread.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        {
+            let mut q = self.stash.lock().unwrap_or_else(|p| p.into_inner());
+            if !q.is_empty() {
+                let n = out.len().min(q.len());
+                for (o, c) in out.iter_mut().zip(q.drain(..n)) {
+                    *o = c;
+                }
+                return Ok(n);
+            }
+        }
+        self.poll_device(out)
+    }
+
+    /// Poll the device's queue, not the stash.
+    pub(crate) fn poll_device(&self, out: &mut [Completion]) -> Result<usize> {
         // A poll must not report an empty CQ that is not: verbs' "arm, then
         // poll again" relies on it (an application sleeping on its channel
         // after a false empty poll would wait for an event that already
@@ -897,7 +1064,10 @@ impl Cq {
         let mut st = self.eng.lock();
         let mut n = st.ep.poll_cq(self.id, out)?;
         if n == 0 {
-            self.eng.app_pass(&mut st);
+            // An armed CQ's poller is about to sleep on its channel: serve
+            // what is there without taking the socket from the engine.
+            let armed = st.ep.cq_armed(self.id)?;
+            self.eng.app_pass_with(&mut st, !armed);
             n = st.ep.poll_cq(self.id, out)?;
         }
         if n > 0 {
@@ -933,6 +1103,9 @@ pub struct Srq {
 }
 
 impl Srq {
+    /// `ibv_post_srq_recv`: queue a receive for the QPs attached to this SRQ. Every
+    /// SGE must lie in a local-writable memory region of the SRQ's protection domain,
+    /// checked when posted (see [`Srq::post_recv_deferred`]).
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         let mut st = self.eng.lock();
         st.ep.post_srq_recv(self.id, wr)?;
@@ -959,12 +1132,17 @@ impl Drop for Srq {
 /// GID, so the handle is the destination GID plus the GRH fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ah {
+    /// The destination GID: the peer device's address (see [`ip_to_gid`]).
     pub dgid: [u8; 16],
+    /// The GRH traffic class (`ibv_global_route.traffic_class`); 0 by default.
     pub traffic_class: u8,
+    /// The GRH hop limit (`ibv_global_route.hop_limit`); 64 by default.
     pub hop_limit: u8,
 }
 
 impl Ah {
+    /// `ibv_create_ah`: a handle to `dgid`, with traffic class 0 and hop
+    /// limit 64.
     pub fn new(dgid: [u8; 16]) -> Ah {
         Ah {
             dgid,
@@ -985,12 +1163,34 @@ impl Ah {
 
 /// `struct ibv_qp_init_attr`.
 pub struct QpInitAttr<'a> {
+    /// RC, UC or UD.
     pub qp_type: QpType,
+    /// Where send work requests complete.
     pub send_cq: &'a Cq,
+    /// Where receive work requests complete.
     pub recv_cq: &'a Cq,
+    /// Take receives from this shared receive queue instead of the QP's own.
     pub srq: Option<&'a Srq>,
+    /// Queue depths, SGEs per request, inline bytes.
     pub cap: QpCap,
+    /// Every send work request completes, signalled or not.
     pub sq_sig_all: bool,
+}
+
+impl<'a> QpInitAttr<'a> {
+    /// A QP of `qp_type` whose sends and receives both complete on `cq`,
+    /// with the default capacities (128 requests each way, 4 SGEs, 64
+    /// inline bytes) and no SRQ.
+    pub fn new(qp_type: QpType, cq: &'a Cq) -> QpInitAttr<'a> {
+        QpInitAttr {
+            qp_type,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        }
+    }
 }
 
 /// A queue pair.
@@ -998,13 +1198,35 @@ pub struct Qp {
     eng: Arc<Engine>,
     qpn: u32,
     pd: PdId,
+    qp_type: QpType,
+    /// The PSN [`Qp::connect`] starts sending from (random, 24 bits).
+    psn: u32,
+    gid: [u8; 16],
+    port_mtu: Mtu,
+}
+
+/// A random 24-bit PSN (from the OS CSPRNG, which `Context::open` checked).
+fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    let _ = getrandom::fill(&mut b[..3]);
+    u32::from_le_bytes(b)
 }
 
 impl Qp {
+    /// The QP number (`ibv_qp.qp_num`) peers address it by.
     pub fn qpn(&self) -> u32 {
         self.qpn
     }
 
+    /// The QP's transport service.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// `ibv_modify_qp`: apply the attributes `mask` selects from `attr`, a state
+    /// transition included. Fails, changing nothing, if the transition is not allowed
+    /// from the current state, `mask` lacks what it requires (see [`required_mask`]),
+    /// or a value is out of range.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         let mut st = self.eng.lock();
         st.ep.modify_qp(self.qpn, attr, mask)?;
@@ -1171,6 +1393,9 @@ impl Qp {
         Ok(())
     }
 
+    /// `ibv_post_recv`: queue a receive. Every SGE must lie in a local-writable
+    /// memory region of this QP's protection domain, checked when posted (see
+    /// [`Qp::post_recv_deferred`]).
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         let mut st = self.eng.lock();
         st.ep.post_recv(self.qpn, wr)?;

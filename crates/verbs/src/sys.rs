@@ -52,6 +52,12 @@ impl AsRawFd for EventFd {
     }
 }
 
+impl std::os::fd::AsFd for EventFd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
 /// A monotonic timerfd armed to absolute nanosecond deadlines.
 #[derive(Debug)]
 pub struct TimerFd(OwnedFd);

@@ -102,6 +102,19 @@ pub enum AsyncEvent {
     CqErr(u32),
 }
 
+/// A thread sleeping on the socket (see [`Engine::sleep_on_socket`]); the
+/// engine thread serves the socket again when the last one wakes for good.
+pub struct SocketSleep<'a>(&'a Engine);
+
+impl Drop for SocketSleep<'_> {
+    fn drop(&mut self) {
+        if self.0.sleepers.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Re-adding a readable socket wakes the engine thread at once.
+            self.0.set_sock_events();
+        }
+    }
+}
+
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default)]
 struct Pass {
@@ -313,6 +326,10 @@ pub(crate) struct Engine {
     /// thread's epoll set (as while an application polls); `beats` counts
     /// its polls so the watchdog can tell a starved poller.
     poller_masked: AtomicBool,
+    /// Threads blocked in `CompChannel::get_event` watching the socket
+    /// themselves (`Engine::sleep_on_socket`); while any is, the engine
+    /// thread is not woken for packets.
+    sleepers: std::sync::atomic::AtomicU32,
     /// When the poller was last rung: if it starts later than [`LINGER`]
     /// after, no core was free for it, and it sits the round out.
     rang_at: AtomicU64,
@@ -408,6 +425,7 @@ impl Engine {
             idle_poll_on: std::env::var("SOFTRDMA_IDLE_POLL").as_deref() == Ok("1"),
             poller: Mutex::new(None),
             poller_masked: AtomicBool::new(false),
+            sleepers: std::sync::atomic::AtomicU32::new(0),
             rang_at: AtomicU64::new(0),
             beats: AtomicU64::new(0),
             seen_beats: AtomicU64::new(0),
@@ -462,6 +480,20 @@ impl Engine {
 
     /// After a command queued work (the doorbell): transmit it now, in the
     /// caller's thread.
+    /// After posting receives: they create nothing to send (an RNR-NAKed
+    /// peer retries on its own timer), so unlike [`Engine::kick`] this
+    /// sends nothing — ACKs a waiter deferred stay for the post the
+    /// application makes in reply (perftest's `send_lat` posts its next
+    /// receive before its reply) — and only delivers events.
+    pub fn posted_recv(&self, st: &mut State) {
+        self.app_calls.fetch_add(1, Ordering::Relaxed);
+        st.deliver_events(&self.async_fd);
+        if st.tx_deferred && !self.watchdog_on.load(Ordering::SeqCst) {
+            // Nothing bounds the wait: send now.
+            self.flush_deferred(st);
+        }
+    }
+
     pub fn kick(&self, st: &mut State) {
         self.app_calls.fetch_add(1, Ordering::Relaxed);
         let now = st.now();
@@ -474,6 +506,42 @@ impl Engine {
     /// CQ, or `Context::progress`).
     pub fn app_pass(&self, st: &mut State) {
         self.app_pass_with(st, true)
+    }
+
+    /// The device's UDP socket, for a waiter that sleeps on it too
+    /// (`CompChannel::get_event`).
+    pub fn sock_fd(&self) -> std::os::fd::RawFd {
+        self.sock_fd
+    }
+
+    /// A thread is about to block in `poll` on the socket (and its
+    /// channel) until something arrives: the kernel wakes it for the next
+    /// packet, so the engine thread need not be woken too — two threads
+    /// woken per packet on two cores cost a preemption or a lock hand-over
+    /// each. Until the returned guard drops, packets wake only sleepers.
+    pub fn sleep_on_socket(&self) -> SocketSleep<'_> {
+        if self.sleepers.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.set_sock_events();
+        }
+        SocketSleep(self)
+    }
+
+    /// A thread that slept on the socket was woken by a packet: serve it
+    /// (the engine thread, woken too, may have got there first; then this
+    /// finds nothing). Leaves the socket with the engine thread.
+    pub fn serve_socket(&self) {
+        let mut st = self.lock();
+        self.app_calls.fetch_add(1, Ordering::Relaxed);
+        // The waiter returns to its application with what came, which
+        // answers with its next post: what the packets call for (the ACK)
+        // leaves with that post, in one system call and, at the peer, one
+        // wake-up. Bounded: the watchdog's next tick sends it if no call
+        // comes (a tick flushes whatever is deferred).
+        let p = st.pass(&self.async_fd, true, true);
+        self.after_pass(&mut st, p.more_tx);
+        if st.tx_deferred {
+            self.start_watchdog();
+        }
     }
 
     /// [`Engine::app_pass`]; `take_socket` false for the poll that follows
@@ -592,7 +660,9 @@ impl Engine {
     /// nothing that arrived meanwhile waits.
     fn set_sock_events(&self) {
         let _g = self.sock_events.lock().unwrap_or_else(|p| p.into_inner());
-        let out = self.masked.load(Ordering::SeqCst) || self.poller_masked.load(Ordering::SeqCst);
+        let out = self.masked.load(Ordering::SeqCst)
+            || self.poller_masked.load(Ordering::SeqCst)
+            || self.sleepers.load(Ordering::SeqCst) > 0;
         let _ = self
             .epoll
             .modify(self.sock_fd, if out { 0 } else { SOCK_EVENTS });
@@ -803,7 +873,23 @@ impl Engine {
         any
     }
 
+    /// Send what a pass deferred (ACKs waiting for the application's next
+    /// post) now: before a QP goes away or the device closes, as an
+    /// application that exits right after its last completion makes no
+    /// further call to carry them.
+    pub fn flush_deferred(&self, st: &mut State) {
+        if st.tx_deferred {
+            let now = st.now();
+            let (_, more) = st.transmit(now);
+            self.after_pass(st, more);
+        }
+    }
+
     pub fn shutdown(&self) {
+        {
+            let mut st = self.lock();
+            self.flush_deferred(&mut st);
+        }
         self.stop.store(true, Ordering::Release);
         self.doorbell.signal();
         if let Some(h) = self.thread.lock().unwrap().take() {

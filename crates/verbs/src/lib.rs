@@ -426,6 +426,7 @@ impl Context {
             inner: Arc::new(ChannelInner {
                 fd: EventFd::new(true)?,
                 pending: Mutex::new(std::collections::VecDeque::new()),
+                eng: Arc::downgrade(&self.eng),
             }),
         })
     }
@@ -947,9 +948,28 @@ pub struct MwBindWr<'a> {
     pub access: AccessFlags,
 }
 
+impl ChannelInner {
+    /// Zero the eventfd's counter if it is non-zero, never blocking (the
+    /// descriptor may be in blocking mode).
+    fn reset(&self) {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; timeout 0 never blocks.
+        if unsafe { libc::poll(&mut p, 1, 0) } == 1 {
+            let _ = self.fd.drain();
+        }
+    }
+}
+
 pub(crate) struct ChannelInner {
     pub fd: EventFd,
     pub pending: Mutex<std::collections::VecDeque<u32>>,
+    /// The device whose socket a waiter watches too (weak: the engine's
+    /// channel table holds this).
+    pub eng: std::sync::Weak<Engine>,
 }
 
 /// A completion channel (`ibv_comp_channel`): its fd becomes readable when an
@@ -967,38 +987,73 @@ impl CompChannel {
     }
 
     /// Wait for the next CQ event (`ibv_get_cq_event`); `None` on timeout.
+    /// Works whether the descriptor is blocking or not (the C ABI leaves
+    /// that to the application): it never reads the eventfd unless `poll`
+    /// says it is readable.
     pub fn get_event(&self, timeout: Option<std::time::Duration>) -> io::Result<Option<CqId>> {
         let deadline = timeout.map(|d| std::time::Instant::now() + d);
         loop {
-            // Drain first, then take one event and re-signal if more are
-            // queued: the fd stays readable exactly while events are pending
-            // (the engine queues, then signals), so an application that
-            // polls the fd neither spins on a consumed event nor misses one.
-            let _ = self.inner.fd.drain();
-            {
-                let mut q = self.inner.pending.lock().unwrap();
-                if let Some(c) = q.pop_front() {
-                    if !q.is_empty() {
-                        self.inner.fd.signal();
-                    }
-                    return Ok(Some(CqId(c)));
+            // Take one queued event. The descriptor is kept readable
+            // exactly while events are queued (the engine queues, then
+            // signals): reset it when the queue runs empty, then look again
+            // in case the engine queued one meanwhile, whose signal the
+            // reset may have consumed.
+            let got = self.inner.pending.lock().unwrap().pop_front();
+            if let Some(c) = got {
+                self.inner.reset();
+                if !self.inner.pending.lock().unwrap().is_empty() {
+                    self.inner.fd.signal();
                 }
+                return Ok(Some(CqId(c)));
             }
-            let mut p = libc::pollfd {
-                fd: self.fd(),
-                events: libc::POLLIN,
-                revents: 0,
+            // Sleep on the channel and on the device's socket at once. The
+            // engine thread sleeps on the socket too; a packet wakes both,
+            // and whichever takes the state first serves it. Waiting for
+            // the engine alone costs a chain of two wake-ups — the engine's,
+            // then, through the channel, this thread's (on a VM each one
+            // to another core is an inter-processor interrupt, 25–40 µs
+            // here) — where this costs one, as a blocking socket read does.
+            let eng = self.inner.eng.upgrade();
+            let _sleep = match (&eng, deadline) {
+                // Not for a zero timeout: that is a poll, not a sleep.
+                (Some(e), d) if d.is_none_or(|d| d > std::time::Instant::now()) => {
+                    Some(e.sleep_on_socket())
+                }
+                _ => None,
             };
+            let mut p = [
+                libc::pollfd {
+                    fd: self.fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: eng.as_ref().map_or(-1, |e| e.sock_fd()),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
             let ms = deadline.map_or(-1, |d| {
                 d.saturating_duration_since(std::time::Instant::now())
                     .as_micros()
                     .div_ceil(1000)
                     .min(i32::MAX as u128) as i32
             });
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&mut p, 1, ms) };
+            // SAFETY: two valid pollfds (a negative fd is ignored by poll).
+            let r = unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
+            if p[1].revents & libc::POLLIN != 0 {
+                if let Some(e) = &eng {
+                    e.serve_socket();
+                }
+                continue;
+            }
             if r == 0 {
                 return Ok(None);
+            }
+            if p[0].revents & libc::POLLIN != 0 && self.inner.pending.lock().unwrap().is_empty() {
+                // Readable with nothing queued: a signal whose event an
+                // earlier call took. Reset, and look again.
+                self.inner.reset();
             }
         }
     }
@@ -1109,7 +1164,7 @@ impl Srq {
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         let mut st = self.eng.lock();
         st.ep.post_srq_recv(self.id, wr)?;
-        self.eng.kick(&mut st);
+        self.eng.posted_recv(&mut st);
         Ok(())
     }
 
@@ -1117,7 +1172,7 @@ impl Srq {
     pub fn post_recv_deferred(&self, wr: &RecvWr<'_>) -> Result<()> {
         let mut st = self.eng.lock();
         st.ep.post_srq_recv_with(self.id, wr, RecvCheck::Deferred)?;
-        self.eng.kick(&mut st);
+        self.eng.posted_recv(&mut st);
         Ok(())
     }
 }
@@ -1399,7 +1454,7 @@ impl Qp {
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         let mut st = self.eng.lock();
         st.ep.post_recv(self.qpn, wr)?;
-        self.eng.kick(&mut st);
+        self.eng.posted_recv(&mut st);
         Ok(())
     }
 
@@ -1411,13 +1466,17 @@ impl Qp {
     pub fn post_recv_deferred(&self, wr: &RecvWr<'_>) -> Result<()> {
         let mut st = self.eng.lock();
         st.ep.post_recv_with(self.qpn, wr, RecvCheck::Deferred)?;
-        self.eng.kick(&mut st);
+        self.eng.posted_recv(&mut st);
         Ok(())
     }
 }
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        let _ = self.eng.lock().ep.destroy_qp(self.qpn);
+        let mut st = self.eng.lock();
+        // An ACK the last pass deferred belongs to this QP, perhaps: the
+        // peer must get it (it would retransmit into a destroyed QP).
+        self.eng.flush_deferred(&mut st);
+        let _ = st.ep.destroy_qp(self.qpn);
     }
 }

@@ -28,7 +28,12 @@ fn check_wc(c: &Completion, side: &str) -> R<()> {
 /// Wait for completions: poll, or (with -e) sleep on the channel first.
 fn poll(r: &Res, cq: &Cq, p: &Params, out: &mut [Completion]) -> R<usize> {
     if p.events {
-        if let Some(ch) = &r.chan {
+        let ch = if r.rcq.as_ref().is_some_and(|q| q.id() == cq.id()) {
+            &r.rchan
+        } else {
+            &r.chan
+        };
+        if let Some(ch) = ch {
             cq.req_notify(false)?;
             let n = cq.poll(out)?;
             if n > 0 {
@@ -39,6 +44,43 @@ fn poll(r: &Res, cq: &Cq, p: &Params, out: &mut [Completion]) -> R<usize> {
         }
     }
     Ok(cq.poll(out)?)
+}
+
+/// Wait for one completion the way perftest's latency tests do with `-e`
+/// (`ctx_notify_events`, then one poll): sleep for the CQ's event, re-arm,
+/// poll. The CQ is armed exactly once per event (first by
+/// [`arm_for_events`]), so no event is ever left over to wake a later wait
+/// for nothing. Without `-e`, a poll.
+fn wait_one(r: &Res, cq: &Cq, p: &Params, out: &mut [Completion]) -> R<usize> {
+    if !p.events {
+        return Ok(cq.poll(out)?);
+    }
+    let ch = if r.rcq.as_ref().is_some_and(|q| q.id() == cq.id()) {
+        &r.rchan
+    } else {
+        &r.chan
+    };
+    let ch = ch.as_ref().ok_or(" -e without a completion channel")?;
+    // Completions that came before the first arm raise no event.
+    let n = cq.poll(out)?;
+    if n > 0 {
+        return Ok(n);
+    }
+    ch.get_event(Some(Duration::from_secs(60)))?
+        .ok_or(" Timed out waiting for a completion event")?;
+    cq.req_notify(false)?;
+    Ok(cq.poll(out)?)
+}
+
+/// Arm the CQs once before a latency loop that uses [`wait_one`].
+fn arm_for_events(r: &Res, p: &Params) -> R<()> {
+    if p.events {
+        r.scq.req_notify(false)?;
+        if let Some(q) = &r.rcq {
+            q.req_notify(false)?;
+        }
+    }
+    Ok(())
 }
 
 /// Stop waiting for progress that will not come.
@@ -500,10 +542,11 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     let mut posted = p.rx_depth as u64;
     let mut dog = Watchdog::new();
     let ud = if p.conn == QpType::Ud { 40 } else { 0 };
+    arm_for_events(r, p)?;
     for k in 0..p.iters {
         if !(client && k == 0) {
             loop {
-                let n = poll(r, rcq, p, &mut wcs)?;
+                let n = wait_one(r, rcq, p, &mut wcs)?;
                 if n > 0 {
                     check_wc(&wcs[0], if client { "client" } else { "server" })?;
                     break;
@@ -534,7 +577,10 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
             ud: (p.conn == QpType::Ud).then(|| r.ud_dest(0)),
         })?;
         loop {
-            let n = r.scq.poll(&mut wcs)?;
+            // With -e the send completion is awaited on the channel too, as
+            // perftest's send_lat does (every send is signalled there: its
+            // cq_mod is clamped to tx_depth 1).
+            let n = wait_one(r, &r.scq, p, &mut wcs)?;
             if n > 0 {
                 check_wc(&wcs[0], "send")?;
                 break;
@@ -549,7 +595,7 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     // rxe's ib_send_lat, docs/INTEROP.md).
     if client {
         loop {
-            let n = poll(r, rcq, p, &mut wcs)?;
+            let n = wait_one(r, rcq, p, &mut wcs)?;
             if n > 0 {
                 check_wc(&wcs[0], "client")?;
                 break;

@@ -33,7 +33,11 @@ pub struct Res {
     pub cycle: usize,
     pub scq: Cq,
     pub rcq: Option<Cq>,
+    /// The send CQ's completion channel (`-e`).
     pub chan: Option<CompChannel>,
+    /// The receive CQ's, separate as perftest's `recv_channel` is: an event
+    /// for one CQ is then never taken by a waiter on the other.
+    pub rchan: Option<CompChannel>,
     pub qps: Vec<Qp>,
     pub mine: Vec<Dest>,
     pub theirs: Vec<Dest>,
@@ -217,9 +221,14 @@ pub fn run_test(
     let t = p.tx_depth as usize;
     let signaled = (t / (p.cq_mod as usize).max(1) + 1).min(t);
     let scq = ctx.create_cq(cq_size(p.tx_depth as usize, signaled)?, chan_ev.as_ref())?;
+    let rchan = if p.events {
+        Some(ctx.create_comp_channel()?)
+    } else {
+        None
+    };
     let rcq = if verb == Verb::Send {
         let r = p.rx_depth as usize;
-        Some(ctx.create_cq(cq_size(r, r)?, chan_ev.as_ref())?)
+        Some(ctx.create_cq(cq_size(r, r)?, rchan.as_ref())?)
     } else {
         None
     };
@@ -291,6 +300,7 @@ pub fn run_test(
         scq,
         rcq,
         chan: chan_ev,
+        rchan,
         qps,
         mine: mine.clone(),
         theirs: vec![Dest::default(); n],

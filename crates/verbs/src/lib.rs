@@ -990,7 +990,7 @@ impl CompChannel {
     /// Works whether the descriptor is blocking or not (the C ABI leaves
     /// that to the application): it never reads the eventfd unless `poll`
     /// says it is readable.
-    pub fn get_event(&self, timeout: Option<std::time::Duration>) -> io::Result<Option<CqId>> {
+    pub fn get_event(&self, timeout: Option<std::time::Duration>) -> Result<Option<CqId>> {
         let deadline = timeout.map(|d| std::time::Instant::now() + d);
         loop {
             // Take one queued event. The descriptor is kept readable

@@ -379,6 +379,12 @@ pub struct AddressVector {
 /// [`AttrMask`] bit is set, exactly as in libibverbs. There are no alternate
 /// path, capability or rate-limit fields: [`QpAttr::validate`] rejects those
 /// bits with [`AttrError::Unsupported`].
+///
+/// `Default` is a zeroed `struct ibv_qp_attr`, as C code starts from: local
+/// ACK timeout 0 (no retransmission timer: a lost packet stalls the QP),
+/// `retry_cnt` 0, `rnr_retry` 0, `max_rd_atomic` 0 (no READ or atomic can
+/// be issued), hop limit 0. Those are legal IBA values with those meanings,
+/// not working defaults; `softrdma-verbs`' `ConnectOptions` has those.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QpAttr {
     /// [`AttrMask::STATE`]

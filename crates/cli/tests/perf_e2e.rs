@@ -8,6 +8,8 @@
 //! tables' figures are never asserted.
 
 use std::net::TcpListener;
+mod common;
+use common::own_address;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -51,15 +53,6 @@ fn finish(mut c: Child, what: &str) -> Output {
 /// was verified. Returns stdout.
 fn checked(args: &[&str]) -> String {
     checked_env(args, &[])
-}
-
-/// A loopback address no other test uses: 127.<pid>.<n>.
-fn own_address() -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(2);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed) % 254 + 1;
-    let pid = std::process::id() % 65536;
-    format!("127.{}.{}.{n}", pid >> 8, pid & 0xff)
 }
 
 /// [`checked`] for UC and UD, which have no retransmission, on a device of

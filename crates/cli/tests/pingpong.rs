@@ -8,6 +8,8 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+mod common;
+use common::own_address;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,15 +18,6 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 fn softrdma() -> Command {
     Command::new(env!("CARGO_BIN_EXE_softrdma"))
-}
-
-/// A loopback address of this test process's own (127.<pid>.<n>).
-fn own_address() -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(2);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed) % 254 + 1;
-    let pid = std::process::id() % 65536;
-    format!("127.{}.{}.{n}", pid >> 8, pid & 0xff)
 }
 
 /// A TCP port nobody listens on right now.

@@ -133,10 +133,7 @@ impl<'a> AsyncEvents<'a> {
 /// [`crate::oob::exchange`] on a tokio stream: send `mine`, await the
 /// peer's endpoint.
 pub async fn exchange(stream: &mut tokio::net::TcpStream, mine: &QpEndpoint) -> Result<QpEndpoint> {
-    let b = mine.to_bytes();
-    let mut m = (b.len() as u32).to_le_bytes().to_vec();
-    m.extend_from_slice(&b);
-    stream.write_all(&m).await?;
+    stream.write_all(&crate::oob::frame(mine)).await?;
     let n = crate::oob::check_len(stream.read_u32_le().await?)?;
     let mut b = vec![0u8; n];
     stream.read_exact(&mut b).await?;

@@ -992,6 +992,9 @@ impl CompChannel {
     /// says it is readable.
     pub fn get_event(&self, timeout: Option<std::time::Duration>) -> Result<Option<CqId>> {
         let deadline = timeout.map(|d| std::time::Instant::now() + d);
+        let eng = self.inner.eng.upgrade();
+        // Taken before the first sleep, held until this returns.
+        let mut sleep = None;
         loop {
             // Take one queued event. The descriptor is kept readable
             // exactly while events are queued (the engine queues, then
@@ -1006,21 +1009,20 @@ impl CompChannel {
                 }
                 return Ok(Some(CqId(c)));
             }
-            // Sleep on the channel and on the device's socket at once. The
-            // engine thread sleeps on the socket too; a packet wakes both,
-            // and whichever takes the state first serves it. Waiting for
-            // the engine alone costs a chain of two wake-ups — the engine's,
-            // then, through the channel, this thread's (on a VM each one
-            // to another core is an inter-processor interrupt, 25–40 µs
-            // here) — where this costs one, as a blocking socket read does.
-            let eng = self.inner.eng.upgrade();
-            let _sleep = match (&eng, deadline) {
-                // Not for a zero timeout: that is a poll, not a sleep.
-                (Some(e), d) if d.is_none_or(|d| d > std::time::Instant::now()) => {
-                    Some(e.sleep_on_socket())
+            // Sleep on the channel and on the device's socket at once, the
+            // socket taken from the engine thread meanwhile
+            // (`Engine::sleep_on_socket`), and serve what arrives. Waiting
+            // for the engine alone costs a chain of two wake-ups — the
+            // engine's, then, through the channel, this thread's (on a VM
+            // each one to another core is an inter-processor interrupt,
+            // 25–40 µs here) — where this costs one, as a blocking socket
+            // read does. Not for a zero timeout: that is a poll, not a
+            // sleep.
+            if let (Some(e), None) = (&eng, &sleep) {
+                if deadline.is_none_or(|d| d > std::time::Instant::now()) {
+                    sleep = Some(e.sleep_on_socket());
                 }
-                _ => None,
-            };
+            }
             let mut p = [
                 libc::pollfd {
                     fd: self.fd(),

@@ -16,16 +16,21 @@ pub const MAX_RECORD: usize = 27 + 4096 * 20;
 /// Send `mine` and receive the peer's endpoint on a connected stream
 /// (either side may call it first: both write, then read).
 pub fn exchange(stream: &mut TcpStream, mine: &QpEndpoint) -> Result<QpEndpoint> {
-    let b = mine.to_bytes();
-    let mut m = (b.len() as u32).to_le_bytes().to_vec();
-    m.extend_from_slice(&b);
-    stream.write_all(&m)?;
+    stream.write_all(&frame(mine))?;
     let mut n = [0u8; 4];
     stream.read_exact(&mut n)?;
     let n = check_len(u32::from_le_bytes(n))?;
     let mut b = vec![0u8; n];
     stream.read_exact(&mut b)?;
     QpEndpoint::from_bytes(&b)
+}
+
+/// `mine` as one message: its length, then its record.
+pub(crate) fn frame(mine: &QpEndpoint) -> Vec<u8> {
+    let b = mine.to_bytes();
+    let mut m = (b.len() as u32).to_le_bytes().to_vec();
+    m.extend_from_slice(&b);
+    m
 }
 
 pub(crate) fn check_len(n: u32) -> Result<usize> {

@@ -148,28 +148,9 @@ impl Cq {
     /// spinning; without one it polls, yielding the CPU between polls.
     pub fn wait(&self, wr_id: u64, timeout: Option<Duration>) -> Result<Completion> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        if let Some(c) = self.take_stashed(wr_id) {
-            return Ok(c.into_result()?);
-        }
-        let mut buf = [Completion::default(); 16];
         loop {
-            let n = self.poll_device(&mut buf)?;
-            let mut found = None;
-            {
-                let mut q = self.stash.lock().unwrap_or_else(|p| p.into_inner());
-                for c in &buf[..n] {
-                    if found.is_none() && c.wr_id == wr_id {
-                        found = Some(*c);
-                    } else {
-                        q.push_back(*c);
-                    }
-                }
-            }
-            if let Some(c) = found {
+            if let Some(c) = self.wait_nonblocking(wr_id)? {
                 return Ok(c.into_result()?);
-            }
-            if n > 0 {
-                continue;
             }
             let left = match deadline {
                 Some(d) => match d.checked_duration_since(Instant::now()) {
@@ -180,19 +161,12 @@ impl Cq {
             };
             match &self.channel {
                 Some(ch) => {
-                    // Arm, then poll once more: a completion that came
+                    // Arm, then look once more: a completion that came
                     // between the empty poll and the arming raises no
                     // event.
                     self.req_notify(false)?;
-                    let n = self.poll_device(&mut buf)?;
-                    if n > 0 {
-                        let mut q = self.stash.lock().unwrap_or_else(|p| p.into_inner());
-                        q.extend(buf[..n].iter().copied());
-                        drop(q);
-                        if let Some(c) = self.take_stashed(wr_id) {
-                            return Ok(c.into_result()?);
-                        }
-                        continue;
+                    if let Some(c) = self.wait_nonblocking(wr_id)? {
+                        return Ok(c.into_result()?);
                     }
                     // An event for another CQ on a shared channel is put
                     // back for its owner.
@@ -209,17 +183,29 @@ impl Cq {
     }
 
     /// [`Cq::wait`] without waiting: the completion of `wr_id` if it is
-    /// here (others polled meanwhile are kept), else `None`.
+    /// here, else `None`. Polls until it is found or the CQ is empty (an
+    /// armed CQ raises no event for completions already queued, so a
+    /// caller about to sleep must not leave any behind); the others polled
+    /// meanwhile are kept, in order, for the next poll or wait.
     pub fn wait_nonblocking(&self, wr_id: u64) -> Result<Option<Completion>> {
         if let Some(c) = self.take_stashed(wr_id) {
             return Ok(Some(c));
         }
         let mut buf = [Completion::default(); 16];
-        let n = self.poll_device(&mut buf)?;
-        let mut q = self.stash.lock().unwrap_or_else(|p| p.into_inner());
-        q.extend(buf[..n].iter().copied());
-        let i = q.iter().position(|c| c.wr_id == wr_id);
-        Ok(i.and_then(|i| q.remove(i)))
+        loop {
+            let n = self.poll_device(&mut buf)?;
+            let mut q = self.stash.lock().unwrap_or_else(|p| p.into_inner());
+            let i = buf[..n].iter().position(|c| c.wr_id == wr_id);
+            q.extend(buf[..i.unwrap_or(n)].iter().copied());
+            if let Some(i) = i {
+                // The rest stay behind the found one, in order.
+                q.extend(buf[i + 1..n].iter().copied());
+                return Ok(Some(buf[i]));
+            }
+            if n < buf.len() {
+                return Ok(None);
+            }
+        }
     }
 
     fn take_stashed(&self, wr_id: u64) -> Option<Completion> {

@@ -13,6 +13,20 @@ use support::*;
 
 const W: Option<Duration> = Some(Duration::from_secs(30));
 
+/// The endpoint exchange's TCP connection, server side: listen on an
+/// ephemeral port, tell the peer over `oob`, accept.
+fn listen_for_peer(oob: &mut Oob) -> TcpStream {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    oob.send(l.local_addr().unwrap().to_string().as_bytes());
+    l.accept().unwrap().0
+}
+
+/// The client side of [`listen_for_peer`].
+fn dial_peer(oob: &mut Oob) -> TcpStream {
+    let addr = String::from_utf8(oob.recv()).unwrap();
+    TcpStream::connect(addr).unwrap()
+}
+
 /// A connected RC QP with its CQ (channel-backed), over `tcp`.
 fn rc(
     ctx: &Context,
@@ -43,9 +57,7 @@ fn caller_buffer_is_written_remotely_and_given_back() {
             let pd = ctx.alloc_pd();
             let v: Vec<u64> = (0..512).collect();
             let mr = pd.reg_buf(v, ALL_REMOTE).expect("reg_buf a Vec<u64>");
-            let l = TcpListener::bind("127.0.0.1:0").unwrap();
-            oob.send(l.local_addr().unwrap().to_string().as_bytes());
-            let mut tcp = l.accept().unwrap().0;
+            let mut tcp = listen_for_peer(&mut oob);
             let (_qp, _cq, _) = rc(&ctx, &pd, &mut tcp, &[mr.remote()]);
             oob.expect("done");
             let v = mr.into_buffer().map_err(|b| b.1).expect("into_buffer");
@@ -58,8 +70,7 @@ fn caller_buffer_is_written_remotely_and_given_back() {
             assert_eq!(v, want, "the vector given back");
         },
         |mut oob| {
-            let addr = String::from_utf8(oob.recv()).unwrap();
-            let mut tcp = TcpStream::connect(addr).unwrap();
+            let mut tcp = dial_peer(&mut oob);
             let ctx = open(V4);
             let pd = ctx.alloc_pd();
             let mine = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
@@ -126,15 +137,12 @@ fn remote_violation_is_an_error_completion() {
             let pd = ctx.alloc_pd();
             // Readable only: a WRITE must fail.
             let mr = pd.alloc_mr(4096, AccessFlags::REMOTE_READ).unwrap();
-            let l = TcpListener::bind("127.0.0.1:0").unwrap();
-            oob.send(l.local_addr().unwrap().to_string().as_bytes());
-            let mut tcp = l.accept().unwrap().0;
+            let mut tcp = listen_for_peer(&mut oob);
             let (_qp, _cq, _) = rc(&ctx, &pd, &mut tcp, &[mr.remote()]);
             oob.expect("done");
         },
         |mut oob| {
-            let addr = String::from_utf8(oob.recv()).unwrap();
-            let mut tcp = TcpStream::connect(addr).unwrap();
+            let mut tcp = dial_peer(&mut oob);
             let ctx = open(V4);
             let pd = ctx.alloc_pd();
             let mine = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();

@@ -40,6 +40,23 @@ impl Drop for Proc {
     }
 }
 
+/// Wait for the example `who` (client or server) to exit by itself; fail
+/// after [`LIMIT`] (the process is then killed by `Proc`'s drop).
+fn exit_of(p: &mut Proc, who: &str) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = p.0.try_wait().unwrap() {
+            return st;
+        }
+        assert!(
+            t0.elapsed() < LIMIT,
+            "{} {who} still running after {LIMIT:?}",
+            p.1
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Start `name serve 127.0.0.1:0` and read the address it listens on.
 fn server(name: &'static str) -> (Proc, String, BufReader<std::process::ChildStdout>) {
     let mut c = Command::new(example(name))
@@ -70,17 +87,7 @@ fn client(name: &'static str, addr: &str, args: &[&str]) -> String {
         .spawn()
         .expect("start the example client");
     let mut p = Proc(c, name);
-    let t0 = Instant::now();
-    let st = loop {
-        if let Some(st) = p.0.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            t0.elapsed() < LIMIT,
-            "{name} client still running after {LIMIT:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let st = exit_of(&mut p, "client");
     let mut out = String::new();
     p.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();
     let mut err = String::new();
@@ -91,18 +98,7 @@ fn client(name: &'static str, addr: &str, args: &[&str]) -> String {
 
 /// The server's remaining output once it has exited by itself.
 fn finish(mut p: Proc, mut out: BufReader<std::process::ChildStdout>) -> String {
-    let t0 = Instant::now();
-    let st = loop {
-        if let Some(st) = p.0.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            t0.elapsed() < LIMIT,
-            "{} server still running after {LIMIT:?}",
-            p.1
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let st = exit_of(&mut p, "server");
     let mut s = String::new();
     out.read_to_string(&mut s).unwrap();
     assert!(st.success(), "{} server failed ({st}):\n{s}", p.1);

@@ -25,15 +25,19 @@ fn check_wc(c: &Completion, side: &str) -> R<()> {
     Ok(())
 }
 
+/// The completion channel of `cq` (`-e`): the receive CQ has its own.
+fn channel_of<'a>(r: &'a Res, cq: &Cq) -> Option<&'a CompChannel> {
+    if r.rcq.as_ref().is_some_and(|q| q.id() == cq.id()) {
+        r.rchan.as_ref()
+    } else {
+        r.chan.as_ref()
+    }
+}
+
 /// Wait for completions: poll, or (with -e) sleep on the channel first.
 fn poll(r: &Res, cq: &Cq, p: &Params, out: &mut [Completion]) -> R<usize> {
     if p.events {
-        let ch = if r.rcq.as_ref().is_some_and(|q| q.id() == cq.id()) {
-            &r.rchan
-        } else {
-            &r.chan
-        };
-        if let Some(ch) = ch {
+        if let Some(ch) = channel_of(r, cq) {
             cq.req_notify(false)?;
             let n = cq.poll(out)?;
             if n > 0 {
@@ -48,19 +52,16 @@ fn poll(r: &Res, cq: &Cq, p: &Params, out: &mut [Completion]) -> R<usize> {
 
 /// Wait for one completion the way perftest's latency tests do with `-e`
 /// (`ctx_notify_events`, then one poll): sleep for the CQ's event, re-arm,
-/// poll. The CQ is armed exactly once per event (first by
-/// [`arm_for_events`]), so no event is ever left over to wake a later wait
-/// for nothing. Without `-e`, a poll.
+/// poll. The CQ is armed once per event (first by [`arm_for_events`]), so
+/// no event is left over to wake a later wait for nothing — except after a
+/// `fresh` wait's first poll took a completion whose event was already
+/// queued: the next wait then wakes at once, finds nothing and waits again.
+/// Without `-e`, a poll.
 fn wait_one(r: &Res, cq: &Cq, p: &Params, out: &mut [Completion], fresh: bool) -> R<usize> {
     if !p.events {
         return Ok(cq.poll(out)?);
     }
-    let ch = if r.rcq.as_ref().is_some_and(|q| q.id() == cq.id()) {
-        &r.rchan
-    } else {
-        &r.chan
-    };
-    let ch = ch.as_ref().ok_or(" -e without a completion channel")?;
+    let ch = channel_of(r, cq).ok_or(" -e without a completion channel")?;
     // A completion that came before the first arm raises no event: look
     // first, on the first wait only (a poll of an empty CQ is a pass over
     // the socket, system calls perftest's loop does not make).

@@ -243,8 +243,7 @@ impl State {
             match e {
                 Event::CompNotify(cq) => {
                     if let Some(ch) = self.channels.get(&cq.0) {
-                        ch.pending.lock().unwrap().push_back(cq.0);
-                        ch.fd.signal();
+                        ch.push(cq.0);
                     }
                 }
                 Event::CqErr(cq) => self.raise(AsyncEvent::CqErr(cq.0), async_fd),
@@ -609,7 +608,13 @@ impl Engine {
             self.masked.store(false, Ordering::SeqCst);
             self.set_sock_events();
         }
-        if st.tx_deferred {
+        if st.tx_deferred && !self.watchdog_on.load(Ordering::SeqCst) {
+            // Deferred with nothing to bound the wait: the engine thread
+            // sends it. With the watchdog on, what was deferred waits for
+            // the application's next call (its reply carries it) or the
+            // next tick, as `Engine::serve_socket` promised; ringing here
+            // would wake the engine thread on another core for every
+            // event-mode message only to send the ACK ahead of the reply.
             self.doorbell.signal();
         }
     }

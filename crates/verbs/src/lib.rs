@@ -425,7 +425,8 @@ impl Context {
         Ok(CompChannel {
             inner: Arc::new(ChannelInner {
                 fd: EventFd::new(true)?,
-                pending: Mutex::new(std::collections::VecDeque::new()),
+                q: Default::default(),
+                serving: Default::default(),
                 eng: Arc::downgrade(&self.eng),
             }),
         })
@@ -949,24 +950,75 @@ pub struct MwBindWr<'a> {
 }
 
 impl ChannelInner {
-    /// Zero the eventfd's counter if it is non-zero, never blocking (the
-    /// descriptor may be in blocking mode).
-    fn reset(&self) {
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; timeout 0 never blocks.
-        if unsafe { libc::poll(&mut p, 1, 0) } == 1 {
-            let _ = self.fd.drain();
+    fn queue(&self) -> std::sync::MutexGuard<'_, ChannelQueue> {
+        self.q.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An event was queued for this CQ: make the descriptor readable,
+    /// unless a `get_event` of this channel is serving the socket right now
+    /// and so takes the event before it sleeps or returns (and signals for
+    /// whatever it leaves queued). That waiter is the one the signal would
+    /// have been for; skipping it saves a write and a read per event-mode
+    /// message.
+    pub(crate) fn push(&self, cq: u32) {
+        let serving = self.serving.load(std::sync::atomic::Ordering::SeqCst) > 0;
+        let mut q = self.queue();
+        q.events.push_back(cq);
+        if !serving {
+            self.arm(&mut q);
+        }
+    }
+
+    /// Queue an event at the front (one taken for another CQ's waiter).
+    pub(crate) fn push_front(&self, cq: u32) {
+        let mut q = self.queue();
+        q.events.push_front(cq);
+        self.arm(&mut q);
+    }
+
+    /// Take the next event, leaving the descriptor readable exactly while
+    /// events remain queued.
+    fn take(&self) -> Option<u32> {
+        let mut q = self.queue();
+        let got = q.events.pop_front();
+        if q.events.is_empty() {
+            if q.signalled {
+                // The counter holds our one write: the read cannot block,
+                // whatever mode the application set on the descriptor.
+                let _ = self.fd.drain();
+                q.signalled = false;
+            }
+        } else {
+            self.arm(&mut q);
+        }
+        got
+    }
+
+    /// Make the descriptor readable if it is not: one write per run of
+    /// queued events, under the queue's lock, so that whether the counter
+    /// is non-zero is always what `signalled` says.
+    fn arm(&self, q: &mut ChannelQueue) {
+        if !q.signalled {
+            q.signalled = self.fd.signal();
         }
     }
 }
 
+/// A channel's queued events, and whether its eventfd counter is non-zero
+/// (the descriptor readable): kept together under one lock, so the
+/// descriptor is readable exactly while events are queued (but for an
+/// event a serving waiter is about to take, see [`ChannelInner::push`]).
+#[derive(Default)]
+pub(crate) struct ChannelQueue {
+    events: std::collections::VecDeque<u32>,
+    signalled: bool,
+}
+
 pub(crate) struct ChannelInner {
     pub fd: EventFd,
-    pub pending: Mutex<std::collections::VecDeque<u32>>,
+    q: Mutex<ChannelQueue>,
+    /// `get_event` calls of this channel inside `Engine::serve_socket`.
+    serving: std::sync::atomic::AtomicU32,
     /// The device whose socket a waiter watches too (weak: the engine's
     /// channel table holds this).
     pub eng: std::sync::Weak<Engine>,
@@ -988,25 +1040,15 @@ impl CompChannel {
 
     /// Wait for the next CQ event (`ibv_get_cq_event`); `None` on timeout.
     /// Works whether the descriptor is blocking or not (the C ABI leaves
-    /// that to the application): it never reads the eventfd unless `poll`
-    /// says it is readable.
+    /// that to the application): it reads the eventfd only when the
+    /// channel's own write is in it.
     pub fn get_event(&self, timeout: Option<std::time::Duration>) -> Result<Option<CqId>> {
         let deadline = timeout.map(|d| std::time::Instant::now() + d);
         let eng = self.inner.eng.upgrade();
         // Taken before the first sleep, held until this returns.
         let mut sleep = None;
         loop {
-            // Take one queued event. The descriptor is kept readable
-            // exactly while events are queued (the engine queues, then
-            // signals): reset it when the queue runs empty, then look again
-            // in case the engine queued one meanwhile, whose signal the
-            // reset may have consumed.
-            let got = self.inner.pending.lock().unwrap().pop_front();
-            if let Some(c) = got {
-                self.inner.reset();
-                if !self.inner.pending.lock().unwrap().is_empty() {
-                    self.inner.fd.signal();
-                }
+            if let Some(c) = self.inner.take() {
                 return Ok(Some(CqId(c)));
             }
             // Sleep on the channel and on the device's socket at once, the
@@ -1045,17 +1087,17 @@ impl CompChannel {
             let r = unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
             if p[1].revents & libc::POLLIN != 0 {
                 if let Some(e) = &eng {
+                    use std::sync::atomic::Ordering::SeqCst;
+                    // What the pass queues for this channel, this call
+                    // takes next (see `ChannelInner::push`).
+                    self.inner.serving.fetch_add(1, SeqCst);
                     e.serve_socket();
+                    self.inner.serving.fetch_sub(1, SeqCst);
                 }
                 continue;
             }
             if r == 0 {
                 return Ok(None);
-            }
-            if p[0].revents & libc::POLLIN != 0 && self.inner.pending.lock().unwrap().is_empty() {
-                // Readable with nothing queued: a signal whose event an
-                // earlier call took. Reset, and look again.
-                self.inner.reset();
             }
         }
     }

@@ -218,9 +218,7 @@ impl Cq {
 impl CompChannel {
     /// Queue an event taken for a CQ that was not the taker's.
     pub(crate) fn put_back(&self, cq: crate::CqId) {
-        let mut q = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-        q.push_front(cq.0);
-        self.inner.fd.signal();
+        self.inner.push_front(cq.0);
     }
 }
 

@@ -26,11 +26,12 @@ impl EventFd {
         Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
-    pub fn signal(&self) {
+    /// Whether the one was added (a full counter refuses it: harmless,
+    /// the reader wakes anyway).
+    pub fn signal(&self) -> bool {
         let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64; failure (counter full) is
-        // harmless: the reader wakes anyway.
-        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        // SAFETY: writes 8 bytes from a valid u64.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) == 8 }
     }
 
     /// Read the counter (blocking if the fd is blocking and it is zero).

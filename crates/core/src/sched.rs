@@ -110,6 +110,9 @@ struct Slot {
     /// Its rate holds its next request until then.
     pace_at: Option<Nanos>,
     gate: TxGate,
+    /// Its last packet was a request sent ahead of a queued ACK: the ACK
+    /// goes next.
+    passed_ack: bool,
 }
 
 impl Default for Slot {
@@ -125,6 +128,7 @@ impl Default for Slot {
             gen: 0,
             armed: None,
             pace_at: None,
+            passed_ack: false,
             gate: TxGate::default(),
         }
     }
@@ -648,13 +652,30 @@ impl Sched {
             let qp = qps[s].as_mut().expect("a ready slot holds a QP");
             let mut t = None;
             if !matches!(qp.state, QpState::Reset | QpState::Init | QpState::Err) {
-                t = qp.poll_response(buf, shared);
+                // Responses go first (they open the peer's window), except
+                // that one request may pass a lone queued ACK: in a
+                // ping-pong the responder's ACK and its reply leave
+                // together, and on a loopback or a software receiver each
+                // datagram is processed in full before the next, so the
+                // reply sent first reaches the peer one datagram's
+                // processing sooner, while the ACK, which the peer's
+                // application is not waiting for, follows at once. One
+                // request at most: a long message never holds an ACK back.
+                let pass = !self.slots[s].passed_ack && qp.only_ack_queued();
+                self.slots[s].passed_ack = false;
+                if !pass {
+                    t = qp.poll_response(buf, shared);
+                }
                 if t.is_none() && self.slots[s].gate.rate_open(now) {
                     let limit = self.limit(s, qp);
                     t = qp.poll_request(now, buf, shared, limit);
                     if let Some(t) = &t {
                         self.slots[s].gate.on_sent(now, t.wire_len());
+                        self.slots[s].passed_ack = pass;
                     }
+                }
+                if t.is_none() && pass {
+                    t = qp.poll_response(buf, shared);
                 }
             }
             // A woken waiter has had its turn at the budget (if it sends

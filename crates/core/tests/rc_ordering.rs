@@ -226,3 +226,71 @@ fn window_of_unacknowledged_psns() {
         sim.node(0).mem.slice(region(0), len)
     );
 }
+
+/// A responder that owes an ACK and has a request of its own to send (the
+/// reply of a ping-pong) sends the request first and the ACK right after
+/// it: the peer's application waits for the reply, not for the ACK. At
+/// most one request passes a queued ACK, so a long message never holds one
+/// back; and the ACK still acknowledges, the peer completes both.
+#[test]
+fn a_reply_passes_one_queued_ack() {
+    let (mut sim, qa, qb) = pair(3, 1 << 20, &Opts::default());
+    let w = |q: &QpEnd| SendOp::Write {
+        remote_addr: region(0) + 4096,
+        rkey: q.rkey,
+    };
+    let a = sim.node_mut(0);
+    a.post(&qa, 1, w(&qb), region(0), 8, SendFlags::SIGNALED)
+        .unwrap();
+    let out = a.take(0, usize::MAX);
+    assert_eq!(describe_all(0, &out), ["A WRITE_ONLY 100 ackreq"]);
+    let b = sim.node_mut(1);
+    b.deliver(0, 0, &out[0]);
+    // B answers before it sends what the WRITE called for: the reply first.
+    b.post(&qb, 2, w(&qa), region(0), 8, SendFlags::SIGNALED)
+        .unwrap();
+    let back = b.take(0, usize::MAX);
+    assert_eq!(
+        describe_all(1, &back),
+        [
+            "B WRITE_ONLY 16777200 ackreq",
+            "B ACKNOWLEDGE 100 [ACK msn=1]"
+        ]
+    );
+
+    // A long reply (3 packets at MTU 1024): one packet passes the ACK.
+    let a = sim.node_mut(0);
+    for p in &back {
+        a.deliver(0, 1, p);
+    }
+    a.post(&qa, 3, w(&qb), region(0), 3000, SendFlags::SIGNALED)
+        .unwrap();
+    let out = a.take(0, usize::MAX);
+    assert_eq!(
+        describe_all(0, &out),
+        [
+            "A WRITE_FIRST 101",
+            "A ACKNOWLEDGE 16777200 [ACK msn=1]",
+            "A WRITE_MIDDLE 102",
+            "A WRITE_LAST 103 ackreq",
+        ]
+    );
+    let got: Vec<_> = a
+        .poll_cq(qa.scq)
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(got, [(1, WcStatus::Success)]);
+    let b = sim.node_mut(1);
+    for p in &out {
+        b.deliver(0, 0, p);
+    }
+    let acks = b.take(0, usize::MAX);
+    assert_eq!(describe_all(1, &acks), ["B ACKNOWLEDGE 103 [ACK msn=2]"]);
+    let got: Vec<_> = b
+        .poll_cq(qb.scq)
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(got, [(2, WcStatus::Success)]);
+}

@@ -811,6 +811,23 @@ impl Qp {
     }
 
     /// The next response packet, if any.
+    /// All the responder has to send is one positive ACK (no READ or
+    /// atomic response, no NAK, nothing fatal): a request of this QP may
+    /// go ahead of it (see `Sched::poll_transmit`). The two streams are
+    /// independent (their own PSN spaces), so the order changes no
+    /// semantics; only which packet the peer sees first.
+    pub(crate) fn only_ack_queued(&self) -> bool {
+        self.resp.fatal.is_none()
+            && self.resp.out.len() == 1
+            && matches!(
+                self.resp.out.front(),
+                Some(Resp::Ack {
+                    syndrome: Syndrome::Ack { .. },
+                    ..
+                })
+            )
+    }
+
     pub(crate) fn poll_response(&mut self, buf: &mut [u8], ctx: &mut Ctx<'_>) -> Option<Transmit> {
         let front = *self.resp.out.front()?;
         let mut segs = Segs::default();

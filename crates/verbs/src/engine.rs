@@ -176,11 +176,16 @@ impl State {
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.ep.handle_timeout(now);
         }
-        if defer && p.rx {
+        if defer && p.rx && !self.tx_deferred {
             // What these packets call for (ACKs, mostly) waits for the
             // application's next call, which sends it together with what
             // the application posts in reply: one system call, not two, on
-            // the critical path of a ping-pong. See `Engine::defers`.
+            // the critical path of a ping-pong, and the reply first (see
+            // the core's scheduler). One pass at most: the next one sends
+            // it whatever it receives, so a stream whose every poll finds
+            // packets still gets its ACKs every other pass. The caller
+            // keeps the watchdog on while something is deferred (see
+            // `Engine::defer_bounded`).
             self.tx_deferred = true;
         } else {
             p.more_tx = self.transmit(now).1;
@@ -538,6 +543,18 @@ impl Engine {
         // comes (a tick flushes whatever is deferred).
         let p = st.pass(&self.async_fd, true, true);
         self.after_pass(&mut st, p.more_tx);
+        self.defer_bounded(&st);
+    }
+
+    /// What a pass deferred waits for the application's next call into the
+    /// device, which sends it with whatever the application posts; if no
+    /// call comes, the watchdog's next tick sends it (a tick's pass defers
+    /// nothing). So the ACK of a message whose receiver stops calling
+    /// after taking it (computes, or blocks elsewhere) is at most one
+    /// watchdog period late: within the sender's retransmission timeout
+    /// (67 ms at rxe's default) by far, and the price of sending the ACK
+    /// of every ping-pong with its reply.
+    fn defer_bounded(&self, st: &State) {
         if st.tx_deferred {
             self.start_watchdog();
         }
@@ -553,9 +570,9 @@ impl Engine {
         if take_socket {
             self.mask(st);
         }
-        let defer = self.progress_promised.load(Ordering::Relaxed);
-        let p = st.pass(&self.async_fd, true, defer);
+        let p = st.pass(&self.async_fd, true, true);
         self.after_pass(st, p.more_tx);
+        self.defer_bounded(st);
     }
 
     /// An application thread polls: take the socket out of the engine

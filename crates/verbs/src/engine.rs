@@ -598,11 +598,9 @@ impl Engine {
 
     /// The application drives progress itself while it waits on memory
     /// (`Context::progress`), so taking a completion does not mean it
-    /// leaves — UCX's contract with `ucp_worker_progress`. In return, what
-    /// the packets a poll received call for (ACKs) may wait for the
-    /// application's next call into the device, which then sends it with
-    /// what the application posts in reply; if the application makes no
-    /// call for a watchdog period, the engine thread sends it.
+    /// leaves — UCX's contract with `ucp_worker_progress` — and the socket
+    /// stays with it. (What its polls' packets call for is deferred as for
+    /// every application pass, see [`Engine::defer_bounded`].)
     pub fn promise_progress(&self) {
         self.progress_promised.store(true, Ordering::Relaxed);
     }

@@ -38,6 +38,7 @@ zeroed!(
     ibv_mr,
     ibv_comp_channel,
     ibv_cq,
+    ibv_cq_ex,
     ibv_srq,
     ibv_qp,
     ibv_ah,
@@ -192,8 +193,11 @@ pub type QueryDeviceExFn = unsafe extern "C" fn(
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
-    /// `advise_mr` … `priv` (26 slots).
-    pub _ops1: [usize; 26],
+    /// `advise_mr` … `query_rt_values` (24 slots).
+    pub _ops1: [usize; 24],
+    /// verbs.h's inline `ibv_create_cq_ex` fails with EOPNOTSUPP while NULL.
+    pub create_cq_ex: Option<CreateCqExFn>,
+    pub _priv: usize,
     pub query_device_ex: Option<QueryDeviceExFn>,
     /// `ibv_destroy_flow` … `_ABI_placeholder3` (11 slots).
     pub _ops2: [usize; 11],
@@ -367,6 +371,67 @@ pub struct ibv_cq {
     pub comp_events_completed: u32,
     pub async_events_completed: u32,
 }
+
+/// `struct ibv_cq_ex` (288 bytes): `struct ibv_cq` followed by the
+/// state of the current completion and the polling functions that verbs.h's
+/// inline `ibv_start_poll`, `ibv_wc_read_*` … call through.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+    pub comp_mask: u32,
+    /// The current completion's status and work request id, which the
+    /// application reads directly.
+    pub status: u32,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex)>,
+    pub read_opcode: Option<CqExReadU32>,
+    pub read_vendor_err: Option<CqExReadU32>,
+    pub read_byte_len: Option<CqExReadU32>,
+    pub read_imm_data: Option<CqExReadU32>,
+    pub read_qp_num: Option<CqExReadU32>,
+    pub read_src_qp: Option<CqExReadU32>,
+    pub read_wc_flags: Option<CqExReadU32>,
+    pub read_slid: Option<CqExReadU32>,
+    pub read_sl: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u8>,
+    pub read_dlid_path_bits: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u8>,
+    /// `read_completion_ts` … `read_completion_wallclock_ns`: for
+    /// `wc_flags` this library refuses, so never called.
+    pub _read_unsupported: [usize; 5],
+}
+
+pub type CqExReadU32 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u32;
+
+/// `struct ibv_poll_cq_attr` (4 bytes).
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_cq_init_attr_ex` (56 bytes).
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+
+pub type CreateCqExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
 
 /// `struct ibv_srq` (128 bytes).
 #[repr(C)]
@@ -661,6 +726,9 @@ mod tests {
             ibv_mr,
             ibv_comp_channel,
             ibv_cq,
+            ibv_cq_ex,
+            ibv_poll_cq_attr,
+            ibv_cq_init_attr_ex,
             ibv_srq,
             ibv_srq_attr,
             ibv_srq_init_attr,
@@ -682,7 +750,14 @@ mod tests {
         offsets!(ibv_device: node_type, transport_type, name, dev_name, dev_path, ibdev_path);
         offsets!(ibv_context_ops: alloc_mw, bind_mw, dealloc_mw, poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv);
         offsets!(ibv_context: device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat);
-        offsets!(verbs_context: query_port, query_device_ex, sz, context);
+        offsets!(verbs_context: query_port, create_cq_ex, query_device_ex, sz, context);
+        offsets!(ibv_cq_ex: context, channel, cq_context, handle, cqe, mutex, cond,
+            comp_events_completed, async_events_completed, comp_mask, status, wr_id,
+            start_poll, next_poll, end_poll, read_opcode, read_vendor_err, read_byte_len,
+            read_imm_data, read_qp_num, read_src_qp, read_wc_flags, read_slid, read_sl,
+            read_dlid_path_bits);
+        offsets!(ibv_cq_init_attr_ex: cqe, cq_context, channel, comp_vector, wc_flags,
+            comp_mask, flags, parent_domain);
         offsets!(ibv_device_attr: fw_ver, node_guid, sys_image_guid, max_mr_size, page_size_cap,
             vendor_id, vendor_part_id, hw_ver, max_qp, max_qp_wr, device_cap_flags, max_sge,
             max_sge_rd, max_cq, max_cqe, max_mr, max_pd, max_qp_rd_atom, max_ee_rd_atom,
@@ -798,7 +873,10 @@ mod tests {
             "offsetof(struct ibv_wc, invalidated_rkey)".into(),
             offset_of!(ibv_wc, imm_data),
         ));
-        v.push(("offsetof(struct verbs_context, create_cq_ex)".into(), 200));
+        v.push((
+            "offsetof(struct ibv_cq_ex, read_completion_ts)".into(),
+            offset_of!(ibv_cq_ex, _read_unsupported),
+        ));
         v.push((
             "offsetof(struct verbs_context, advise_mr)".into(),
             offset_of!(verbs_context, _ops1),

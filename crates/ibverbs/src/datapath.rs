@@ -280,3 +280,159 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
         Ok(())
     })
 }
+
+// ---- the extended CQ (`struct ibv_cq_ex`) ----
+//
+// verbs.h's inline `ibv_start_poll`, `ibv_next_poll`, `ibv_end_poll` and
+// `ibv_wc_read_*` call these through the CQ's own function pointers. A poll
+// makes one completion current: its status and work request id go into
+// the structure (the application reads them there), the rest is read
+// through the `read_*` functions until the next poll. verbs requires the
+// poll calls of one CQ to be serialised by the application; the current
+// completion is behind a lock anyway, so a race costs a wrong answer to
+// that application, never memory.
+
+/// Make the next completion current: 0, ENOENT when the CQ is empty, or
+/// an errno.
+fn poll_ex(name: &'static str, cq: *mut ibv_cq_ex) -> c_int {
+    let mut empty = false;
+    let r = errno_ret(name, || {
+        let q = Cq::from_ex(cq)?;
+        let mut got = [sv::Completion::default(); 1];
+        let n = q.sv.poll(&mut got)?;
+        let mut cur = q.current.lock().unwrap_or_else(|e| e.into_inner());
+        if n == 0 {
+            *cur = None;
+            empty = true;
+            return Ok(());
+        }
+        let c = got[0];
+        // SAFETY: the CQ's own live slot; the application reads these two
+        // fields after this returns, as verbs.h defines.
+        unsafe {
+            (*q.ex_ptr()).status = c.status as u32;
+            (*q.ex_ptr()).wr_id = c.wr_id;
+        }
+        *cur = Some(c);
+        Ok(())
+    });
+    if r == 0 && empty {
+        libc::ENOENT
+    } else {
+        r
+    }
+}
+
+pub unsafe extern "C" fn cq_ex_start_poll(
+    cq: *mut ibv_cq_ex,
+    attr: *mut ibv_poll_cq_attr,
+) -> c_int {
+    let r = errno_ret("ibv_start_poll", || {
+        non_null!(attr);
+        // SAFETY: the caller passes a readable ibv_poll_cq_attr.
+        match unsafe { (*attr).comp_mask } {
+            0 => Ok(()),
+            m => Err(Fail::inval(format!(
+                "ibv_poll_cq_attr.comp_mask {m:#x}: no attributes are defined"
+            ))),
+        }
+    });
+    if r != 0 {
+        return r;
+    }
+    poll_ex("ibv_start_poll", cq)
+}
+
+pub unsafe extern "C" fn cq_ex_next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    poll_ex("ibv_next_poll", cq)
+}
+
+pub unsafe extern "C" fn cq_ex_end_poll(cq: *mut ibv_cq_ex) {
+    crate::ffi::void_ret("ibv_end_poll", || {
+        let q = Cq::from_ex(cq)?;
+        *q.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        Ok(())
+    })
+}
+
+/// A field of the current completion, as `ibv_wc` has it (0 outside a
+/// poll, or for a pointer that is not a live CQ).
+fn current_wc(cq: *mut ibv_cq_ex) -> ibv_wc {
+    let mut wc = ibv_wc {
+        wr_id: 0,
+        status: 0,
+        opcode: 0,
+        vendor_err: 0,
+        byte_len: 0,
+        imm_data: 0,
+        qp_num: 0,
+        src_qp: 0,
+        wc_flags: 0,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    };
+    crate::ffi::void_ret("ibv_wc_read_*", || {
+        let q = Cq::from_ex(cq)?;
+        match *q.current.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(c) => wc = wc_from(&c),
+            None => {
+                return Err(Fail::inval(
+                    "no current completion (call ibv_start_poll first)",
+                ))
+            }
+        }
+        Ok(())
+    });
+    wc
+}
+
+pub unsafe extern "C" fn cq_ex_read_opcode(cq: *mut ibv_cq_ex) -> u32 {
+    current_wc(cq).opcode
+}
+pub unsafe extern "C" fn cq_ex_read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    current_wc(cq).vendor_err
+}
+pub unsafe extern "C" fn cq_ex_read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    current_wc(cq).byte_len
+}
+/// Immediate data in network order, or the invalidated rkey.
+pub unsafe extern "C" fn cq_ex_read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
+    current_wc(cq).imm_data
+}
+pub unsafe extern "C" fn cq_ex_read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    current_wc(cq).qp_num
+}
+pub unsafe extern "C" fn cq_ex_read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    current_wc(cq).src_qp
+}
+pub unsafe extern "C" fn cq_ex_read_wc_flags(cq: *mut ibv_cq_ex) -> u32 {
+    current_wc(cq).wc_flags
+}
+pub unsafe extern "C" fn cq_ex_read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    current_wc(cq).slid as u32
+}
+pub unsafe extern "C" fn cq_ex_read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    current_wc(cq).sl
+}
+pub unsafe extern "C" fn cq_ex_read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
+    current_wc(cq).dlid_path_bits
+}
+
+/// Point a CQ's extended-poll functions at this module.
+pub fn fill_cq_ex_ops(c: &mut ibv_cq_ex) {
+    c.start_poll = Some(cq_ex_start_poll);
+    c.next_poll = Some(cq_ex_next_poll);
+    c.end_poll = Some(cq_ex_end_poll);
+    c.read_opcode = Some(cq_ex_read_opcode);
+    c.read_vendor_err = Some(cq_ex_read_vendor_err);
+    c.read_byte_len = Some(cq_ex_read_byte_len);
+    c.read_imm_data = Some(cq_ex_read_imm_data);
+    c.read_qp_num = Some(cq_ex_read_qp_num);
+    c.read_src_qp = Some(cq_ex_read_src_qp);
+    c.read_wc_flags = Some(cq_ex_read_wc_flags);
+    c.read_slid = Some(cq_ex_read_slid);
+    c.read_sl = Some(cq_ex_read_sl);
+    c.read_dlid_path_bits = Some(cq_ex_read_dlid_path_bits);
+}

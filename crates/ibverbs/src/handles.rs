@@ -74,7 +74,7 @@ slab!(
     ibv_mr,
     ibv_mw,
     ibv_comp_channel,
-    ibv_cq,
+    ibv_cq_ex,
     ibv_srq,
     ibv_qp,
     ibv_ah
@@ -444,21 +444,57 @@ impl CompChannel {
     }
 }
 
+/// A CQ. Every CQ's slot is a `struct ibv_cq_ex`, whose head is the
+/// `struct ibv_cq` that `ibv_create_cq` returns (`ibv_cq_ex_to_cq` is a
+/// cast), so one registry entry serves both pointers.
 pub struct Cq {
-    c: CSlot<ibv_cq>,
+    c: CSlot<ibv_cq_ex>,
     pub sv: sv::Cq,
     /// QPs using this CQ.
     pub users: Users,
+    /// The completion `ibv_start_poll`/`ibv_next_poll` made current, which
+    /// the `ibv_wc_read_*` functions read (None outside a poll).
+    pub current: Mutex<Option<sv::Completion>>,
 }
-handle!(Cq, ibv_cq);
 
 impl Cq {
-    pub fn new(c: ibv_cq, sv: sv::Cq) -> Cq {
+    const WHAT: &'static str = "struct ibv_cq";
+
+    pub fn new(c: ibv_cq_ex, sv: sv::Cq) -> Cq {
         Cq {
             c: CSlot::new(c),
             sv,
             users: Users::default(),
+            current: Mutex::new(None),
         }
+    }
+
+    /// The live CQ behind an application's `ibv_cq*` (looked up, not read).
+    pub fn from_c(p: *mut ibv_cq) -> Res<Arc<Cq>> {
+        lookup(p as usize, Self::WHAT)
+    }
+
+    /// The live CQ behind an `ibv_cq_ex*` (the same address).
+    pub fn from_ex(p: *mut ibv_cq_ex) -> Res<Arc<Cq>> {
+        lookup(p as usize, Self::WHAT)
+    }
+
+    pub fn c_ptr(&self) -> *mut ibv_cq {
+        self.c.get().cast()
+    }
+
+    pub fn ex_ptr(&self) -> *mut ibv_cq_ex {
+        self.c.get()
+    }
+
+    pub fn into_c(o: Cq) -> *mut ibv_cq {
+        let p = o.c_ptr();
+        register(p as usize, o);
+        p
+    }
+
+    pub fn take(p: *mut ibv_cq) -> Res<Arc<Cq>> {
+        unregister(p as usize, Self::WHAT)
     }
 }
 

@@ -205,39 +205,110 @@ pub unsafe extern "C" fn ibv_create_cq(
     comp_vector: c_int,
 ) -> *mut ibv_cq {
     null_ret("ibv_create_cq", || {
-        let ctx = Context::from_c(context)?;
         let depth = u32::try_from(cqe)
             .ok()
             .filter(|&d| d > 0)
             .ok_or_else(|| Fail::inval(format!("cqe {cqe} must be at least 1")))?;
-        if comp_vector != 0 {
-            return Err(Fail::inval("comp_vector must be 0 (num_comp_vectors is 1)"));
+        let vector = u32::try_from(comp_vector).unwrap_or(u32::MAX);
+        create_cq(context, depth, cq_context, channel, vector)
+    })
+}
+
+/// What `ibv_create_cq` and `ibv_create_cq_ex` share: the CQ, its slot
+/// (a `struct ibv_cq_ex` either way, its polling functions filled in),
+/// and its place in the context's tables.
+fn create_cq(
+    context: *mut ibv_context,
+    depth: u32,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: u32,
+) -> Res<*mut ibv_cq> {
+    let ctx = Context::from_c(context)?;
+    if depth == 0 {
+        return Err(Fail::inval("cqe must be at least 1"));
+    }
+    if comp_vector != 0 {
+        return Err(Fail::inval(format!(
+            "comp_vector {comp_vector} must be 0 (num_comp_vectors is 1)"
+        )));
+    }
+    let ch = if channel.is_null() {
+        None
+    } else {
+        Some(CompChannel::from_c(channel)?)
+    };
+    let cq = ctx.sv.create_cq(depth, ch.as_ref().map(|c| &c.sv))?;
+    let id = cq.id().0;
+    let mut c = ibv_cq_ex::zeroed();
+    c.context = context;
+    c.channel = channel;
+    c.cq_context = cq_context;
+    c.handle = id;
+    c.cqe = depth as c_int;
+    crate::datapath::fill_cq_ex_ops(&mut c);
+    if let Some(ch) = ch {
+        ch.users.add();
+        // SAFETY: a live channel's C struct.
+        unsafe { (*ch.c_ptr()).refcnt += 1 };
+    }
+    let p = Cq::into_c(Cq::new(c, cq));
+    ctx.users.add();
+    ctx.cqs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id, p as usize);
+    Ok(p)
+}
+
+/// `IBV_WC_STANDARD_FLAGS`: what a completion of this device carries
+/// (byte count, immediate data, QP numbers; SLID, SL and DLID path bits
+/// read 0 on RoCE).
+const CQ_EX_WC_FLAGS: u64 = 0x7f;
+/// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
+const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
+/// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`: a promise this device needs no
+/// use of.
+const CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
+
+/// `verbs_context.create_cq_ex` (verbs.h's inline `ibv_create_cq_ex`).
+/// Completion timestamps, VLANs, flow tags and tag matching are refused
+/// with EOPNOTSUPP (the device has no clock to stamp with and none of the
+/// others), as is `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`: an overrun is IBA's
+/// CQ error here, never ignored; parent domains do not exist yet.
+pub unsafe extern "C" fn vctx_create_cq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    null_ret("ibv_create_cq_ex", || {
+        non_null!(attr);
+        // SAFETY: the caller passes a readable ibv_cq_init_attr_ex.
+        let a = unsafe { &*attr };
+        if a.wc_flags & !CQ_EX_WC_FLAGS != 0 {
+            return Err(Fail::unsupported(format!(
+                "wc_flags {:#x}: this device supports IBV_WC_STANDARD_FLAGS only \
+                 (no completion timestamps, VLANs, flow tags or tag matching)",
+                a.wc_flags & !CQ_EX_WC_FLAGS
+            )));
         }
-        let ch = if channel.is_null() {
-            None
-        } else {
-            Some(CompChannel::from_c(channel)?)
-        };
-        let cq = ctx.sv.create_cq(depth, ch.as_ref().map(|c| &c.sv))?;
-        let id = cq.id().0;
-        let mut c = ibv_cq::zeroed();
-        c.context = context;
-        c.channel = channel;
-        c.cq_context = cq_context;
-        c.handle = id;
-        c.cqe = cqe;
-        if let Some(ch) = ch {
-            ch.users.add();
-            // SAFETY: a live channel's C struct.
-            unsafe { (*ch.c_ptr()).refcnt += 1 };
+        if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0 {
+            return Err(Fail::unsupported(format!(
+                "comp_mask {:#x}: only IBV_CQ_INIT_ATTR_MASK_FLAGS is supported \
+                 (no parent domains)",
+                a.comp_mask
+            )));
         }
-        let p = Cq::into_c(Cq::new(c, cq));
-        ctx.users.add();
-        ctx.cqs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, p as usize);
-        Ok(p)
+        if a.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0
+            && a.flags & !CREATE_CQ_ATTR_SINGLE_THREADED != 0
+        {
+            return Err(Fail::unsupported(format!(
+                "flags {:#x}: only IBV_CREATE_CQ_ATTR_SINGLE_THREADED is supported \
+                 (an overrun is a CQ error here, never ignored)",
+                a.flags
+            )));
+        }
+        let p = create_cq(context, a.cqe, a.cq_context, a.channel, a.comp_vector)?;
+        Ok(p.cast::<ibv_cq_ex>())
     })
 }
 

@@ -41,6 +41,7 @@ zeroed!(
     ibv_cq_ex,
     ibv_srq,
     ibv_qp,
+    ibv_qp_ex,
     ibv_ah,
     ibv_mw,
     ibv_send_wr,
@@ -199,8 +200,12 @@ pub struct verbs_context {
     pub create_cq_ex: Option<CreateCqExFn>,
     pub _priv: usize,
     pub query_device_ex: Option<QueryDeviceExFn>,
-    /// `ibv_destroy_flow` … `_ABI_placeholder3` (11 slots).
-    pub _ops2: [usize; 11],
+    /// `ibv_destroy_flow` … `open_qp` (5 slots).
+    pub _ops2: [usize; 5],
+    /// verbs.h's inline `ibv_create_qp_ex` (unless only the PD is given).
+    pub create_qp_ex: Option<CreateQpExFn>,
+    /// `get_srq_num` … `_ABI_placeholder3` (5 slots).
+    pub _ops3: [usize; 5],
     pub sz: usize,
     pub context: ibv_context,
 }
@@ -479,6 +484,82 @@ pub struct ibv_qp {
     pub events_completed: u32,
 }
 
+/// `struct ibv_qp_ex` (352 bytes): `struct ibv_qp`, then the work request
+/// being built and the `ibv_wr_*` functions verbs.h's inlines call.
+#[repr(C)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub comp_mask: u64,
+    /// The id and `IBV_SEND_*` flags the next `ibv_wr_<opcode>` takes.
+    pub wr_id: u64,
+    pub wr_flags: u32,
+    pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
+    pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
+    pub wr_bind_mw:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
+    pub wr_local_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_send: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_send_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_tso: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, u16, u16)>,
+    pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
+    pub wr_set_inline_data_list:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,
+    pub wr_set_sge: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_set_sge_list: Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_sge)>,
+    pub wr_start: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_complete: Option<unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int>,
+    pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_atomic_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
+}
+
+/// `struct ibv_data_buf`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_data_buf {
+    pub addr: *mut c_void,
+    pub length: usize,
+}
+
+/// `struct ibv_rx_hash_conf`.
+#[repr(C)]
+pub struct ibv_rx_hash_conf {
+    pub rx_hash_function: u8,
+    pub rx_hash_key_len: u8,
+    pub rx_hash_key: *mut u8,
+    pub rx_hash_fields_mask: u64,
+}
+
+/// `struct ibv_qp_init_attr_ex` (136 bytes): `struct ibv_qp_init_attr`'s
+/// fields, then the extensions `comp_mask` says are set.
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    pub rx_hash_conf: ibv_rx_hash_conf,
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+pub type CreateQpExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+
 /// `struct ibv_qp_cap`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -733,6 +814,10 @@ mod tests {
             ibv_srq_attr,
             ibv_srq_init_attr,
             ibv_qp,
+            ibv_qp_ex,
+            ibv_data_buf,
+            ibv_rx_hash_conf,
+            ibv_qp_init_attr_ex,
             ibv_qp_cap,
             ibv_qp_init_attr,
             ibv_global_route,
@@ -750,7 +835,15 @@ mod tests {
         offsets!(ibv_device: node_type, transport_type, name, dev_name, dev_path, ibdev_path);
         offsets!(ibv_context_ops: alloc_mw, bind_mw, dealloc_mw, poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv);
         offsets!(ibv_context: device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat);
-        offsets!(verbs_context: query_port, create_cq_ex, query_device_ex, sz, context);
+        offsets!(verbs_context: query_port, create_cq_ex, query_device_ex, create_qp_ex, sz, context);
+        offsets!(ibv_qp_ex: qp_base, comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp,
+            wr_atomic_fetch_add, wr_bind_mw, wr_local_inv, wr_rdma_read, wr_rdma_write,
+            wr_rdma_write_imm, wr_send, wr_send_imm, wr_send_inv, wr_send_tso, wr_set_ud_addr,
+            wr_set_xrc_srqn, wr_set_inline_data, wr_set_inline_data_list, wr_set_sge,
+            wr_set_sge_list, wr_start, wr_complete, wr_abort, wr_atomic_write);
+        offsets!(ibv_qp_init_attr_ex: qp_context, send_cq, recv_cq, srq, cap, qp_type,
+            sq_sig_all, comp_mask, pd, xrcd, create_flags, max_tso_header, rwq_ind_tbl,
+            rx_hash_conf, source_qpn, send_ops_flags);
         offsets!(ibv_cq_ex: context, channel, cq_context, handle, cqe, mutex, cond,
             comp_events_completed, async_events_completed, comp_mask, status, wr_id,
             start_poll, next_poll, end_poll, read_opcode, read_vendor_err, read_byte_len,
@@ -884,6 +977,10 @@ mod tests {
         v.push((
             "offsetof(struct verbs_context, ibv_destroy_flow)".into(),
             offset_of!(verbs_context, _ops2),
+        ));
+        v.push((
+            "offsetof(struct verbs_context, get_srq_num)".into(),
+            offset_of!(verbs_context, _ops3),
         ));
         v.push((
             "offsetof(struct ibv_device_attr_ex, odp_caps)".into(),

@@ -96,7 +96,7 @@ fn send_op(wr: &ibv_send_wr) -> Res<sv::SendOp> {
     })
 }
 
-fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
+pub(crate) fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
     // Memory window operations carry no scatter/gather list (see `mw`).
     match wr.opcode {
         IBV_WR_BIND_MW => return crate::mw::post_bind_wr(q, wr),

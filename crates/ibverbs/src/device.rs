@@ -166,6 +166,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         vc.query_port = Some(vctx_query_port);
         vc.query_device_ex = Some(vctx_query_device_ex);
         vc.create_cq_ex = Some(crate::resources::vctx_create_cq_ex);
+        vc.create_qp_ex = Some(crate::qp::vctx_create_qp_ex);
         vc.sz = std::mem::size_of::<verbs_context>();
         let c = &mut vc.context;
         c.device = dev.c_ptr();

@@ -76,7 +76,7 @@ slab!(
     ibv_comp_channel,
     ibv_cq_ex,
     ibv_srq,
-    ibv_qp,
+    ibv_qp_ex,
     ibv_ah
 );
 
@@ -518,22 +518,60 @@ impl Srq {
     }
 }
 
+/// A QP. Every QP's slot is a `struct ibv_qp_ex`, whose head is the
+/// `struct ibv_qp` the application holds; `ibv_qp_to_qp_ex` hands out the
+/// same address for a QP created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
 pub struct Qp {
-    c: CSlot<ibv_qp>,
+    c: CSlot<ibv_qp_ex>,
     pub sv: sv::Qp,
     pub qp_type: sv::QpType,
     pub sq_sig_all: bool,
+    /// Created with send-ops flags: the `ibv_wr_*` interface is on.
+    pub extended: bool,
+    /// The work requests built since `ibv_wr_start`.
+    pub batch: Mutex<crate::qpex::Batch>,
 }
-handle!(Qp, ibv_qp);
 
 impl Qp {
-    pub fn new(c: ibv_qp, sv: sv::Qp, qp_type: sv::QpType, sq_sig_all: bool) -> Qp {
+    const WHAT: &'static str = "struct ibv_qp";
+
+    pub fn new(c: ibv_qp_ex, sv: sv::Qp, qp_type: sv::QpType, sq_sig_all: bool) -> Qp {
         Qp {
             c: CSlot::new(c),
             sv,
             qp_type,
             sq_sig_all,
+            extended: false,
+            batch: Mutex::new(Default::default()),
         }
+    }
+
+    /// The live QP behind an application's `ibv_qp*` (looked up, not read).
+    pub fn from_c(p: *mut ibv_qp) -> Res<Arc<Qp>> {
+        lookup(p as usize, Self::WHAT)
+    }
+
+    /// The live QP behind an `ibv_qp_ex*` (the same address).
+    pub fn from_ex(p: *mut ibv_qp_ex) -> Res<Arc<Qp>> {
+        lookup(p as usize, Self::WHAT)
+    }
+
+    pub fn c_ptr(&self) -> *mut ibv_qp {
+        self.c.get().cast()
+    }
+
+    pub fn ex_ptr(&self) -> *mut ibv_qp_ex {
+        self.c.get()
+    }
+
+    pub fn into_c(o: Qp) -> *mut ibv_qp {
+        let p = o.c_ptr();
+        register(p as usize, o);
+        p
+    }
+
+    pub fn take(p: *mut ibv_qp) -> Res<Arc<Qp>> {
+        unregister(p as usize, Self::WHAT)
     }
 }
 

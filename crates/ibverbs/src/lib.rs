@@ -38,6 +38,7 @@ mod misc;
 mod mw;
 mod pages;
 mod qp;
+mod qpex;
 mod resources;
 
 #[cfg(test)]

@@ -49,70 +49,167 @@ pub unsafe extern "C" fn ibv_create_qp(
 ) -> *mut ibv_qp {
     null_ret("ibv_create_qp", || {
         non_null!(init);
-        let p = Pd::from_c(pd)?;
         // SAFETY: a readable and writable ibv_qp_init_attr.
         let init = unsafe { &mut *init };
-        let t = qp_type(init.qp_type)?;
-        let send_cq = Cq::from_c(init.send_cq)?;
-        let recv_cq = Cq::from_c(init.recv_cq)?;
-        let srq = if init.srq.is_null() {
-            None
+        let c = Create {
+            qp_context: init.qp_context,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            qp_type: init.qp_type,
+            sq_sig_all: init.sq_sig_all,
+        };
+        create_qp(pd, &c, &mut init.cap, false)
+    })
+}
+
+/// What `ibv_create_qp` and `ibv_create_qp_ex` share.
+struct Create {
+    qp_context: *mut std::ffi::c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+    qp_type: u32,
+    sq_sig_all: c_int,
+}
+
+/// Create a QP on `pd`, writing the granted capabilities to `cap`;
+/// `extended` turns on its `ibv_wr_*` interface.
+fn create_qp(
+    pd: *mut ibv_pd,
+    init: &Create,
+    cap_io: &mut ibv_qp_cap,
+    extended: bool,
+) -> Res<*mut ibv_qp> {
+    let p = Pd::from_c(pd)?;
+    let t = qp_type(init.qp_type)?;
+    let send_cq = Cq::from_c(init.send_cq)?;
+    let recv_cq = Cq::from_c(init.recv_cq)?;
+    let srq = if init.srq.is_null() {
+        None
+    } else {
+        Some(Srq::from_c(init.srq)?)
+    };
+    let cap = sv::QpCap {
+        max_send_wr: cap_io.max_send_wr.max(1),
+        max_recv_wr: if srq.is_some() { 0 } else { cap_io.max_recv_wr },
+        max_send_sge: cap_io.max_send_sge.max(1),
+        max_recv_sge: if srq.is_some() {
+            0
         } else {
-            Some(Srq::from_c(init.srq)?)
-        };
-        let cap = sv::QpCap {
-            max_send_wr: init.cap.max_send_wr.max(1),
-            max_recv_wr: if srq.is_some() {
-                0
-            } else {
-                init.cap.max_recv_wr
-            },
-            max_send_sge: init.cap.max_send_sge.max(1),
-            max_recv_sge: if srq.is_some() {
-                0
-            } else {
-                init.cap.max_recv_sge.max(1)
-            },
-            max_inline_data: init.cap.max_inline_data,
-        };
-        let qp = p.sv.create_qp(&sv::QpInitAttr {
-            qp_type: t,
-            send_cq: &send_cq.sv,
-            recv_cq: &recv_cq.sv,
-            srq: srq.as_ref().map(|s| &s.sv),
-            cap,
-            sq_sig_all: init.sq_sig_all != 0,
-        })?;
-        let (_, _, actual) = qp.query()?;
-        init.cap = cap_to_c(&actual);
-        // SAFETY: live PD.
-        let context = unsafe { (*p.c_ptr()).context };
-        // SAFETY: a live context (its PD is live).
-        let ctx = Context::from_c(context)?;
-        let mut c = ibv_qp::zeroed();
-        c.context = context;
-        c.qp_context = init.qp_context;
-        c.pd = pd;
-        c.send_cq = init.send_cq;
-        c.recv_cq = init.recv_cq;
-        c.srq = init.srq;
-        c.handle = qp.qpn();
-        c.qp_num = qp.qpn();
-        c.state = sv::QpState::Reset.to_ibv();
-        c.qp_type = init.qp_type;
-        let qpn = qp.qpn();
-        p.users.add();
-        send_cq.users.add();
-        recv_cq.users.add();
-        if let Some(s) = srq {
-            s.users.add();
+            cap_io.max_recv_sge.max(1)
+        },
+        max_inline_data: cap_io.max_inline_data,
+    };
+    let qp = p.sv.create_qp(&sv::QpInitAttr {
+        qp_type: t,
+        send_cq: &send_cq.sv,
+        recv_cq: &recv_cq.sv,
+        srq: srq.as_ref().map(|s| &s.sv),
+        cap,
+        sq_sig_all: init.sq_sig_all != 0,
+    })?;
+    let (_, _, actual) = qp.query()?;
+    *cap_io = cap_to_c(&actual);
+    // SAFETY: live PD.
+    let context = unsafe { (*p.c_ptr()).context };
+    // SAFETY: a live context (its PD is live).
+    let ctx = Context::from_c(context)?;
+    let mut c = ibv_qp_ex::zeroed();
+    let b = &mut c.qp_base;
+    b.context = context;
+    b.qp_context = init.qp_context;
+    b.pd = pd;
+    b.send_cq = init.send_cq;
+    b.recv_cq = init.recv_cq;
+    b.srq = init.srq;
+    b.handle = qp.qpn();
+    b.qp_num = qp.qpn();
+    b.state = sv::QpState::Reset.to_ibv();
+    b.qp_type = init.qp_type;
+    if extended {
+        crate::qpex::fill_qp_ex_ops(&mut c);
+    }
+    let qpn = qp.qpn();
+    p.users.add();
+    send_cq.users.add();
+    recv_cq.users.add();
+    if let Some(s) = srq {
+        s.users.add();
+    }
+    let mut q = Qp::new(c, qp, t, init.sq_sig_all != 0);
+    q.extended = extended;
+    let ptr = Qp::into_c(q);
+    ctx.qps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(qpn, ptr as usize);
+    Ok(ptr)
+}
+
+const QP_INIT_ATTR_PD: u32 = 1 << 0;
+const QP_INIT_ATTR_XRCD: u32 = 1 << 1;
+const QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+const QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+
+/// `verbs_context.create_qp_ex` (verbs.h's inline `ibv_create_qp_ex` when
+/// more than the PD is given): `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` turns on
+/// the `ibv_wr_*` interface (`ibv_qp_to_qp_ex`); creation flags must be 0
+/// (none of them is meaningful without raw packet QPs); XRC, TSO and RSS
+/// are refused with EOPNOTSUPP.
+pub unsafe extern "C" fn vctx_create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    null_ret("ibv_create_qp_ex", || {
+        non_null!(attr);
+        Context::from_c(context)?;
+        // SAFETY: a readable and writable ibv_qp_init_attr_ex.
+        let a = unsafe { &mut *attr };
+        let known = QP_INIT_ATTR_PD | QP_INIT_ATTR_CREATE_FLAGS | QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if a.comp_mask & QP_INIT_ATTR_XRCD != 0 {
+            return Err(Fail::unsupported(
+                "XRC (IBV_QP_INIT_ATTR_XRCD) is not implemented",
+            ));
         }
-        let ptr = Qp::into_c(Qp::new(c, qp, t, init.sq_sig_all != 0));
-        ctx.qps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(qpn, ptr as usize);
-        Ok(ptr)
+        if a.comp_mask & !known != 0 {
+            return Err(Fail::unsupported(format!(
+                "comp_mask {:#x}: TSO headers, indirection tables and RX hashing are for raw \
+                 packet QPs, which this device does not have",
+                a.comp_mask & !known
+            )));
+        }
+        if a.comp_mask & QP_INIT_ATTR_PD == 0 {
+            return Err(Fail::inval(
+                "comp_mask lacks IBV_QP_INIT_ATTR_PD: a QP needs a PD",
+            ));
+        }
+        if a.comp_mask & QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
+            return Err(Fail::unsupported(format!(
+                "create_flags {:#x}: none is supported (they concern raw packet QPs and multicast)",
+                a.create_flags
+            )));
+        }
+        let extended = a.comp_mask & QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        if extended {
+            let extra = a.send_ops_flags & !crate::qpex::SEND_OPS_SUPPORTED;
+            if extra != 0 {
+                return Err(Fail::unsupported(format!(
+                    "send_ops_flags {extra:#x}: TSO and ATOMIC WRITE are not implemented"
+                )));
+            }
+        }
+        // The device's context is the PD's (checked by create_qp).
+        let c = Create {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+        };
+        let pd = a.pd;
+        create_qp(pd, &c, &mut a.cap, extended)
     })
 }
 
@@ -294,14 +391,18 @@ pub unsafe extern "C" fn ibv_query_qp(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut std::ffi::c_void {
-    // No QP is created through create_qp_ex with send-ops flags, so no QP
-    // has the extended (ibv_wr_*) interface; rdma-core returns NULL then.
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // As rdma-core: the extended interface of a QP created with
+    // IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, NULL for any other.
     null_ret("ibv_qp_to_qp_ex", || {
-        Qp::from_c(qp)?;
-        Err(Fail::unsupported(
-            "the QP was not created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS",
-        ))
+        let q = Qp::from_c(qp)?;
+        if q.extended {
+            Ok(q.ex_ptr())
+        } else {
+            Err(Fail::inval(
+                "the QP was not created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS",
+            ))
+        }
     })
 }
 

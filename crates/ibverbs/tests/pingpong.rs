@@ -39,6 +39,14 @@ fn rc_pingpong_events() {
     pingpong("ibv_rc_pingpong", &["-e"]);
 }
 
+/// `-N`: the new post-send API — `ibv_create_qp_ex` with send-ops flags,
+/// `ibv_qp_to_qp_ex` and `ibv_wr_start`/`ibv_wr_send`/`ibv_wr_set_sge`/
+/// `ibv_wr_complete` through the QP's `struct ibv_qp_ex`.
+#[test]
+fn rc_pingpong_new_send_api() {
+    pingpong("ibv_rc_pingpong", &["-N", "-c"]);
+}
+
 #[test]
 fn uc_pingpong_validated() {
     pingpong("ibv_uc_pingpong", &["-c"]);

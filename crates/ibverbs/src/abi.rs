@@ -93,6 +93,8 @@ pub const IBV_ACCESS_REMOTE_READ: u32 = 4;
 pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
 pub const IBV_ACCESS_MW_BIND: u32 = 16;
 pub const IBV_ACCESS_ZERO_BASED: u32 = 32;
+pub const IBV_ACCESS_ON_DEMAND: u32 = 64;
+pub const IBV_ACCESS_HUGETLB: u32 = 128;
 
 /// `enum ibv_rereg_mr_flags`.
 pub const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1;
@@ -194,8 +196,9 @@ pub type QueryDeviceExFn = unsafe extern "C" fn(
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
-    /// `advise_mr` … `query_rt_values` (24 slots).
-    pub _ops1: [usize; 24],
+    pub advise_mr: Option<AdviseMrFn>,
+    /// `alloc_null_mr` … `query_rt_values` (23 slots).
+    pub _ops1: [usize; 23],
     /// verbs.h's inline `ibv_create_cq_ex` fails with EOPNOTSUPP while NULL.
     pub create_cq_ex: Option<CreateCqExFn>,
     pub _priv: usize,
@@ -261,14 +264,25 @@ pub struct ibv_query_device_ex_input {
     pub comp_mask: u32,
 }
 
-/// `struct ibv_device_attr_ex` (400 bytes); only the legacy part and the
-/// port count are filled, every extended capability reads as absent.
+/// `struct ibv_odp_caps` (24 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_odp_caps {
+    pub general_caps: u64,
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
+}
+
+/// `struct ibv_device_attr_ex` (400 bytes); the legacy part, ODP and the
+/// port count are filled, every other extended capability reads as absent.
 #[repr(C)]
 pub struct ibv_device_attr_ex {
     pub orig_attr: ibv_device_attr,
     pub comp_mask: u32,
-    /// `odp_caps` … `pci_atomic_caps` (from offset 240).
-    pub _caps: [u64; 19],
+    pub odp_caps: ibv_odp_caps,
+    /// `completion_timestamp_mask` … `pci_atomic_caps`.
+    pub _caps: [u64; 16],
     pub xrc_odp_caps: u32,
     pub phys_port_cnt_ex: u32,
 }
@@ -434,6 +448,8 @@ pub struct ibv_cq_init_attr_ex {
     pub flags: u32,
     pub parent_domain: *mut ibv_pd,
 }
+
+pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
 
 pub type CreateCqExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
@@ -800,6 +816,7 @@ mod tests {
             verbs_context,
             ibv_device_attr,
             ibv_device_attr_ex,
+            ibv_odp_caps,
             ibv_port_attr,
             ibv_gid_entry,
             ibv_async_event,
@@ -835,7 +852,7 @@ mod tests {
         offsets!(ibv_device: node_type, transport_type, name, dev_name, dev_path, ibdev_path);
         offsets!(ibv_context_ops: alloc_mw, bind_mw, dealloc_mw, poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv);
         offsets!(ibv_context: device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat);
-        offsets!(verbs_context: query_port, create_cq_ex, query_device_ex, create_qp_ex, sz, context);
+        offsets!(verbs_context: query_port, advise_mr, create_cq_ex, query_device_ex, create_qp_ex, sz, context);
         offsets!(ibv_qp_ex: qp_base, comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp,
             wr_atomic_fetch_add, wr_bind_mw, wr_local_inv, wr_rdma_read, wr_rdma_write,
             wr_rdma_write_imm, wr_send, wr_send_imm, wr_send_inv, wr_send_tso, wr_set_ud_addr,
@@ -858,7 +875,7 @@ mod tests {
             max_rdd, max_mw, max_raw_ipv6_qp, max_raw_ethy_qp, max_mcast_grp,
             max_mcast_qp_attach, max_total_mcast_qp_attach, max_ah, max_fmr, max_map_per_fmr,
             max_srq, max_srq_wr, max_srq_sge, max_pkeys, local_ca_ack_delay, phys_port_cnt);
-        offsets!(ibv_device_attr_ex: orig_attr, comp_mask, xrc_odp_caps, phys_port_cnt_ex);
+        offsets!(ibv_device_attr_ex: orig_attr, comp_mask, odp_caps, xrc_odp_caps, phys_port_cnt_ex);
         offsets!(ibv_port_attr: state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags,
             max_msg_sz, bad_pkey_cntr, qkey_viol_cntr, pkey_tbl_len, lid, sm_lid, lmc,
             max_vl_num, sm_sl, subnet_timeout, init_type_reply, active_width, active_speed,
@@ -971,7 +988,7 @@ mod tests {
             offset_of!(ibv_cq_ex, _read_unsupported),
         ));
         v.push((
-            "offsetof(struct verbs_context, advise_mr)".into(),
+            "offsetof(struct verbs_context, alloc_null_mr)".into(),
             offset_of!(verbs_context, _ops1),
         ));
         v.push((
@@ -983,8 +1000,16 @@ mod tests {
             offset_of!(verbs_context, _ops3),
         ));
         v.push((
-            "offsetof(struct ibv_device_attr_ex, odp_caps)".into(),
+            "offsetof(struct ibv_device_attr_ex, completion_timestamp_mask)".into(),
             offset_of!(ibv_device_attr_ex, _caps),
+        ));
+        v.push((
+            "offsetof(struct ibv_device_attr_ex, odp_caps.per_transport_caps.rc_odp_caps)".into(),
+            offset_of!(ibv_device_attr_ex, odp_caps) + offset_of!(ibv_odp_caps, rc_odp_caps),
+        ));
+        v.push((
+            "offsetof(struct ibv_device_attr_ex, odp_caps.per_transport_caps.ud_odp_caps)".into(),
+            offset_of!(ibv_device_attr_ex, odp_caps) + offset_of!(ibv_odp_caps, ud_odp_caps),
         ));
         v.push((
             "offsetof(struct ibv_context_ops, _compat_create_cq)".into(),

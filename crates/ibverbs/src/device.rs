@@ -166,6 +166,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         vc.query_port = Some(vctx_query_port);
         vc.query_device_ex = Some(vctx_query_device_ex);
         vc.create_cq_ex = Some(crate::resources::vctx_create_cq_ex);
+        vc.advise_mr = Some(crate::resources::vctx_advise_mr);
         vc.create_qp_ex = Some(crate::qp::vctx_create_qp_ex);
         vc.sz = std::mem::size_of::<verbs_context>();
         let c = &mut vc.context;
@@ -261,6 +262,22 @@ pub unsafe extern "C" fn ibv_query_device(
 
 /// `verbs_context.query_device_ex`: the legacy attributes, no extended
 /// capabilities.
+/// On-demand paging, as `ibv_query_device_ex` reports it: every region is
+/// "on demand" here — softrdma pins nothing and reaches registered memory
+/// through the process's own page tables, faulting pages in as the
+/// application would — so `IBV_ACCESS_ON_DEMAND` changes nothing and every
+/// operation of RC, UC and UD works on such a region (`IBV_ODP_SUPPORT_*`:
+/// SEND, RECV, WRITE, READ, ATOMIC, SRQ_RECV as each transport has them).
+/// Not implicit ODP (`IBV_ODP_SUPPORT_IMPLICIT`, a region of the whole
+/// address space): a peer's access to an address the process has not
+/// mapped would be a fault in this process, where an RNIC gets an error.
+const ODP_CAPS: ibv_odp_caps = ibv_odp_caps {
+    general_caps: 1,
+    rc_odp_caps: 0x3f,
+    uc_odp_caps: 0x27,
+    ud_odp_caps: 0x23,
+};
+
 unsafe extern "C" fn vctx_query_device_ex(
     context: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
@@ -285,6 +302,12 @@ unsafe extern "C" fn vctx_query_device_ex(
         fill_device_attr(&ctx.dev.info, &mut legacy);
         // SAFETY: orig_attr is the first member, within attr_size.
         unsafe { (*attr).orig_attr = legacy };
+        let odp_end = std::mem::offset_of!(ibv_device_attr_ex, odp_caps)
+            + std::mem::size_of::<ibv_odp_caps>();
+        if attr_size >= odp_end {
+            // SAFETY: within attr_size.
+            unsafe { (*attr).odp_caps = ODP_CAPS };
+        }
         let ex_end = std::mem::offset_of!(ibv_device_attr_ex, phys_port_cnt_ex) + 4;
         if attr_size >= ex_end {
             // SAFETY: within attr_size.

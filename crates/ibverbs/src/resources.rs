@@ -80,8 +80,11 @@ fn reg_mr(
         return Err(Fail::inval("addr is NULL"));
     }
     // Optional access bits (relaxed ordering, …) are hints a provider may
-    // ignore; softrdma has nothing to relax.
-    let bits = access as u32 & !IBV_ACCESS_OPTIONAL_RANGE;
+    // ignore; softrdma has nothing to relax. ON_DEMAND is how every region
+    // works here (nothing is pinned, see `ODP_CAPS` in device.rs), and
+    // HUGETLB only says the pages are huge ones.
+    let bits =
+        access as u32 & !IBV_ACCESS_OPTIONAL_RANGE & !(IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB);
     let access = sv::AccessFlags::from_bits_retain(bits);
     // SAFETY: verbs' contract for ibv_reg_mr: the memory stays valid until
     // ibv_dereg_mr and the completion of every work request using it (and
@@ -259,6 +262,50 @@ fn create_cq(
         .unwrap_or_else(|e| e.into_inner())
         .insert(id, p as usize);
     Ok(p)
+}
+
+/// `verbs_context.advise_mr` (`ibv_advise_mr`): prefetch advice for
+/// on-demand regions. Every page of a registered region is the process's
+/// own and is faulted in by the access itself, so there is nothing to
+/// fetch ahead; the call checks what rdma-core's kernel checks — the
+/// advice, the flags, and that each SGE lies in a region of this PD — and
+/// returns.
+pub unsafe extern "C" fn vctx_advise_mr(
+    pd: *mut ibv_pd,
+    advice: u32,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    errno_ret("ibv_advise_mr", || {
+        let p = Pd::from_c(pd)?;
+        // IBV_ADVISE_MR_ADVICE_PREFETCH, _PREFETCH_WRITE, _PREFETCH_NO_FAULT.
+        if advice > 2 {
+            return Err(Fail::unsupported(format!(
+                "advice {advice} is not a prefetch advice"
+            )));
+        }
+        // IBV_ADVISE_MR_FLAG_FLUSH (wait for the prefetch): trivially kept.
+        if flags & !1 != 0 {
+            return Err(Fail::inval(format!(
+                "flags {flags:#x}: only IBV_ADVISE_MR_FLAG_FLUSH is defined"
+            )));
+        }
+        if num_sge == 0 {
+            return Err(Fail::inval("num_sge is 0"));
+        }
+        non_null!(sg_list);
+        for i in 0..num_sge as usize {
+            // SAFETY: the caller passes num_sge readable SGEs.
+            let s = unsafe { *sg_list.add(i) };
+            p.sv.check_local(&sv::Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })?;
+        }
+        Ok(())
+    })
 }
 
 /// `IBV_WC_STANDARD_FLAGS`: what a completion of this device carries

@@ -530,6 +530,25 @@ impl Pd {
         self.id
     }
 
+    /// Whether `sge` names `[addr, addr + length)` inside a region of this
+    /// protection domain, as a local access would need (`ibv_advise_mr`'s
+    /// check); an error names what is wrong.
+    pub fn check_local(&self, sge: &Sge) -> Result<()> {
+        let st = self.eng.lock();
+        let bad = |why| Err(Error::Verbs(CoreError::InvalidArgument(why)));
+        let Some(m) = st.ep.mrs().get_by_lkey(sge.lkey) else {
+            return bad("the SGE's lkey names no registered region");
+        };
+        if m.pd != self.id {
+            return bad("the SGE's lkey is a region of another protection domain");
+        }
+        let end = sge.addr.checked_add(sge.length as u64);
+        if sge.addr < m.iova || end.is_none_or(|e| e > m.iova + m.len) {
+            return bad("the SGE's range is outside the region its lkey names");
+        }
+        Ok(())
+    }
+
     /// Register an owned buffer. Its address is the region's iova.
     pub fn reg_mr(&self, buf: Vec<u8>, access: AccessFlags) -> Result<Mr> {
         self.reg_owned(OwnedBuf::of(buf), access)

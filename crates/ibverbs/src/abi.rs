@@ -42,6 +42,7 @@ zeroed!(
     ibv_srq,
     ibv_qp,
     ibv_qp_ex,
+    ibv_td,
     ibv_ah,
     ibv_mw,
     ibv_send_wr,
@@ -197,8 +198,14 @@ pub type QueryDeviceExFn = unsafe extern "C" fn(
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
     pub advise_mr: Option<AdviseMrFn>,
-    /// `alloc_null_mr` … `query_rt_values` (23 slots).
-    pub _ops1: [usize; 23],
+    /// `alloc_null_mr` … `modify_qp_rate_limit` (12 slots).
+    pub _ops1: [usize; 12],
+    pub alloc_parent_domain: Option<AllocParentDomainFn>,
+    pub dealloc_td: Option<unsafe extern "C" fn(*mut ibv_td) -> c_int>,
+    pub alloc_td:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td>,
+    /// `modify_cq` … `query_rt_values` (8 slots).
+    pub _ops1b: [usize; 8],
     /// verbs.h's inline `ibv_create_cq_ex` fails with EOPNOTSUPP while NULL.
     pub create_cq_ex: Option<CreateCqExFn>,
     pub _priv: usize,
@@ -447,6 +454,33 @@ pub struct ibv_cq_init_attr_ex {
     pub comp_mask: u32,
     pub flags: u32,
     pub parent_domain: *mut ibv_pd,
+}
+
+pub type AllocParentDomainFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd;
+
+/// `struct ibv_td` (a thread domain).
+#[repr(C)]
+pub struct ibv_td {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_td_init_attr`.
+#[repr(C)]
+pub struct ibv_td_init_attr {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_parent_domain_init_attr`.
+#[repr(C)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut ibv_td,
+    pub comp_mask: u32,
+    pub alloc:
+        Option<unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, usize, u64) -> *mut c_void>,
+    pub free: Option<unsafe extern "C" fn(*mut ibv_pd, *mut c_void, *mut c_void, u64)>,
+    pub pd_context: *mut c_void,
 }
 
 pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
@@ -817,6 +851,9 @@ mod tests {
             ibv_device_attr,
             ibv_device_attr_ex,
             ibv_odp_caps,
+            ibv_td,
+            ibv_td_init_attr,
+            ibv_parent_domain_init_attr,
             ibv_port_attr,
             ibv_gid_entry,
             ibv_async_event,
@@ -852,7 +889,8 @@ mod tests {
         offsets!(ibv_device: node_type, transport_type, name, dev_name, dev_path, ibdev_path);
         offsets!(ibv_context_ops: alloc_mw, bind_mw, dealloc_mw, poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv);
         offsets!(ibv_context: device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat);
-        offsets!(verbs_context: query_port, advise_mr, create_cq_ex, query_device_ex, create_qp_ex, sz, context);
+        offsets!(ibv_parent_domain_init_attr: pd, td, comp_mask, alloc, free, pd_context);
+        offsets!(verbs_context: query_port, advise_mr, alloc_parent_domain, dealloc_td, alloc_td, create_cq_ex, query_device_ex, create_qp_ex, sz, context);
         offsets!(ibv_qp_ex: qp_base, comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp,
             wr_atomic_fetch_add, wr_bind_mw, wr_local_inv, wr_rdma_read, wr_rdma_write,
             wr_rdma_write_imm, wr_send, wr_send_imm, wr_send_inv, wr_send_tso, wr_set_ud_addr,
@@ -990,6 +1028,10 @@ mod tests {
         v.push((
             "offsetof(struct verbs_context, alloc_null_mr)".into(),
             offset_of!(verbs_context, _ops1),
+        ));
+        v.push((
+            "offsetof(struct verbs_context, modify_cq)".into(),
+            offset_of!(verbs_context, _ops1b),
         ));
         v.push((
             "offsetof(struct verbs_context, ibv_destroy_flow)".into(),

@@ -167,6 +167,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         vc.query_device_ex = Some(vctx_query_device_ex);
         vc.create_cq_ex = Some(crate::resources::vctx_create_cq_ex);
         vc.advise_mr = Some(crate::resources::vctx_advise_mr);
+        vc.alloc_parent_domain = Some(crate::resources::vctx_alloc_parent_domain);
+        vc.alloc_td = Some(crate::resources::vctx_alloc_td);
+        vc.dealloc_td = Some(crate::resources::vctx_dealloc_td);
         vc.create_qp_ex = Some(crate::qp::vctx_create_qp_ex);
         vc.sz = std::mem::size_of::<verbs_context>();
         let c = &mut vc.context;

@@ -77,6 +77,7 @@ slab!(
     ibv_cq_ex,
     ibv_srq,
     ibv_qp_ex,
+    ibv_td,
     ibv_ah
 );
 
@@ -364,6 +365,10 @@ pub struct Pd {
     pub sv: sv::Pd,
     /// MRs, MWs, QPs, SRQs and AHs of this PD.
     pub users: Users,
+    /// A parent domain (`ibv_alloc_parent_domain`): the PD it stands for,
+    /// whose resources everything created on it are, and its thread
+    /// domain. Both count it as a user until it is deallocated.
+    pub parent: Option<(Arc<Pd>, Option<Arc<Td>>)>,
 }
 handle!(Pd, ibv_pd);
 
@@ -372,6 +377,26 @@ impl Pd {
         Pd {
             c: CSlot::new(c),
             sv,
+            users: Users::default(),
+            parent: None,
+        }
+    }
+}
+
+/// A thread domain (`ibv_alloc_td`): a promise that one thread uses the
+/// resources of its parent domains. softrdma needs no such promise (its
+/// locks are uncontended then anyway), so it holds nothing.
+pub struct Td {
+    c: CSlot<ibv_td>,
+    /// Parent domains using it.
+    pub users: Users,
+}
+handle!(Td, ibv_td);
+
+impl Td {
+    pub fn new(c: ibv_td) -> Td {
+        Td {
+            c: CSlot::new(c),
             users: Users::default(),
         }
     }

@@ -215,7 +215,10 @@ pub fn post_bind_wr(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
     }
     // SAFETY: our own slots.
     let (mw_pd, qp_pd, rkey) = unsafe { ((*w.c_ptr()).pd, (*q.c_ptr()).pd, (*w.c_ptr()).rkey) };
-    if mw_pd != qp_pd {
+    // By the domains they stand for: a parent domain is its PD.
+    let same = mw_pd == qp_pd
+        || matches!((Pd::from_c(mw_pd), Pd::from_c(qp_pd)), (Ok(a), Ok(b)) if a.sv.id() == b.sv.id());
+    if !same {
         return Err(Fail::inval(
             "a type 2 window is bound by a QP of its own protection domain",
         ));

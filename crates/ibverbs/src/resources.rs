@@ -61,7 +61,108 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         if let Ok(ctx) = Context::from_c(unsafe { (*p.c_ptr()).context }) {
             ctx.users.sub();
         }
+        if let Some((parent, td)) = &p.parent {
+            parent.users.sub();
+            if let Some(td) = td {
+                td.users.sub();
+            }
+        }
         drop(p);
+        Ok(())
+    })
+}
+
+/// `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS`, `_PD_CONTEXT`.
+const PARENT_DOMAIN_ATTRS: u32 = 0b11;
+
+/// `verbs_context.alloc_parent_domain` (`ibv_alloc_parent_domain`): a PD
+/// that stands for `attr->pd` — everything created on it belongs to that
+/// PD — with an optional thread domain and `pd_context`. The custom
+/// allocators are accepted and never called: they are for the buffers a
+/// provider shares with its hardware (queue rings, doorbell records), and
+/// softrdma keeps no such buffer in the application's memory.
+pub unsafe extern "C" fn vctx_alloc_parent_domain(
+    context: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    null_ret("ibv_alloc_parent_domain", || {
+        non_null!(attr);
+        let ctx = Context::from_c(context)?;
+        // SAFETY: a readable ibv_parent_domain_init_attr.
+        let a = unsafe { &*attr };
+        if a.comp_mask & !PARENT_DOMAIN_ATTRS != 0 {
+            return Err(Fail::inval(format!(
+                "comp_mask {:#x}: only ALLOCATORS and PD_CONTEXT are defined",
+                a.comp_mask
+            )));
+        }
+        let parent = Pd::from_c(a.pd)?;
+        if parent.parent.is_some() {
+            return Err(Fail::inval(
+                "a parent domain's pd must be a PD, not another parent domain",
+            ));
+        }
+        // SAFETY: the live parent's slot.
+        if unsafe { (*parent.c_ptr()).context } != context {
+            return Err(Fail::inval("the PD belongs to another context"));
+        }
+        let td = if a.td.is_null() {
+            None
+        } else {
+            let td = Td::from_c(a.td)?;
+            // SAFETY: the live thread domain's slot.
+            if unsafe { (*td.c_ptr()).context } != context {
+                return Err(Fail::inval("the thread domain belongs to another context"));
+            }
+            Some(td)
+        };
+        let c = ibv_pd {
+            context,
+            handle: parent.sv.id().0,
+        };
+        let mut pd = Pd::new(c, parent.sv.clone());
+        parent.users.add();
+        if let Some(t) = &td {
+            t.users.add();
+        }
+        pd.parent = Some((parent, td));
+        ctx.users.add();
+        Ok(Pd::into_c(pd))
+    })
+}
+
+/// `verbs_context.alloc_td` (`ibv_alloc_td`).
+pub unsafe extern "C" fn vctx_alloc_td(
+    context: *mut ibv_context,
+    attr: *mut ibv_td_init_attr,
+) -> *mut ibv_td {
+    null_ret("ibv_alloc_td", || {
+        non_null!(attr);
+        let ctx = Context::from_c(context)?;
+        // SAFETY: a readable ibv_td_init_attr.
+        if unsafe { (*attr).comp_mask } != 0 {
+            return Err(Fail::inval("ibv_td_init_attr.comp_mask must be 0"));
+        }
+        ctx.users.add();
+        Ok(Td::into_c(Td::new(ibv_td { context })))
+    })
+}
+
+/// `verbs_context.dealloc_td` (`ibv_dealloc_td`): EBUSY while a parent
+/// domain uses it.
+pub unsafe extern "C" fn vctx_dealloc_td(td: *mut ibv_td) -> c_int {
+    errno_ret("ibv_dealloc_td", || {
+        if Td::from_c(td)?.users.busy() {
+            return Err(Fail::new(
+                libc::EBUSY,
+                "a parent domain still uses the thread domain",
+            ));
+        }
+        let t = Td::take(td)?;
+        // SAFETY: our own slot, live while `t` is.
+        if let Ok(ctx) = Context::from_c(unsafe { (*t.c_ptr()).context }) {
+            ctx.users.sub();
+        }
         Ok(())
     })
 }
@@ -312,8 +413,9 @@ pub unsafe extern "C" fn vctx_advise_mr(
 /// (byte count, immediate data, QP numbers; SLID, SL and DLID path bits
 /// read 0 on RoCE).
 const CQ_EX_WC_FLAGS: u64 = 0x7f;
-/// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
+/// `IBV_CQ_INIT_ATTR_MASK_FLAGS`, `_PD`.
 const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
+const CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
 /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`: a promise this device needs no
 /// use of.
 const CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
@@ -322,7 +424,7 @@ const CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
 /// Completion timestamps, VLANs, flow tags and tag matching are refused
 /// with EOPNOTSUPP (the device has no clock to stamp with and none of the
 /// others), as is `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`: an overrun is IBA's
-/// CQ error here, never ignored; parent domains do not exist yet.
+/// CQ error here, never ignored.
 pub unsafe extern "C" fn vctx_create_cq_ex(
     context: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -338,12 +440,21 @@ pub unsafe extern "C" fn vctx_create_cq_ex(
                 a.wc_flags & !CQ_EX_WC_FLAGS
             )));
         }
-        if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0 {
-            return Err(Fail::unsupported(format!(
-                "comp_mask {:#x}: only IBV_CQ_INIT_ATTR_MASK_FLAGS is supported \
-                 (no parent domains)",
+        if a.comp_mask & !(CQ_INIT_ATTR_MASK_FLAGS | CQ_INIT_ATTR_MASK_PD) != 0 {
+            return Err(Fail::inval(format!(
+                "comp_mask {:#x}: only IBV_CQ_INIT_ATTR_MASK_FLAGS and _PD are defined",
                 a.comp_mask
             )));
+        }
+        if a.comp_mask & CQ_INIT_ATTR_MASK_PD != 0 {
+            // A CQ on a parent domain: its allocators are for provider
+            // buffers (see `vctx_alloc_parent_domain`); it must be one.
+            let pd = Pd::from_c(a.parent_domain)?;
+            if pd.parent.is_none() {
+                return Err(Fail::inval(
+                    "parent_domain is a PD, not a parent domain (ibv_alloc_parent_domain)",
+                ));
+            }
         }
         if a.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0
             && a.flags & !CREATE_CQ_ATTR_SINGLE_THREADED != 0

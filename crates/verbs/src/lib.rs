@@ -490,7 +490,9 @@ impl Drop for Context {
     }
 }
 
-/// A protection domain.
+/// A protection domain. A handle: clones name the same domain (which the
+/// device keeps for its lifetime, as a PD number is never reused).
+#[derive(Clone)]
 pub struct Pd {
     eng: Arc<Engine>,
     id: PdId,

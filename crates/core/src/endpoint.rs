@@ -782,8 +782,22 @@ impl Endpoint {
                 ));
             }
         }
+        if let SendOp::AtomicWrite { remote_addr, .. } = wr.op {
+            if length != 8 {
+                return Err(Error::InvalidArgument(
+                    "an ATOMIC WRITE carries exactly 8 bytes",
+                ));
+            }
+            if !remote_addr.is_multiple_of(8) {
+                return Err(Error::InvalidArgument(
+                    "ATOMIC WRITE target address is not 8-byte aligned",
+                ));
+            }
+        }
         let inline = wr.flags.contains(crate::wr::SendFlags::INLINE) && !wr.op.is_read_or_atomic();
-        if inline && length > qp.cap.max_inline_data as u64 {
+        // An ATOMIC WRITE's 8 bytes fit in any WQE (see `SendQueue::new`).
+        let atomic_write = matches!(wr.op, SendOp::AtomicWrite { .. });
+        if inline && !atomic_write && length > qp.cap.max_inline_data as u64 {
             return Err(Error::InlineTooLong {
                 got: length as usize,
                 max: qp.cap.max_inline_data,
@@ -976,6 +990,13 @@ impl Endpoint {
         self.fail_qps_of_dead_cqs();
         self.sched
             .poll_transmit(&mut self.qps, &mut self.shared, now, buf)
+    }
+
+    /// Whether all this endpoint has to send now is lone positive ACKs (or
+    /// nothing): what a caller may hold back for a moment to send with the
+    /// application's reply. See [`Sched::only_acks_ready`](crate::sched).
+    pub fn only_acks_ready(&self) -> bool {
+        self.sched.only_acks_ready(&self.qps)
     }
 
     /// The earliest time `handle_timeout` should be called. O(1).

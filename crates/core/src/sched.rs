@@ -629,6 +629,33 @@ impl Sched {
     }
 
     /// The next packet of the QP at the head of the ready list.
+    /// Whether everything the ready QPs have to send is a lone positive
+    /// ACK each (or nothing): no request, no READ or atomic response, no
+    /// NAK. Only then may a pass leave its output for the application's
+    /// next call (see the verbs engine's deferred ACKs): a READ response
+    /// held back reads memory later than it arrived and keeps the
+    /// requester waiting, a request held back costs bandwidth. Visits the
+    /// ready list only, and stops at the first QP with anything else.
+    pub fn only_acks_ready(&self, qps: &[Option<Qp>]) -> bool {
+        let mut s = self.ready.head;
+        while s != NIL {
+            let i = s as usize;
+            let Some(qp) = qps[i].as_ref() else {
+                return false;
+            };
+            if !qp.only_ack_queued()
+                || matches!(
+                    qp.request_ready(self.limit(i, qp)),
+                    Ok(()) | Err(Stop::Local)
+                )
+            {
+                return false;
+            }
+            s = self.slots[i].next;
+        }
+        true
+    }
+
     pub fn poll_transmit(
         &mut self,
         qps: &mut [Option<Qp>],

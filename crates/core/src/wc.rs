@@ -75,6 +75,7 @@ pub enum WcOpcode {
     FetchAdd = 4,
     BindMw = 5,
     LocalInv = 6,
+    AtomicWrite = 9,
     Recv = 128,
     RecvRdmaWithImm = 129,
 }

@@ -29,6 +29,12 @@ pub enum SendOp {
         rkey: u32,
         imm: u32,
     },
+    /// RDMA ATOMIC WRITE (IBA 1.5, RC only): the SGL's 8 bytes stored at
+    /// the 8-byte aligned `remote_addr` as one 64-bit word.
+    AtomicWrite {
+        remote_addr: u64,
+        rkey: u32,
+    },
     Read {
         remote_addr: u64,
         rkey: u32,
@@ -80,6 +86,7 @@ impl SendOp {
             SendOp::SendWithInv { .. } => "SEND_WITH_INV",
             SendOp::Write { .. } => "RDMA_WRITE",
             SendOp::WriteWithImm { .. } => "RDMA_WRITE_WITH_IMM",
+            SendOp::AtomicWrite { .. } => "ATOMIC_WRITE",
             SendOp::Read { .. } => "RDMA_READ",
             SendOp::CompareSwap { .. } => "ATOMIC_CMP_AND_SWP",
             SendOp::FetchAdd { .. } => "ATOMIC_FETCH_AND_ADD",

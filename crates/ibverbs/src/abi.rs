@@ -84,6 +84,7 @@ pub const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
 pub const IBV_WR_LOCAL_INV: u32 = 7;
 pub const IBV_WR_BIND_MW: u32 = 8;
 pub const IBV_WR_SEND_WITH_INV: u32 = 9;
+pub const IBV_WR_ATOMIC_WRITE: u32 = 15;
 
 pub const IBV_MW_TYPE_1: u32 = 1;
 pub const IBV_MW_TYPE_2: u32 = 2;

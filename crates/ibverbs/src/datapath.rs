@@ -88,9 +88,14 @@ fn send_op(wr: &ibv_send_wr) -> Res<sv::SendOp> {
             add: atomic.compare_add,
         },
         IBV_WR_SEND_WITH_INV => sv::SendOp::SendWithInv { rkey: wr.imm_data },
+        // The 8 bytes come from the SGE list (or inline data), as rxe takes them.
+        IBV_WR_ATOMIC_WRITE => sv::SendOp::AtomicWrite {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
         op => {
             return Err(Fail::inval(format!(
-                "ibv_wr_opcode {op} is not supported (TSO, atomic write, flush)"
+                "ibv_wr_opcode {op} is not supported (TSO, flush)"
             )))
         }
     })

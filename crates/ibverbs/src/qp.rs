@@ -195,7 +195,7 @@ pub unsafe extern "C" fn vctx_create_qp_ex(
             let extra = a.send_ops_flags & !crate::qpex::SEND_OPS_SUPPORTED;
             if extra != 0 {
                 return Err(Fail::unsupported(format!(
-                    "send_ops_flags {extra:#x}: TSO and ATOMIC WRITE are not implemented"
+                    "send_ops_flags {extra:#x}: TSO is for raw packet QPs, which this device does not have"
                 )));
             }
         }

@@ -355,17 +355,33 @@ unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _sz: u16
     )
 }
 
+/// `ibv_wr_atomic_write`: the 8 bytes at `value` are copied now, as inline
+/// data of the request.
 unsafe extern "C" fn wr_atomic_write(
     qp: *mut ibv_qp_ex,
-    _rkey: u32,
-    _addr: u64,
-    _v: *const c_void,
+    rkey: u32,
+    remote_addr: u64,
+    value: *const c_void,
 ) {
-    unsupported(
-        "ibv_wr_atomic_write",
-        qp,
-        "RDMA ATOMIC WRITE is not implemented",
-    )
+    if value.is_null() {
+        with_batch("ibv_wr_atomic_write", qp, |_, b| {
+            b.fail(Fail::inval("ibv_wr_atomic_write: atomic_wr is NULL"))
+        });
+        return;
+    }
+    // SAFETY: verbs.h's contract: `value` points at the 8 bytes to write.
+    let word: [u8; 8] = unsafe { std::ptr::read_unaligned(value.cast::<[u8; 8]>()) };
+    begin("ibv_wr_atomic_write", qp, IBV_WR_ATOMIC_WRITE, |p| {
+        p.rkey = rkey;
+        p.remote_addr = remote_addr;
+    });
+    with_batch("ibv_wr_atomic_write", qp, |_, b| {
+        let start = b.inline.len();
+        if let Some(p) = b.wrs.last_mut().filter(|p| p.opcode == IBV_WR_ATOMIC_WRITE) {
+            p.inline = Some((start, 8));
+            b.inline.extend_from_slice(&word);
+        }
+    })
 }
 
 unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _srqn: u32) {
@@ -502,6 +518,6 @@ pub fn fill_qp_ex_ops(c: &mut ibv_qp_ex) {
 
 /// `IBV_QP_EX_WITH_*` this device executes: RDMA WRITE (and with
 /// immediate), SEND (with immediate, with invalidate), RDMA READ, both
-/// atomics, local invalidate and memory window bind. Not TSO (raw packet
-/// QPs) nor ATOMIC WRITE.
-pub const SEND_OPS_SUPPORTED: u64 = 0x3ff;
+/// atomics, local invalidate, memory window bind and ATOMIC WRITE. Not TSO
+/// (raw packet QPs).
+pub const SEND_OPS_SUPPORTED: u64 = 0x3ff | 1 << 12;

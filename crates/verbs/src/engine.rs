@@ -176,12 +176,13 @@ impl State {
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.ep.handle_timeout(now);
         }
-        if defer && p.rx && !self.tx_deferred {
-            // What these packets call for (ACKs, mostly) waits for the
-            // application's next call, which sends it together with what
-            // the application posts in reply: one system call, not two, on
-            // the critical path of a ping-pong, and the reply first (see
-            // the core's scheduler). One pass at most: the next one sends
+        if defer && p.rx && !self.tx_deferred && self.ep.only_acks_ready() {
+            // What these packets call for, if it is ACKs alone, waits for
+            // the application's next call, which sends it together with
+            // what the application posts in reply: one system call, not
+            // two, on the critical path of a ping-pong, and the reply first
+            // (see the core's scheduler). READ and atomic responses, NAKs
+            // and requests are never held back (`only_acks_ready`). One pass at most: the next one sends
             // it whatever it receives, so a stream whose every poll finds
             // packets still gets its ACKs every other pass. The caller
             // keeps the watchdog on while something is deferred (see

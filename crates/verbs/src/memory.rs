@@ -48,6 +48,15 @@ impl Memory for HostMemory {
         let a = unsafe { &*(addr as *const AtomicU64) };
         a.fetch_add(add, Ordering::SeqCst)
     }
+
+    fn store_u64(&mut self, addr: u64, bytes: [u8; 8]) {
+        // SAFETY: as for `compare_swap`: the core checks the translated
+        // host address of an ATOMIC WRITE for 8-byte alignment too.
+        let a = unsafe { &*(addr as *const AtomicU64) };
+        // The bytes land as they came, in memory order (no byte swap), as
+        // rxe's atomic_write_reply stores them.
+        a.store(u64::from_ne_bytes(bytes), Ordering::SeqCst)
+    }
 }
 
 /// A payload segment as a byte slice, for the IO backend.

@@ -57,6 +57,9 @@ impl Flags {
     pub const READ_RESPONSE: Flags = Flags(1 << 21);
     /// ACKNOWLEDGE or ATOMIC ACKNOWLEDGE.
     pub const ACK: Flags = Flags(1 << 22);
+    /// RDMA ATOMIC WRITE (IBA 1.5): an RDMA WRITE of exactly 8 bytes that
+    /// the responder stores as one aligned 64-bit word.
+    pub const ATOMIC_WRITE: Flags = Flags(1 << 23);
 
     /// No bits.
     pub const EMPTY: Flags = Flags(0);
@@ -307,6 +310,7 @@ opcodes! {
     RC_FETCH_ADD = 0x14, "RC Fetch Add", Rc, [REQUEST | ATOMIC | ONLY | ATOMIC_ETH];
     RC_SEND_LAST_WITH_INVALIDATE = 0x16, "RC Send Last Invalidate", Rc, [REQUEST | SEND | LAST | PAYLOAD | IETH | RECV_WQE | RECV_COMPLETION];
     RC_SEND_ONLY_WITH_INVALIDATE = 0x17, "RC Send Only Invalidate", Rc, [REQUEST | SEND | ONLY | PAYLOAD | IETH | RECV_WQE | RECV_COMPLETION];
+    RC_ATOMIC_WRITE = 0x1d, "RC Atomic Write", Rc, [REQUEST | WRITE | ONLY | PAYLOAD | RETH | ATOMIC_WRITE];
     // Unreliable Connection.
     UC_SEND_FIRST = 0x20, "UC Send First", Uc, [REQUEST | SEND | FIRST | PAYLOAD | RECV_WQE];
     UC_SEND_MIDDLE = 0x21, "UC Send Middle", Uc, [REQUEST | SEND | MIDDLE | PAYLOAD | RECV_WQE];
@@ -442,7 +446,8 @@ mod tests {
                 .sum::<usize>();
             assert_eq!(info.header_len as usize, sum, "{op:?}");
         }
-        assert_eq!(n, 23 + 12 + 2 + 1);
+        // RC 23 + ATOMIC WRITE, UC 12, UD 2, CNP.
+        assert_eq!(n, 24 + 12 + 2 + 1);
     }
 
     #[test]
@@ -458,6 +463,8 @@ mod tests {
         assert_eq!(o(Opcode::UD_SEND_ONLY_WITH_IMMEDIATE).offsets.immdt, 20);
         assert_eq!(o(Opcode::RC_SEND_ONLY_WITH_INVALIDATE).offsets.ieth, 12);
         assert_eq!(o(Opcode::CNP).header_len, 28);
+        // BTH + RETH, then the 8-byte word.
+        assert_eq!(o(Opcode::RC_ATOMIC_WRITE).header_len, 28);
         assert!(Opcode(0x15).info().is_none());
         assert!(Opcode(0x40).info().is_none());
         assert_eq!(format!("{:?}", Opcode(0x99)), "Unknown(0x99)");

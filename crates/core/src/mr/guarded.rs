@@ -143,6 +143,11 @@ impl Memory for GuardedMemory {
         self.accesses += 1;
         self.inner.fetch_add(addr, add)
     }
+    fn store_u64(&mut self, addr: u64, bytes: [u8; 8]) {
+        self.check_atomic("atomic write", addr);
+        self.accesses += 1;
+        self.inner.store_u64(addr, bytes)
+    }
 }
 
 #[cfg(test)]

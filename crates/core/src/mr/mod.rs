@@ -51,6 +51,10 @@ pub trait Memory {
     fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> u64;
     /// 64-bit fetch-and-add at an 8-byte aligned `addr`; returns the previous value.
     fn fetch_add(&mut self, addr: u64, add: u64) -> u64;
+    /// Store `bytes` at an 8-byte aligned `addr` as one 64-bit word, atomic
+    /// with respect to the other atomics and to aligned 64-bit loads (RDMA
+    /// ATOMIC WRITE).
+    fn store_u64(&mut self, addr: u64, bytes: [u8; 8]);
 }
 
 /// A protection domain handle.
@@ -521,6 +525,9 @@ impl Memory for VecMemory {
         let old = u64::from_ne_bytes(s.try_into().unwrap());
         s.copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
         old
+    }
+    fn store_u64(&mut self, addr: u64, bytes: [u8; 8]) {
+        self.slice_mut(addr, 8).copy_from_slice(&bytes);
     }
 }
 

@@ -247,6 +247,7 @@ pub(crate) fn wc_opcode_of(op: &crate::wr::SendOp) -> WcOpcode {
     match op {
         Send | SendWithImm { .. } | SendWithInv { .. } => WcOpcode::Send,
         Write { .. } | WriteWithImm { .. } => WcOpcode::RdmaWrite,
+        AtomicWrite { .. } => WcOpcode::AtomicWrite,
         Read { .. } => WcOpcode::RdmaRead,
         CompareSwap { .. } => WcOpcode::CompSwap,
         FetchAdd { .. } => WcOpcode::FetchAdd,

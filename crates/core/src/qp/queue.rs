@@ -141,6 +141,10 @@ pub(crate) struct SendQueue {
 
 impl SendQueue {
     pub fn new(depth: u32, max_sge: u32, max_inline: u32) -> SendQueue {
+        // Every slot holds at least the 8 bytes of an ATOMIC WRITE, which
+        // travel in the WQE whatever the QP's max_inline_data (as rxe's
+        // provider copies them into its WQE): 8 bytes per slot at most.
+        let max_inline = max_inline.max(8);
         SendQueue {
             depth,
             max_sge,

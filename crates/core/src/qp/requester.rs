@@ -94,6 +94,7 @@ fn opcode(t: QpType, op: &SendOp, p: Pos) -> Option<Opcode> {
         (Read { .. }, _) if t == QpType::Rc => 0x0c,
         (CompareSwap { .. }, _) if t == QpType::Rc => 0x13,
         (FetchAdd { .. }, _) if t == QpType::Rc => 0x14,
+        (AtomicWrite { .. }, Pos::Only) if t == QpType::Rc => 0x1d,
         _ => return None,
     };
     Some(Opcode(base + off))
@@ -322,6 +323,7 @@ impl Qp {
                 payload_len = (wqe.length as u64 - off).min(mtu as u64) as usize;
                 match wqe.op {
                     SendOp::Write { remote_addr, rkey }
+                    | SendOp::AtomicWrite { remote_addr, rkey }
                     | SendOp::WriteWithImm {
                         remote_addr, rkey, ..
                     } if matches!(p, Pos::First | Pos::Only) => {

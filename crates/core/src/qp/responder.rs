@@ -463,7 +463,20 @@ impl Qp {
                     None => return self.not_ready(repr.bth.psn, ctx),
                 }
             }
-            if n > 0 {
+            if info.has(Flags::ATOMIC_WRITE) {
+                // One aligned 64-bit word, as rxe's atomic_write_reply
+                // checks it: 8 bytes, an aligned VA and an aligned host
+                // address (the region may start off a word boundary); else
+                // an Invalid Request NAK.
+                let Ok(word) = <[u8; 8]>::try_from(data) else {
+                    return Err(invalid);
+                };
+                let va_aligned = repr.ext.reth.is_some_and(|r| r.va.is_multiple_of(8));
+                if total != 8 || !va_aligned || !addr.is_multiple_of(8) {
+                    return Err(invalid);
+                }
+                mem.store_u64(addr, word);
+            } else if n > 0 {
                 mem.write(addr, data);
             }
             self.resp.cur = Cur::Write {

@@ -4,8 +4,9 @@
 //! * a passive target serves thousands of WRITEs, READs and atomics while
 //!   its application makes no verbs call at all (it is blocked in a TCP
 //!   read), as an RNIC does;
-//! * three processes share 127.0.0.1:4791 — two initiators drive traffic to
-//!   a third at once — and each one's data arrives intact.
+//! * three processes share one address and port 4791 (the test's own
+//!   loopback address, see `support::open`) — two initiators drive traffic
+//!   to a third at once — and each one's data arrives intact.
 
 mod support;
 
@@ -221,7 +222,7 @@ fn passive_target_makes_no_verbs_calls() {
     );
 }
 
-/// Three processes on 127.0.0.1:4791 at once: two initiators, each with its
+/// Three processes on one address and port 4791 at once: two initiators, each with its
 /// own QPN slot, WRITE, READ and SEND to a third process (and receive its
 /// SENDs) simultaneously; every message reaches the right process intact.
 #[test]

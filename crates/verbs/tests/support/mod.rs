@@ -49,6 +49,7 @@ const CHILD_LIFETIME: Duration = Duration::from_secs(90);
 /// Run `test` as two processes: `parent` here, `child` in a re-executed copy
 /// of this test binary. Each gets the out-of-band channel to the other.
 pub fn two_processes(test: &str, child: impl FnOnce(Oob), parent: impl FnOnce(Oob)) {
+    set_test(test);
     if let Some((_, oob)) = as_child(test) {
         child(oob);
         return;
@@ -62,6 +63,7 @@ pub fn two_processes(test: &str, child: impl FnOnce(Oob), parent: impl FnOnce(Oo
 /// In a child process of `test`: its index and the channel to the parent.
 pub fn as_child(test: &str) -> Option<(usize, Oob)> {
     let role = std::env::var(ROLE_ENV).ok()?;
+    set_test(test);
     let (name, idx) = role.rsplit_once('#').expect("role is NAME#INDEX");
     assert_eq!(name, test, "child started for another test");
     let idx: usize = idx.parse().expect("role index");
@@ -85,6 +87,7 @@ pub struct Peers {
 impl Peers {
     /// Start `n` peers of `test` and accept their out-of-band connections.
     pub fn spawn(test: &str, n: usize) -> Peers {
+        set_test(test);
         let l = TcpListener::bind("127.0.0.1:0").expect("out-of-band listener");
         let addr = l.local_addr().unwrap();
         let exe = std::env::current_exe().expect("test binary");
@@ -367,9 +370,54 @@ impl Region {
 // ---------------------------------------------------------------------------
 // Verbs helpers
 
+thread_local! {
+    /// The test this thread runs, as it names itself to [`two_processes`]
+    /// and [`Peers::spawn`] (its processes agree on it).
+    static TEST: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+fn set_test(test: &str) {
+    TEST.with(|t| *t.borrow_mut() = Some(test.to_string()));
+}
+
+/// `127.0.0.1` as this test's own loopback address: `127.200-249.x.y`
+/// from a hash of the test's name, the same in each of its processes (the
+/// name they were started for, else libtest's thread name). Tests of one
+/// binary run at once; on a shared address each one's contexts would join
+/// and leave the others' `SO_REUSEPORT` group, and a datagram that arrives
+/// while a member leaves can be lost (`crates/udp/src/steer.rs`, "Leave"):
+/// harmless for RC, which retransmits — except for a fatal NAK, which its
+/// responder sends once before going to ERR (as rxe does), so a test of a
+/// remote violation would then end in a retry-exceeded error instead. The
+/// sharing itself is what `e2e_passive` and `crates/udp/tests` test.
+pub fn own_loopback(addr: IpAddr) -> IpAddr {
+    if addr != V4 {
+        return addr;
+    }
+    let name = TEST
+        .with(|t| t.borrow().clone())
+        .or_else(|| std::thread::current().name().map(str::to_string))
+        .filter(|n| n != "main");
+    let Some(name) = name else {
+        return addr;
+    };
+    // FNV-1a.
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    IpAddr::V4(Ipv4Addr::new(
+        127,
+        200 + (h % 50) as u8,
+        (h >> 8) as u8,
+        1 + ((h >> 16) % 254) as u8,
+    ))
+}
+
 /// Open a device context on `addr` (each process its own, all sharing the
-/// address and port 4791).
+/// address and port 4791); `127.0.0.1` stands for the test's own loopback
+/// address (see `own_loopback`).
 pub fn open(addr: IpAddr) -> Context {
+    let addr = own_loopback(addr);
     let dev = DeviceInfo {
         name: "srdma-e2e".into(),
         addr,

@@ -281,7 +281,12 @@ fn attr_from_c(a: &ibv_qp_attr, mask: sv::AttrMask, qp_type: sv::QpType) -> Res<
             sgid_index: ah.grh.sgid_index,
             hop_limit: ah.grh.hop_limit,
             traffic_class: ah.grh.traffic_class,
-            flow_label: ah.grh.flow_label,
+            // The kernel's uverbs and its providers take the low 20 bits
+            // (the IPv6 flow label field) and check nothing; UCX 1.13 passes
+            // 0xffffffff ("auto"). The core, which says what is wrong to a
+            // Rust caller, refuses out-of-range labels, so mask here as the
+            // kernel would.
+            flow_label: ah.grh.flow_label & 0xf_ffff,
             sl: ah.sl,
         };
     }

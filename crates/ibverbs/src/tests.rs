@@ -198,6 +198,9 @@ unsafe fn to_rts(s: &Side, gid: ibv_gid, peer_qpn: u32, qp_type: u32) {
         a.ah_attr.is_global = 1;
         a.ah_attr.grh.dgid = gid;
         a.ah_attr.grh.hop_limit = 1;
+        // UCX 1.13's "auto": the kernel keeps the low 20 bits and checks
+        // nothing, so must we.
+        a.ah_attr.grh.flow_label = 0xffff_ffff;
         a.ah_attr.port_num = 1;
         let rtr_mask = if qp_type == 4 { 1 } else { 0x129181 };
         assert_eq!(ibv_modify_qp(s.qp, &mut a, rtr_mask), 0);

@@ -399,20 +399,14 @@ pub struct ibv_cq {
     pub async_events_completed: u32,
 }
 
-/// `struct ibv_cq_ex` (288 bytes): `struct ibv_cq` followed by the
-/// state of the current completion and the polling functions that verbs.h's
-/// inline `ibv_start_poll`, `ibv_wc_read_*` … call through.
+/// `struct ibv_cq_ex` (288 bytes): the fields of `struct ibv_cq` (verbs.h
+/// spells them out again; `ibv_cq_ex_to_cq` is a cast, so they are that
+/// struct), then the state of the current completion and the polling
+/// functions that verbs.h's inline `ibv_start_poll`, `ibv_wc_read_*` …
+/// call through.
 #[repr(C)]
 pub struct ibv_cq_ex {
-    pub context: *mut ibv_context,
-    pub channel: *mut ibv_comp_channel,
-    pub cq_context: *mut c_void,
-    pub handle: u32,
-    pub cqe: c_int,
-    pub mutex: pthread_mutex_t,
-    pub cond: pthread_cond_t,
-    pub comp_events_completed: u32,
-    pub async_events_completed: u32,
+    pub cq: ibv_cq,
     pub comp_mask: u32,
     /// The current completion's status and work request id, which the
     /// application reads directly.
@@ -900,8 +894,7 @@ mod tests {
         offsets!(ibv_qp_init_attr_ex: qp_context, send_cq, recv_cq, srq, cap, qp_type,
             sq_sig_all, comp_mask, pd, xrcd, create_flags, max_tso_header, rwq_ind_tbl,
             rx_hash_conf, source_qpn, send_ops_flags);
-        offsets!(ibv_cq_ex: context, channel, cq_context, handle, cqe, mutex, cond,
-            comp_events_completed, async_events_completed, comp_mask, status, wr_id,
+        offsets!(ibv_cq_ex: comp_mask, status, wr_id,
             start_poll, next_poll, end_poll, read_opcode, read_vendor_err, read_byte_len,
             read_imm_data, read_qp_num, read_src_qp, read_wc_flags, read_slid, read_sl,
             read_dlid_path_bits);
@@ -1022,6 +1015,23 @@ mod tests {
             "offsetof(struct ibv_wc, invalidated_rkey)".into(),
             offset_of!(ibv_wc, imm_data),
         ));
+        // verbs.h spells out ibv_cq's fields in ibv_cq_ex: each where the
+        // embedded ibv_cq has it.
+        for (f, o) in [
+            ("context", offset_of!(ibv_cq, context)),
+            ("cq_context", offset_of!(ibv_cq, cq_context)),
+            ("cqe", offset_of!(ibv_cq, cqe)),
+            ("mutex", offset_of!(ibv_cq, mutex)),
+            (
+                "async_events_completed",
+                offset_of!(ibv_cq, async_events_completed),
+            ),
+        ] {
+            v.push((
+                format!("offsetof(struct ibv_cq_ex, {f})"),
+                offset_of!(ibv_cq_ex, cq) + o,
+            ));
+        }
         v.push((
             "offsetof(struct ibv_cq_ex, read_completion_ts)".into(),
             offset_of!(ibv_cq_ex, _read_unsupported),

@@ -215,6 +215,47 @@ macro_rules! handle {
     };
 }
 
+/// [`handle!`] for a handle whose slot is an extended structure (`$ex`)
+/// that begins with the plain one (`$c`): both pointers are the slot's
+/// address, so one registry entry answers both.
+macro_rules! handle_ex {
+    ($t:ident, $c:ty, $ex:ty) => {
+        impl $t {
+            const WHAT: &'static str = concat!("struct ", stringify!($c));
+
+            /// The live object behind an application's plain pointer
+            /// (looked up, not read).
+            pub fn from_c(p: *mut $c) -> Res<Arc<$t>> {
+                lookup(p as usize, Self::WHAT)
+            }
+
+            /// The live object behind its extended pointer (the same
+            /// address).
+            pub fn from_ex(p: *mut $ex) -> Res<Arc<$t>> {
+                lookup(p as usize, Self::WHAT)
+            }
+
+            pub fn c_ptr(&self) -> *mut $c {
+                self.c.get().cast()
+            }
+
+            pub fn ex_ptr(&self) -> *mut $ex {
+                self.c.get()
+            }
+
+            pub fn into_c(o: $t) -> *mut $c {
+                let p = o.c_ptr();
+                register(p as usize, o);
+                p
+            }
+
+            pub fn take(p: *mut $c) -> Res<Arc<$t>> {
+                unregister(p as usize, Self::WHAT)
+            }
+        }
+    };
+}
+
 // ---- devices ----
 
 /// A device from `ibv_get_device_list`. Devices live for the whole process;
@@ -482,9 +523,9 @@ pub struct Cq {
     pub current: Mutex<Option<sv::Completion>>,
 }
 
-impl Cq {
-    const WHAT: &'static str = "struct ibv_cq";
+handle_ex!(Cq, ibv_cq, ibv_cq_ex);
 
+impl Cq {
     pub fn new(c: ibv_cq_ex, sv: sv::Cq) -> Cq {
         Cq {
             c: CSlot::new(c),
@@ -492,34 +533,6 @@ impl Cq {
             users: Users::default(),
             current: Mutex::new(None),
         }
-    }
-
-    /// The live CQ behind an application's `ibv_cq*` (looked up, not read).
-    pub fn from_c(p: *mut ibv_cq) -> Res<Arc<Cq>> {
-        lookup(p as usize, Self::WHAT)
-    }
-
-    /// The live CQ behind an `ibv_cq_ex*` (the same address).
-    pub fn from_ex(p: *mut ibv_cq_ex) -> Res<Arc<Cq>> {
-        lookup(p as usize, Self::WHAT)
-    }
-
-    pub fn c_ptr(&self) -> *mut ibv_cq {
-        self.c.get().cast()
-    }
-
-    pub fn ex_ptr(&self) -> *mut ibv_cq_ex {
-        self.c.get()
-    }
-
-    pub fn into_c(o: Cq) -> *mut ibv_cq {
-        let p = o.c_ptr();
-        register(p as usize, o);
-        p
-    }
-
-    pub fn take(p: *mut ibv_cq) -> Res<Arc<Cq>> {
-        unregister(p as usize, Self::WHAT)
     }
 }
 
@@ -553,13 +566,16 @@ pub struct Qp {
     pub sq_sig_all: bool,
     /// Created with send-ops flags: the `ibv_wr_*` interface is on.
     pub extended: bool,
+    /// The granted `max_inline_data` (fixed at creation), for
+    /// `ibv_wr_set_inline_data`'s check without a query per call.
+    pub max_inline_data: u32,
     /// The work requests built since `ibv_wr_start`.
     pub batch: Mutex<crate::qpex::Batch>,
 }
 
-impl Qp {
-    const WHAT: &'static str = "struct ibv_qp";
+handle_ex!(Qp, ibv_qp, ibv_qp_ex);
 
+impl Qp {
     pub fn new(c: ibv_qp_ex, sv: sv::Qp, qp_type: sv::QpType, sq_sig_all: bool) -> Qp {
         Qp {
             c: CSlot::new(c),
@@ -567,36 +583,9 @@ impl Qp {
             qp_type,
             sq_sig_all,
             extended: false,
+            max_inline_data: 0,
             batch: Mutex::new(Default::default()),
         }
-    }
-
-    /// The live QP behind an application's `ibv_qp*` (looked up, not read).
-    pub fn from_c(p: *mut ibv_qp) -> Res<Arc<Qp>> {
-        lookup(p as usize, Self::WHAT)
-    }
-
-    /// The live QP behind an `ibv_qp_ex*` (the same address).
-    pub fn from_ex(p: *mut ibv_qp_ex) -> Res<Arc<Qp>> {
-        lookup(p as usize, Self::WHAT)
-    }
-
-    pub fn c_ptr(&self) -> *mut ibv_qp {
-        self.c.get().cast()
-    }
-
-    pub fn ex_ptr(&self) -> *mut ibv_qp_ex {
-        self.c.get()
-    }
-
-    pub fn into_c(o: Qp) -> *mut ibv_qp {
-        let p = o.c_ptr();
-        register(p as usize, o);
-        p
-    }
-
-    pub fn take(p: *mut ibv_qp) -> Res<Arc<Qp>> {
-        unregister(p as usize, Self::WHAT)
     }
 }
 

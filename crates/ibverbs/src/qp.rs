@@ -139,6 +139,7 @@ fn create_qp(
     }
     let mut q = Qp::new(c, qp, t, init.sq_sig_all != 0);
     q.extended = extended;
+    q.max_inline_data = actual.max_inline_data;
     let ptr = Qp::into_c(q);
     ctx.qps
         .lock()

@@ -455,10 +455,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
             b.fail(Fail::inval("ibv_wr_set_inline_data_list: buf_list is NULL"));
             return;
         }
-        let max =
-            q.sv.query()
-                .map(|(_, _, cap)| cap.max_inline_data as usize)
-                .unwrap_or(0);
+        let max = q.max_inline_data as usize;
         let start = b.inline.len();
         let mut total = 0usize;
         for i in 0..n {

@@ -345,11 +345,12 @@ fn create_cq(
     let cq = ctx.sv.create_cq(depth, ch.as_ref().map(|c| &c.sv))?;
     let id = cq.id().0;
     let mut c = ibv_cq_ex::zeroed();
-    c.context = context;
-    c.channel = channel;
-    c.cq_context = cq_context;
-    c.handle = id;
-    c.cqe = depth as c_int;
+    let b = &mut c.cq;
+    b.context = context;
+    b.channel = channel;
+    b.cq_context = cq_context;
+    b.handle = id;
+    b.cqe = depth as c_int;
     crate::datapath::fill_cq_ex_ops(&mut c);
     if let Some(ch) = ch {
         ch.users.add();

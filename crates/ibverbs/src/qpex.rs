@@ -97,11 +97,6 @@ impl Batch {
     }
 }
 
-// SAFETY: the raw pointers a batch holds are stored as numbers and looked
-// up (never dereferenced) at post; the SGE addresses are the application's
-// and are handled by the post path exactly as ibv_post_send's are.
-unsafe impl Send for Batch {}
-
 /// Run `f` on the QP's batch; failures to find the QP are only logged
 /// (these functions return nothing).
 fn with_batch(name: &'static str, qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut Batch)) {

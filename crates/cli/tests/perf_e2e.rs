@@ -207,9 +207,11 @@ fn server_and_client_as_separate_commands() {
     }
 }
 
-/// `SOFTRDMA_TRANSPORT` picks the transport: `udp` (and `auto`) run, an
-/// unknown value and the not-yet-built `shm` are refused by name instead of
-/// being measured over something else.
+/// `SOFTRDMA_TRANSPORT` picks the transport: `auto` (the default) and
+/// `shm` carry the one-sided test through shared memory between the two
+/// processes of this host, `udp` over UDP, each verified byte for byte and
+/// each saying which it used; an unknown value is refused by name instead
+/// of being measured over something else.
 #[test]
 fn softrdma_transport_is_honoured() {
     let run = |v: &str| {
@@ -232,22 +234,29 @@ fn softrdma_transport_is_honoured() {
             .expect("run softrdma perf");
         finish(c, &format!("write_bw with SOFTRDMA_TRANSPORT={v}"))
     };
-    let o = run("udp");
-    assert!(
-        o.status.success(),
-        "udp: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
     for (v, says) in [
-        ("shm", "the shared-memory transport is not built yet"),
-        ("rdma", "expected auto, udp or shm"),
+        ("udp", " Transport      : UDP (RoCEv2)"),
+        ("auto", " Transport      : shared memory"),
+        ("shm", " Transport      : shared memory"),
     ] {
         let o = run(v);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{v} must be refused");
+        let out = String::from_utf8_lossy(&o.stdout);
         assert!(
-            err.contains(says),
-            "{v}: stderr does not say {says:?}:\n{err}"
+            o.status.success(),
+            "{v}: {}\n{out}",
+            String::from_utf8_lossy(&o.stderr)
         );
+        assert!(
+            out.contains(says),
+            "{v}: stdout does not say {says:?}:\n{out}"
+        );
+        assert!(out.contains(" --check: every byte verified"), "{v}\n{out}");
     }
+    let o = run("rdma");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "rdma must be refused");
+    assert!(
+        err.contains("expected auto, udp or shm"),
+        "rdma: stderr does not say why:\n{err}"
+    );
 }

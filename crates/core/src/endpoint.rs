@@ -176,6 +176,19 @@ pub(crate) struct Shared {
     /// to be moved to ERR (done by the endpoint, which owns the QPs: see
     /// `Endpoint::fail_qps_of_dead_cqs`). At most one entry per QP.
     pub fatal: Vec<u32>,
+    /// QPs whose state changed since [`Endpoint::take_state_changes`] last
+    /// ran, kept only once someone asked for them.
+    pub state_changes: Option<Vec<u32>>,
+}
+
+impl Shared {
+    pub fn state_changed(&mut self, qpn: u32) {
+        if let Some(v) = self.state_changes.as_mut() {
+            if !v.contains(&qpn) {
+                v.push(qpn);
+            }
+        }
+    }
 }
 
 /// What a QP's requester, completer and responder may touch besides the QP.
@@ -218,6 +231,30 @@ impl Shared {
     }
 }
 
+/// The local buffer of a work request offered to an [`Offload`].
+#[derive(Debug, Clone, Copy)]
+pub enum OffloadLocal<'a> {
+    /// The scatter/gather list as host addresses and lengths, translated
+    /// through the region table during this call (for a READ or atomic,
+    /// where the result goes; checked for `LOCAL_WRITE`).
+    Host(&'a [(u64, u32)]),
+    /// An inline WRITE's bytes, copied at post.
+    Inline(&'a [u8]),
+}
+
+/// A connection that can carry out one-sided operations itself, at post,
+/// instead of sending them: the shared-memory transport reaching a peer
+/// process's registered memory directly, as an RNIC's loopback would. The
+/// core keeps every semantic it does not judge: what the offload refuses
+/// goes on the wire as usual.
+pub trait Offload {
+    /// Carry out `op` (an RDMA WRITE without immediate, READ, atomic or
+    /// ATOMIC WRITE) with `local` as its data or result buffer. Return
+    /// true if it was carried out completely and successfully; false if it
+    /// was not touched at all.
+    fn one_sided(&mut self, op: &SendOp, local: OffloadLocal<'_>) -> bool;
+}
+
 /// When a receive's scatter/gather entries are checked against the region
 /// table (key, PD, bounds, `LOCAL_WRITE`). Either way every byte placed is
 /// translated through the table when it is written, so neither can reach
@@ -256,6 +293,7 @@ impl Endpoint {
                 events: VecDeque::with_capacity(cfg.max_events.min(1024)),
                 max_events: cfg.max_events,
                 fatal: Vec::new(),
+                state_changes: None,
             },
             qps: Vec::new(),
             next_pd: 1,
@@ -674,6 +712,7 @@ impl Endpoint {
         )?;
         attr.validate(mask, &limits)?;
         qp.apply(attr, mask, next, &mut self.shared);
+        self.shared.state_changed(qpn);
         if next == QpState::Reset {
             self.sched.gate_mut(s).reset();
         }
@@ -687,6 +726,7 @@ impl Endpoint {
         let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
         self.sched.on_destroy(s);
         let mut qp = self.qps[s].take().expect("slot checked");
+        self.shared.state_changed(qpn);
         self.sched.settle_timers(&self.qps);
         if qp.state != QpState::Reset {
             qp.enter_error(&mut self.shared);
@@ -703,6 +743,38 @@ impl Endpoint {
 
     /// `ibv_post_send`: validate and queue one work request.
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr<'_>, mem: &impl Memory) -> Result<(), Error> {
+        self.post_send_inner(qpn, wr, mem, None).map(|_| ())
+    }
+
+    /// `ibv_post_send` on a connection that can carry one-sided operations
+    /// out at once ([`Offload`], the shared-memory transport): validated
+    /// exactly as [`Endpoint::post_send`], then, if the QP is in RTS with
+    /// nothing outstanding on its send queue (so every earlier request has
+    /// been executed by the responder and nothing can be reordered) and
+    /// the request is an RDMA WRITE, READ or atomic, offered to `off` with
+    /// its local buffer translated now. If `off` carries it out, the work
+    /// request completes at once (if signaled) and nothing is queued; if
+    /// not — the remote region is not reachable that way, or a check the
+    /// offload does not judge itself would fail — it is queued and goes on
+    /// the wire, where the responder gives it IBA's outcome. Returns
+    /// whether `off` carried it out.
+    pub fn post_send_offload(
+        &mut self,
+        qpn: u32,
+        wr: &SendWr<'_>,
+        mem: &impl Memory,
+        off: &mut dyn Offload,
+    ) -> Result<bool, Error> {
+        self.post_send_inner(qpn, wr, mem, Some(off))
+    }
+
+    fn post_send_inner(
+        &mut self,
+        qpn: u32,
+        wr: &SendWr<'_>,
+        mem: &impl Memory,
+        off: Option<&mut dyn Offload>,
+    ) -> Result<bool, Error> {
         let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
         let qp = self.qps[s].as_mut().expect("slot checked");
         if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
@@ -839,6 +911,35 @@ impl Endpoint {
         }
         let nsge = if inline { 0 } else { wr.sgl.len() };
         let signaled = qp.sq_sig_all || wr.flags.contains(crate::wr::SendFlags::SIGNALED);
+        if let Some(off) = off {
+            if qp.state == QpState::Rts && qp.sq.head == qp.sq.tail && wr.op.is_one_sided() {
+                let mut host = [(0u64, 0u32); MAX_SGE];
+                let mut mapped = true;
+                for (h, sp) in host.iter_mut().zip(&segs[..nsge]) {
+                    match self.shared.mrs.host(sp.mem, sp.off, sp.len as u64) {
+                        Some(a) => *h = (a, sp.len),
+                        None => mapped = false,
+                    }
+                }
+                let local = if inline {
+                    OffloadLocal::Inline(&ibuf[..ilen])
+                } else {
+                    OffloadLocal::Host(&host[..nsge])
+                };
+                if mapped && off.one_sided(&wr.op, local) {
+                    self.shared.stats.offloaded += 1;
+                    if signaled {
+                        let op = crate::qp::wc_opcode_of(&wr.op);
+                        let mut c =
+                            Completion::new(wr.wr_id, crate::wc::WcStatus::Success, op, qpn);
+                        c.byte_len = length as u32;
+                        let cq = qp.send_cq;
+                        self.shared.complete(cq, c, false);
+                    }
+                    return Ok(true);
+                }
+            }
+        }
         qp.sq.push(
             SendWqe {
                 wr_id: wr.wr_id,
@@ -860,7 +961,7 @@ impl Endpoint {
             qp.flush(&mut self.shared);
         }
         self.sync(s); // the doorbell
-        Ok(())
+        Ok(false)
     }
 
     /// `ibv_post_recv`, its SGEs checked at post ([`RecvCheck::AtPost`]).
@@ -1078,6 +1179,31 @@ impl Endpoint {
     }
 
     /// The next asynchronous event or completion notification.
+    /// The QPs whose state (or attributes) changed since the last call —
+    /// by `modify_qp`, `destroy_qp` or an error the transport met — each
+    /// once, for a layer that mirrors QP states elsewhere (the shared-memory
+    /// transport publishes them to peer processes). Nothing is recorded
+    /// before the first call.
+    pub fn take_state_changes(&mut self, mut f: impl FnMut(u32, Option<&Qp>)) {
+        let v = match self.shared.state_changes.as_mut() {
+            Some(v) => std::mem::take(v),
+            None => {
+                self.shared.state_changes = Some(Vec::new());
+                return;
+            }
+        };
+        for &qpn in &v {
+            let qp = self.slot(qpn).and_then(|s| self.qps[s].as_ref());
+            f(qpn, qp);
+        }
+        if let Some(w) = self.shared.state_changes.as_mut() {
+            if w.is_empty() {
+                *w = v;
+                w.clear();
+            }
+        }
+    }
+
     pub fn poll_event(&mut self) -> Option<Event> {
         self.fail_qps_of_dead_cqs();
         self.shared.events.pop_front()

@@ -43,7 +43,9 @@ pub mod transmit;
 pub mod wc;
 pub mod wr;
 
-pub use endpoint::{Endpoint, EndpointConfig, Event, QpInit, RecvCheck, RxMeta};
+pub use endpoint::{
+    Endpoint, EndpointConfig, Event, Offload, OffloadLocal, QpInit, RecvCheck, RxMeta,
+};
 pub use error::Error;
 pub use transmit::Transmit;
 

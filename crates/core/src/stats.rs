@@ -47,4 +47,7 @@ pub struct Stats {
     pub sched_visits: u64,
     /// Times a retransmission timeout halved a QP's window.
     pub window_backoffs: u64,
+    /// One-sided work requests an [`Offload`](crate::endpoint::Offload)
+    /// carried out at post (shared memory) instead of sending them.
+    pub offloaded: u64,
 }

@@ -70,6 +70,21 @@ impl SendOp {
         )
     }
 
+    /// RDMA WRITE without immediate, READ, the atomics and ATOMIC WRITE:
+    /// what a responder carries out on its memory alone, consuming no
+    /// receive WQE and producing no completion there (what an
+    /// [`Offload`](crate::endpoint::Offload) may carry out).
+    pub fn is_one_sided(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Write { .. }
+                | SendOp::Read { .. }
+                | SendOp::CompareSwap { .. }
+                | SendOp::FetchAdd { .. }
+                | SendOp::AtomicWrite { .. }
+        )
+    }
+
     pub fn is_atomic(&self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }

@@ -348,10 +348,14 @@ impl Mr {
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R> {
         let (s, e) = bounds(range, self.len())?;
-        let _st = self.eng.lock();
+        let mut st = self.eng.lock();
+        // Peers on this host reach the memory without our lock: keep them
+        // out while the slice lives.
+        let _peers = self.pause_peers(&mut st);
         let _flag = ViewFlag::set();
         // SAFETY: in bounds of this live region; the engine touches region
-        // memory only under the lock held until `f` returns, and `f`
+        // memory only under the lock held until `f` returns (peer processes
+        // sharing memory are held off by `pause_peers`), and `f`
         // cannot take it again (the flag makes that a panic), so nothing
         // writes these bytes while the slice exists. The slice does not
         // outlive `f`.
@@ -369,7 +373,8 @@ impl Mr {
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R> {
         let (s, e) = bounds(range, self.len())?;
-        let _st = self.eng.lock();
+        let mut st = self.eng.lock();
+        let _peers = self.pause_peers(&mut st);
         let _flag = ViewFlag::set();
         // SAFETY: as for `with_bytes`; and no other `&`/`&mut` to region
         // bytes exists anywhere (they are only lent under this lock, which

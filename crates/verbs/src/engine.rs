@@ -146,6 +146,48 @@ pub(crate) struct State {
     /// Packets the IO layer refused (a destination of the wrong address
     /// family, say): dropped and counted; the device keeps serving.
     pub tx_refused: u64,
+    /// The shared-memory transport's side of this context (None: UDP only).
+    pub shm: Option<Arc<softrdma_shm::Host>>,
+    /// By QPN's low 16 bits: the peer context a QP's one-sided operations
+    /// go to directly, and its QP there.
+    pub direct: Vec<Option<Direct>>,
+}
+
+/// A QP connected to a QP of a context on this host that shares memory.
+#[derive(Clone)]
+pub(crate) struct Direct {
+    pub peer: Arc<softrdma_shm::Peer>,
+    pub qps: softrdma_shm::Qps,
+}
+
+/// Moved pages of a region (see `softrdma_shm::share`): moved back when
+/// dropped, which must happen after the region's entry was withdrawn and
+/// before its buffer is freed.
+pub(crate) struct ShareGuard {
+    host: Arc<softrdma_shm::Host>,
+    pub s: softrdma_shm::Share,
+}
+
+impl Drop for ShareGuard {
+    fn drop(&mut self) {
+        self.host.unshare(self.s);
+    }
+}
+
+struct PeerOffload<'a>(&'a Direct);
+
+impl softrdma_core::Offload for PeerOffload<'_> {
+    fn one_sided(
+        &mut self,
+        op: &softrdma_core::wr::SendOp,
+        local: softrdma_core::OffloadLocal<'_>,
+    ) -> bool {
+        // SAFETY: the core translated `local`'s host spans through the
+        // region table during this call, which runs under the engine's
+        // lock; a region's buffer is freed only after `dereg_mr` returns
+        // under that lock, so they are valid for the access.
+        unsafe { self.0.peer.one_sided(self.0.qps, op, local) }
+    }
 }
 
 impl State {
@@ -244,7 +286,83 @@ impl State {
         (sent, more)
     }
 
+    /// Post a send, carrying a one-sided operation out at once if the QP
+    /// reaches its peer through shared memory.
+    /// Returns whether it was carried out at once (then nothing was queued).
+    pub fn post_send(
+        &mut self,
+        qpn: u32,
+        wr: &softrdma_core::wr::SendWr<'_>,
+    ) -> Result<bool, softrdma_core::Error> {
+        let mem = self.mem;
+        match self.direct.get((qpn & 0xffff) as usize) {
+            Some(Some(d)) if d.qps.local == qpn => {
+                let State { ep, direct, .. } = self;
+                let Some(Some(d)) = direct.get((qpn & 0xffff) as usize) else {
+                    unreachable!("matched above")
+                };
+                ep.post_send_offload(qpn, wr, &mem, &mut PeerOffload(d))
+            }
+            _ => self.ep.post_send(qpn, wr, &mem).map(|()| false),
+        }
+    }
+
+    /// Publish the responder state of QPs that changed to peers that
+    /// reach them through shared memory.
+    pub fn publish_qps(&mut self) {
+        let Some(h) = self.shm.as_ref() else {
+            return;
+        };
+        self.ep.take_state_changes(|qpn, qp| {
+            h.publish_qp(
+                qpn,
+                qp.map(|q| {
+                    (
+                        softrdma_shm::responder_ready(q.state),
+                        q.pd,
+                        q.attr.qp_access_flags,
+                        q.attr.dest_qp_num,
+                    )
+                }),
+            )
+        });
+    }
+
+    /// Move a region just registered (or reregistered) where peers reach
+    /// it, and publish it; None if there is no shared-memory transport, it
+    /// grants no remote access, or its memory cannot be moved.
+    pub fn share_region(&mut self, lkey: u32) -> Option<ShareGuard> {
+        let host = self.shm.clone()?;
+        let mr = *self.ep.mrs().get_by_lkey(lkey)?;
+        let remote = softrdma_core::qp::attr::AccessFlags::REMOTE_WRITE
+            .union(softrdma_core::qp::attr::AccessFlags::REMOTE_READ)
+            .union(softrdma_core::qp::attr::AccessFlags::REMOTE_ATOMIC);
+        if !mr.access.intersects(remote) {
+            return None;
+        }
+        let s = host.share(mr.host_addr, mr.len)?;
+        let g = ShareGuard { host, s };
+        self.republish(lkey, &g).then_some(g)
+    }
+
+    /// Publish region `lkey` (as the core has it now) in its moved pages.
+    pub fn republish(&mut self, lkey: u32, g: &ShareGuard) -> bool {
+        let Some(mr) = self.ep.mrs().get_by_lkey(lkey) else {
+            return false;
+        };
+        g.host
+            .publish_mr(mr.rkey, mr.pd, mr.access, mr.iova, mr.host_addr, &g.s)
+    }
+
+    /// Withdraw region `rkey` from peers, waiting until none is inside it.
+    pub fn withdraw(&mut self, rkey: u32) {
+        if let Some(h) = self.shm.as_ref() {
+            h.withdraw_mr(rkey);
+        }
+    }
+
     fn deliver_events(&mut self, async_fd: &EventFd) {
+        self.publish_qps();
         while let Some(e) = self.ep.poll_event() {
             match e {
                 Event::CompNotify(cq) => {
@@ -278,6 +396,9 @@ impl State {
 
 pub(crate) struct Engine {
     state: Mutex<State>,
+    /// The shared-memory side (as `State::shm`), reachable without the lock.
+    pub shm: Option<Arc<softrdma_shm::Host>>,
+    pub transport: crate::Transport,
     /// Work is waiting for whoever owns the state next: the engine thread
     /// was woken (packet, doorbell, deadline) while another thread held the
     /// lock. The owner serves it before it lets go — the socket-ownership
@@ -391,7 +512,13 @@ impl Drop for Guard<'_> {
 }
 
 impl Engine {
-    pub fn start(ep: Endpoint, port: Port) -> io::Result<Arc<Engine>> {
+    pub fn start(
+        ep: Endpoint,
+        port: Port,
+        shm: Option<softrdma_shm::Host>,
+        transport: crate::Transport,
+    ) -> io::Result<Arc<Engine>> {
+        let shm = shm.map(Arc::new);
         let sock_fd = port.as_raw_fd();
         let origin = Instant::now();
         let e = Arc::new(Engine {
@@ -407,7 +534,11 @@ impl Engine {
                 armed: None,
                 tx_deferred: false,
                 tx_refused: 0,
+                shm: shm.clone(),
+                direct: Vec::new(),
             }),
+            shm,
+            transport,
             pending: AtomicBool::new(false),
             doorbell: EventFd::new(true)?,
             timer: TimerFd::new()?,
@@ -496,6 +627,18 @@ impl Engine {
         if st.tx_deferred && !self.watchdog_on.load(Ordering::SeqCst) {
             // Nothing bounds the wait: send now.
             self.flush_deferred(st);
+        }
+    }
+
+    /// After `State::post_send`: a request carried out at once (shared
+    /// memory) queued nothing, so unless a pass deferred ACKs for this call
+    /// to carry, only its completion's event is delivered.
+    pub fn posted_send(&self, st: &mut State, done: bool) {
+        if done && !st.tx_deferred {
+            self.app_calls.fetch_add(1, Ordering::Relaxed);
+            st.deliver_events(&self.async_fd);
+        } else {
+            self.kick(st);
         }
     }
 

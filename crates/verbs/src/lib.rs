@@ -158,6 +158,9 @@ pub struct OpenOptions {
     pub pcap: Option<std::path::PathBuf>,
     /// Path MTU the port reports as active (default 4096).
     pub port_mtu: Option<Mtu>,
+    /// The transport (None: as `SOFTRDMA_TRANSPORT` says, see
+    /// [`transport_from_env`]).
+    pub transport: Option<Transport>,
 }
 
 /// `struct ibv_device_attr`, the parts tools print.
@@ -305,18 +308,27 @@ fn os_keys() -> softrdma_core::mr::KeySource {
     })
 }
 
-/// The transport `SOFTRDMA_TRANSPORT` selects: `auto` (the default) and
-/// `udp` run over UDP, the only transport built so far; `shm` (shared
-/// memory between processes of one host) is refused until it exists, rather
-/// than silently measured over UDP.
-fn transport_from_env() -> Result<()> {
+/// Which transport `SOFTRDMA_TRANSPORT` selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// The default: shared memory to QPs of processes of this user on this
+    /// host where it can be used, UDP otherwise.
+    Auto,
+    /// UDP (RoCEv2) always.
+    Udp,
+    /// Shared memory required: connecting a QP to a peer it cannot reach
+    /// that way fails.
+    Shm,
+}
+
+/// The transport `SOFTRDMA_TRANSPORT` (`auto`, `udp`, `shm`; unset or
+/// empty is `auto`) selects, or an error naming the bad value.
+pub fn transport_from_env() -> Result<Transport> {
     match std::env::var("SOFTRDMA_TRANSPORT") {
-        Err(std::env::VarError::NotPresent) => Ok(()),
-        Ok(v) if v.is_empty() || v == "auto" || v == "udp" => Ok(()),
-        Ok(v) if v == "shm" => Err(Error::Io(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "SOFTRDMA_TRANSPORT=shm: the shared-memory transport is not built yet (use auto or udp)",
-        ))),
+        Err(std::env::VarError::NotPresent) => Ok(Transport::Auto),
+        Ok(v) if v.is_empty() || v == "auto" => Ok(Transport::Auto),
+        Ok(v) if v == "udp" => Ok(Transport::Udp),
+        Ok(v) if v == "shm" => Ok(Transport::Shm),
         Ok(v) => Err(Error::Io(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("SOFTRDMA_TRANSPORT={v:?}: expected auto, udp or shm"),
@@ -333,6 +345,7 @@ pub struct Context {
     dev: DeviceInfo,
     eng: Arc<Engine>,
     port_mtu: Mtu,
+    transport: Transport,
 }
 
 impl Context {
@@ -341,7 +354,7 @@ impl Context {
     /// port cannot be opened on the device's address, or if the OS random number
     /// generator (which memory keys come from) is unavailable.
     pub fn open(dev: &DeviceInfo, opts: &OpenOptions) -> Result<Context> {
-        transport_from_env()?;
+        let transport = opts.transport.map_or_else(transport_from_env, Ok)?;
         let port = softrdma_udp::Port::open(softrdma_udp::PortConfig {
             local: dev.addr,
             port: softrdma_wire::ROCEV2_UDP_PORT,
@@ -373,11 +386,43 @@ impl Context {
             ..Default::default()
         };
         let ep = softrdma_core::Endpoint::new(cfg);
+        // The shared-memory side: a segment and a listener for peers of
+        // this user. Without it (it cannot be set up, or UDP is forced)
+        // every connection runs over UDP.
+        let shm = match transport {
+            Transport::Udp => None,
+            t => match softrdma_shm::Host::open(softrdma_shm::Key {
+                addr: dev.addr,
+                slot: slot as u8,
+            }) {
+                Ok(h) => Some(h),
+                Err(e) if t == Transport::Shm => {
+                    return Err(Error::Io(io::Error::new(
+                        e.kind(),
+                        format!("SOFTRDMA_TRANSPORT=shm: cannot set up shared memory: {e}"),
+                    )))
+                }
+                Err(_) => None,
+            },
+        };
         Ok(Context {
             dev: dev.clone(),
-            eng: Engine::start(ep, port)?,
+            eng: Engine::start(ep, port, shm, transport)?,
             port_mtu,
+            transport,
         })
+    }
+
+    /// The transport it was opened with ([`Transport::Auto`] unless forced).
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// Whether QPs of this context can reach QPs of other contexts on this
+    /// host through shared memory (not if UDP was forced or shared memory
+    /// could not be set up).
+    pub fn shares_memory(&self) -> bool {
+        self.eng.shm.is_some()
     }
 
     /// The device this context was opened on.
@@ -522,6 +567,8 @@ pub struct Mr {
     iova: u64,
     len: usize,
     pub(crate) buf: Option<OwnedBuf>,
+    /// The region's pages as peers on this host reach them (shared memory).
+    share: Option<engine::ShareGuard>,
     /// False once `deregister` has succeeded (`MrBuf::into_buffer`).
     registered: bool,
 }
@@ -559,11 +606,10 @@ impl Pd {
     pub(crate) fn reg_owned(&self, buf: OwnedBuf, access: AccessFlags) -> Result<Mr> {
         let addr = buf.ptr() as u64;
         let len = buf.len();
-        let (lkey, rkey) = self
-            .eng
-            .lock()
-            .ep
-            .reg_mr(self.id, addr, addr, len as u64, access)?;
+        let mut st = self.eng.lock();
+        let (lkey, rkey) = st.ep.reg_mr(self.id, addr, addr, len as u64, access)?;
+        let share = st.share_region(lkey);
+        drop(st);
         Ok(Mr {
             eng: self.eng.clone(),
             lkey,
@@ -572,6 +618,7 @@ impl Pd {
             iova: addr,
             len,
             buf: Some(buf),
+            share,
             registered: true,
         })
     }
@@ -589,11 +636,10 @@ impl Pd {
         iova: u64,
         access: AccessFlags,
     ) -> Result<Mr> {
-        let (lkey, rkey) = self
-            .eng
-            .lock()
-            .ep
-            .reg_mr(self.id, iova, addr, len as u64, access)?;
+        let mut st = self.eng.lock();
+        let (lkey, rkey) = st.ep.reg_mr(self.id, iova, addr, len as u64, access)?;
+        let share = st.share_region(lkey);
+        drop(st);
         Ok(Mr {
             eng: self.eng.clone(),
             lkey,
@@ -602,6 +648,7 @@ impl Pd {
             iova,
             len,
             buf: None,
+            share,
             registered: true,
         })
     }
@@ -760,11 +807,25 @@ impl Mr {
         Ok(())
     }
 
-    /// Read one byte: for spinning on a flag a remote WRITE sets.
+    /// Read one byte: for spinning on a flag a remote WRITE sets. Takes no
+    /// lock (a spinning reader must not hold the engine off): an atomic
+    /// load with acquire ordering, so once it sees the byte a shared-memory
+    /// peer's WRITE puts last (see `softrdma_shm`), the rest of that WRITE
+    /// is visible too.
+    ///
+    /// # Panics
+    /// If `offset` is not inside the region.
     pub fn read_volatile_u8(&self, offset: usize) -> u8 {
-        let mut b = [0u8];
-        self.read(offset, &mut b);
-        b[0]
+        let a = self
+            .range(offset, 1)
+            .unwrap_or_else(|e| panic!("Mr::read_volatile_u8({offset}): {e}"));
+        // SAFETY: in bounds of this region (checked just now), which is live
+        // while `self` is; AtomicU8 has alignment 1 and every bit pattern is
+        // valid. Writers (the engine's copies, a peer process's WRITE) store
+        // bytes there concurrently, as an RNIC's DMA does under a C
+        // program's volatile poll: a one-byte load cannot tear.
+        let b = unsafe { &*(a as *const std::sync::atomic::AtomicU8) };
+        b.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// `ibv_rereg_mr` without a new translation: move the region to `pd`
@@ -836,15 +897,34 @@ impl Mr {
             access,
         };
         let mut st = self.eng.lock();
-        st.ep.rereg_mr(self.lkey, &change)?;
+        // Peers must not reach the old registration once the call returns.
+        st.withdraw(self.rkey);
+        if let Err(e) = st.ep.rereg_mr(self.lkey, &change) {
+            if let Some(g) = &self.share {
+                if !st.republish(self.lkey, g) {
+                    self.share = None;
+                }
+            }
+            return Err(e.into());
+        }
         if let Some(((addr, len, iova), buf)) = translation {
             // The core translates nothing through the old registration any
             // more, and no `Transmit` outlives the pass that sent it under
-            // this lock: the old buffer can go (as at deregistration).
+            // this lock: the old buffer can go (as at deregistration),
+            // after its pages were moved back.
+            drop(self.share.take());
             drop(std::mem::replace(&mut self.buf, buf));
             self.addr = addr;
             self.len = len;
             self.iova = iova;
+        }
+        match &self.share {
+            Some(g) => {
+                if !st.republish(self.lkey, g) {
+                    self.share = None;
+                }
+            }
+            None => self.share = st.share_region(self.lkey),
         }
         Ok(())
     }
@@ -855,9 +935,29 @@ impl Mr {
     /// Refused (changing nothing) while memory windows are bound to it.
     pub(crate) fn deregister(&mut self) -> Result<()> {
         let mut st = self.eng.lock();
-        st.ep.dereg_mr(self.lkey)?;
+        st.withdraw(self.rkey);
+        if let Err(e) = st.ep.dereg_mr(self.lkey) {
+            if let Some(g) = &self.share {
+                if !st.republish(self.lkey, g) {
+                    self.share = None;
+                }
+            }
+            return Err(e.into());
+        }
+        drop(self.share.take());
         self.registered = false;
         Ok(())
+    }
+
+    /// Keep peers on this host out of the region while the returned guard
+    /// lives (they then go through the engine, which waits for the lock
+    /// the caller holds): for code that lends the region's bytes as
+    /// references.
+    pub(crate) fn pause_peers<'a>(&'a self, st: &'a mut engine::State) -> PausePeers<'a> {
+        if self.share.is_some() {
+            st.withdraw(self.rkey);
+        }
+        PausePeers { mr: self, st }
     }
 }
 
@@ -867,21 +967,42 @@ impl Drop for Mr {
             return;
         }
         let mut st = self.eng.lock();
+        // Peers on this host first: once this returns none is inside it.
+        st.withdraw(self.rkey);
         match st.ep.dereg_mr(self.lkey) {
             // Once deregistration returns the core never touches the region
             // again (every access of in-flight work translates through the
             // region table), and no `Transmit` outlives the pass that sent
-            // it under this lock: the buffer can go at once.
-            Ok(()) => drop(self.buf.take()),
+            // it under this lock: the buffer can go at once, after its
+            // pages were moved back to private memory.
+            Ok(()) => {
+                drop(self.share.take());
+                drop(self.buf.take())
+            }
             // Memory windows are still bound to it: it stays registered
             // (and its buffer alive) until the last of them is deallocated.
             Err(_) => {
+                let share = self.share.take();
                 if let Some(b) = self.buf.take() {
-                    st.orphans.push((self.lkey, Box::new(b)));
+                    st.orphans.push((self.lkey, Box::new((share, b))));
                 } else {
-                    st.orphans.push((self.lkey, Box::new(())));
+                    st.orphans.push((self.lkey, Box::new(share)));
                 }
             }
+        }
+    }
+}
+
+/// See [`Mr::pause_peers`].
+pub(crate) struct PausePeers<'a> {
+    mr: &'a Mr,
+    st: &'a mut engine::State,
+}
+
+impl Drop for PausePeers<'_> {
+    fn drop(&mut self) {
+        if let Some(g) = &self.mr.share {
+            self.st.republish(self.mr.lkey, g);
         }
     }
 }
@@ -1348,10 +1469,98 @@ impl Qp {
     /// from the current state, `mask` lacks what it requires (see [`required_mask`]),
     /// or a value is out of range.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        let to = mask.contains(AttrMask::STATE).then_some(attr.qp_state);
+        // Reaching RTR connects an RC/UC QP: if its peer is a context of
+        // this user on this host, its one-sided operations go through
+        // shared memory from now on.
+        let peer = match to {
+            Some(QpState::Rtr) if matches!(self.qp_type, QpType::Rc | QpType::Uc) => {
+                self.shm_peer(attr, mask)?
+            }
+            _ => None,
+        };
         let mut st = self.eng.lock();
         st.ep.modify_qp(self.qpn, attr, mask)?;
+        let i = (self.qpn & 0xffff) as usize;
+        match to {
+            Some(QpState::Rtr) | Some(QpState::Reset) => {
+                if st.direct.len() <= i {
+                    st.direct.resize(i + 1, None);
+                }
+                st.direct[i] = peer.map(|(peer, remote)| engine::Direct {
+                    peer,
+                    qps: softrdma_shm::Qps {
+                        local: self.qpn,
+                        remote,
+                    },
+                });
+            }
+            _ => {}
+        }
         self.eng.kick(&mut st);
         Ok(())
+    }
+
+    /// The peer context on this host that the RTR transition `attr`
+    /// connects this QP to, joined through shared memory; None where the
+    /// connection runs over UDP. An error only if `SOFTRDMA_TRANSPORT=shm`
+    /// demands shared memory and the peer cannot have it.
+    fn shm_peer(
+        &self,
+        attr: &QpAttr,
+        mask: AttrMask,
+    ) -> Result<Option<(Arc<softrdma_shm::Peer>, u32)>> {
+        let forced = self.eng.transport == Transport::Shm;
+        let (dgid, dqpn) = {
+            let st = self.eng.lock();
+            let q = st.ep.qp(self.qpn)?;
+            (
+                if mask.contains(AttrMask::AV) {
+                    attr.av.dgid
+                } else {
+                    q.attr.av.dgid
+                },
+                if mask.contains(AttrMask::DEST_QPN) {
+                    attr.dest_qp_num
+                } else {
+                    q.attr.dest_qp_num
+                },
+            )
+        };
+        let Some(host) = self.eng.shm.clone() else {
+            return Ok(None);
+        };
+        let v6 = std::net::Ipv6Addr::from(dgid);
+        let addr = match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => std::net::IpAddr::V6(v6),
+        };
+        let key = softrdma_shm::Key {
+            addr,
+            slot: (dqpn >> 16) as u8,
+        };
+        match host.connect(key) {
+            Ok(p) => Ok(Some((p, dqpn))),
+            Err(e) if forced => Err(Error::Io(io::Error::new(
+                e.kind(),
+                format!(
+                    "SOFTRDMA_TRANSPORT=shm: QP {dqpn:#x} at {addr} is not reachable through shared memory: {e}"
+                ),
+            ))),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The transport this QP's one-sided operations use: `"shm"` once it
+    /// is connected to a QP of a context on this host that shares memory
+    /// with us, else `"udp"`. Two-sided operations (SEND, WRITE with
+    /// immediate) run over UDP.
+    pub fn transport(&self) -> &'static str {
+        let st = self.eng.lock();
+        match st.direct.get((self.qpn & 0xffff) as usize) {
+            Some(Some(d)) if d.qps.local == self.qpn && d.peer.alive() => "shm",
+            _ => "udp",
+        }
     }
 
     /// Current state and attributes (`ibv_query_qp`).
@@ -1398,9 +1607,8 @@ impl Qp {
         } else {
             *wr
         };
-        let mem = st.mem;
-        st.ep.post_send(self.qpn, &wr, &mem)?;
-        self.eng.kick(&mut st);
+        let done = st.post_send(self.qpn, &wr)?;
+        self.eng.posted_send(&mut st, done);
         Ok(())
     }
 
@@ -1507,9 +1715,8 @@ impl Qp {
     /// Inline SGEs must point to readable memory of their length.
     pub unsafe fn post_send_unchecked(&self, wr: &SendWr<'_>) -> Result<()> {
         let mut st = self.eng.lock();
-        let mem = st.mem;
-        st.ep.post_send(self.qpn, wr, &mem)?;
-        self.eng.kick(&mut st);
+        let done = st.post_send(self.qpn, wr)?;
+        self.eng.posted_send(&mut st, done);
         Ok(())
     }
 
@@ -1543,5 +1750,9 @@ impl Drop for Qp {
         // peer must get it (it would retransmit into a destroyed QP).
         self.eng.flush_deferred(&mut st);
         let _ = st.ep.destroy_qp(self.qpn);
+        if let Some(d) = st.direct.get_mut((self.qpn & 0xffff) as usize) {
+            *d = None;
+        }
+        st.publish_qps();
     }
 }

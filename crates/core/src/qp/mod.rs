@@ -201,6 +201,7 @@ impl Qp {
         }
         self.state = QpState::Err;
         self.attr.qp_state = QpState::Err;
+        ctx.state_changed(self.qpn);
         self.flush(ctx);
     }
 

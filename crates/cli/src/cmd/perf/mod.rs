@@ -206,7 +206,40 @@ pub struct Args {
     /// Print the transport counters at the end.
     #[arg(long)]
     pub stats: bool,
+    /// The transport: shared memory to a peer on this host where possible
+    /// (auto), or forced (default: as SOFTRDMA_TRANSPORT says, else auto).
+    #[arg(long, value_enum)]
+    pub transport: Option<TransportArg>,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    Auto,
+    Udp,
+    Shm,
+}
+
+impl TransportArg {
+    fn name(self) -> &'static str {
+        match self {
+            TransportArg::Auto => "auto",
+            TransportArg::Udp => "udp",
+            TransportArg::Shm => "shm",
+        }
+    }
+
+    fn verbs(self) -> softrdma_verbs::Transport {
+        match self {
+            TransportArg::Auto => softrdma_verbs::Transport::Auto,
+            TransportArg::Udp => softrdma_verbs::Transport::Udp,
+            TransportArg::Shm => softrdma_verbs::Transport::Shm,
+        }
+    }
+}
+
+/// The transport the last test in this process ran over (for the loopback
+/// client's CPU row).
+static LAST_TRANSPORT: std::sync::Mutex<&'static str> = std::sync::Mutex::new("udp");
 
 /// Parameters after perftest's defaults and dependencies are applied.
 #[derive(Debug, Clone)]
@@ -410,8 +443,10 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         fault: a.fault,
         pcap: a.pcap.clone(),
         port_mtu: None,
+        transport: a.transport.map(TransportArg::verbs),
     };
     let out = setup::run_test(&p, &dev, &opts, chan, a.tsv)?;
+    *LAST_TRANSPORT.lock().unwrap() = out.transport;
     if a.stats {
         println!("{}", out.stats);
     }
@@ -459,7 +494,8 @@ fn loopback(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let bytes: u64 = p.sizes.iter().map(|s| s * p.iters * p.qps as u64).sum();
         let cpu = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
         println!(
-            "self.udp.{}.cpu_s_per_gb\t{}\t{:.3}\ts/GB",
+            "self.{}.{}.cpu_s_per_gb\t{}\t{:.3}\ts/GB",
+            LAST_TRANSPORT.lock().unwrap(),
             a.test.name(),
             p.sizes[0],
             cpu / (bytes as f64 / 1e9)
@@ -504,6 +540,7 @@ fn server_args(a: &Args, port: u16) -> Vec<String> {
     push("-I", a.inline.map(|s| s.to_string()));
     push("-u", Some(a.qp_timeout.to_string()));
     push("-d", a.device.clone());
+    push("--transport", a.transport.map(|t| t.name().to_string()));
     push(
         "-c",
         Some(

@@ -19,6 +19,8 @@ use super::{bench, AtomicType, Params, Test, Verb};
 pub struct Outcome {
     pub ok: bool,
     pub stats: String,
+    /// What carried the test's operations: "shm" or "udp".
+    pub transport: &'static str,
 }
 
 /// Everything a benchmark loop needs.
@@ -370,6 +372,23 @@ pub fn run_test(
         chan.handshake(&mine[0])?;
     }
     say(&banner.render());
+    // Shared memory carries one-sided operations; SEND runs over UDP.
+    let transport = if verb != Verb::Send && r.qps[0].transport() == "shm" {
+        "shm"
+    } else {
+        "udp"
+    };
+    say(&format!(
+        " Transport      : {}",
+        if transport == "shm" {
+            "shared memory (one-sided operations straight into the peer's memory)"
+        } else {
+            "UDP (RoCEv2)"
+        }
+    ));
+    if transport == "shm" && opts.pcap.is_some() {
+        say(" --pcap         : this test's operations go through shared memory and do not appear in the capture");
+    }
     for d in &mine {
         say(&addr_lines("local", d, verb));
     }
@@ -400,7 +419,7 @@ pub fn run_test(
                 for &size in &p.sizes {
                     last = bench::bw_client(&r, p, size)?;
                     say(&report::bw_row(&last, p.gbits));
-                    tsv.push(bw_tsv(p, &last));
+                    tsv.push(bw_tsv(p, transport, &last));
                 }
                 say(RESULT_LINE);
                 chan.handshake(&mine[0])?;
@@ -454,7 +473,7 @@ pub fn run_test(
                     res
                 };
                 say(&report::bw_row(&res, p.gbits));
-                tsv.push(bw_tsv(p, &res));
+                tsv.push(bw_tsv(p, transport, &res));
                 // perftest's send_bw syncs again after each size only when
                 // it sweeps sizes (`-a`, RUN_ALL); a single-size run goes
                 // straight to the close handshake. An extra one here made
@@ -478,7 +497,7 @@ pub fn run_test(
                     bench::send_lat(&r, p, size, client)?
                 };
                 say(&report::lat_row(&res));
-                tsv.push(lat_tsv(p, &res));
+                tsv.push(lat_tsv(p, transport, &res));
             }
             say(RESULT_LINE);
             if p.test == Test::SendLat {
@@ -491,7 +510,7 @@ pub fn run_test(
                 for &size in &p.sizes {
                     let res = bench::rd_atomic_lat(&r, p, size)?;
                     say(&report::lat_row(&res));
-                    tsv.push(lat_tsv(p, &res));
+                    tsv.push(lat_tsv(p, transport, &res));
                 }
                 chan.close(&mine[0])?;
             } else {
@@ -524,12 +543,16 @@ pub fn run_test(
             }
         );
     }
-    Ok(Outcome { ok, stats })
+    Ok(Outcome {
+        ok,
+        stats,
+        transport,
+    })
 }
 
-fn bw_tsv(p: &Params, r: &report::BwResult) -> String {
+fn bw_tsv(p: &Params, transport: &str, r: &report::BwResult) -> String {
     format!(
-        "self.udp.{}.bw\t{}\t{:.3}\tGB/s\nself.udp.{}.msg_rate\t{}\t{:.4}\tMmsg/s",
+        "self.{transport}.{}.bw\t{}\t{:.3}\tGB/s\nself.{transport}.{}.msg_rate\t{}\t{:.4}\tMmsg/s",
         p.test.name(),
         r.size,
         r.avg / 1e9,
@@ -539,9 +562,9 @@ fn bw_tsv(p: &Params, r: &report::BwResult) -> String {
     )
 }
 
-fn lat_tsv(p: &Params, r: &report::LatResult) -> String {
+fn lat_tsv(p: &Params, transport: &str, r: &report::LatResult) -> String {
     format!(
-        "self.udp.{}.lat_p50\t{}\t{:.3}\tus\nself.udp.{}.lat_avg\t{}\t{:.3}\tus",
+        "self.{transport}.{}.lat_p50\t{}\t{:.3}\tus\nself.{transport}.{}.lat_avg\t{}\t{:.3}\tus",
         p.test.name(),
         r.size,
         r.typical,

@@ -1,0 +1,686 @@
+//! The shared-memory transport: one-sided RDMA between processes of one
+//! host straight into and out of the target's registered memory, with no
+//! thread of the target involved — what an RNIC's loopback gives.
+//!
+//! Each context publishes a **segment** (`seg`): a `memfd` holding tables
+//! that describe its QPs and its memory regions as a responder would judge
+//! them, and an arena into which its registered memory is moved (`share`)
+//! so that another process can map the very pages the application uses.
+//! A requester whose QP is connected to a QP of such a context (found by
+//! its address and QPN slot through an abstract Unix socket, `link`)
+//! maps the segment once and then carries out RDMA WRITE, READ, atomics
+//! and ATOMIC WRITE at post: it checks the target QP and region in the
+//! tables, copies (or runs the atomic instruction on the shared word), and
+//! completes the work request. Anything it cannot judge goes on the wire
+//! as before, where the target's engine gives IBA's outcome.
+//!
+//! **Deregistration against a peer's access in flight.** Each peer has an
+//! in-flight word in the owner's segment. A peer stores the rkey it is
+//! about to use there *before* it reads the region's entry; the owner marks
+//! the entry withdrawn *before* it reads the words, and waits while a word
+//! names the key. Both are sequentially consistent, so either the peer sees
+//! the withdrawal and touches nothing, or the owner sees the word and
+//! waits for the access to end. Only then does the owner's deregistration
+//! return, and the memory may be freed.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod link;
+mod seg;
+mod share;
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use softrdma_core::mr::PdId;
+use softrdma_core::qp::attr::AccessFlags;
+use softrdma_core::wr::SendOp;
+use softrdma_core::OffloadLocal;
+
+pub use link::Key;
+use seg::{Mapping, MR_DEAD, MR_EMPTY, MR_LIVE};
+pub use share::Share;
+
+/// How long a requester waits for a peer's handshake before it stays on
+/// UDP: only a stopped or hung peer process takes longer than its service
+/// thread's accept and one reply (microseconds).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// This context's side: its segment, its listener and its peers.
+pub struct Host {
+    inner: Arc<Inner>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Inner {
+    me: Key,
+    fd: OwnedFd,
+    map: Mapping,
+    shares: Mutex<share::Shares>,
+    mrs: Mutex<usize>,
+    listener: OwnedFd,
+    wake: OwnedFd,
+    stop: AtomicBool,
+    conns: Mutex<Vec<Conn>>,
+    peers: Mutex<HashMap<Key, Arc<Peer>>>,
+    free_active: Mutex<Vec<u32>>,
+}
+
+struct Conn {
+    sock: OwnedFd,
+    peer: Arc<Peer>,
+    /// The in-flight word of ours this peer uses.
+    mine: u32,
+}
+
+/// Another context's segment, mapped.
+pub struct Peer {
+    key: Key,
+    map: Mapping,
+    /// Our in-flight word in its segment.
+    active: u32,
+    alive: AtomicBool,
+    busy: AtomicBool,
+    ops: AtomicU64,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("key", &self.key)
+            .field("alive", &self.alive())
+            .finish()
+    }
+}
+
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain system call.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn ring(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// The QP states in which a responder executes requests.
+pub fn responder_ready(s: softrdma_core::qp::state::QpState) -> bool {
+    use softrdma_core::qp::state::QpState::*;
+    matches!(s, Rtr | Rts | Sqd | Sqe)
+}
+
+impl Host {
+    /// Publish a segment for the context at `me` and listen for peers.
+    pub fn open(me: Key) -> io::Result<Host> {
+        let (fd, map) = seg::create()?;
+        let listener = link::listen(me)?;
+        let inner = Arc::new(Inner {
+            me,
+            fd,
+            map,
+            shares: Mutex::new(share::Shares::default()),
+            mrs: Mutex::new(0),
+            listener,
+            wake: eventfd()?,
+            stop: AtomicBool::new(false),
+            conns: Mutex::new(Vec::new()),
+            peers: Mutex::new(HashMap::new()),
+            free_active: Mutex::new((0..seg::PEERS as u32).rev().collect()),
+        });
+        let me2 = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("softrdma-shm".into())
+            .spawn(move || me2.serve())?;
+        Ok(Host {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn key(&self) -> Key {
+        self.inner.me
+    }
+
+    /// Move the whole pages of a region being registered into the arena
+    /// (see `share`). The caller vouches that `[addr, addr + len)` is the
+    /// region's memory, mapped for the registration's life.
+    pub fn share(&self, addr: u64, len: u64) -> Option<Share> {
+        self.inner
+            .shares
+            .lock()
+            .unwrap()
+            .share(self.inner.fd.as_raw_fd(), addr, len)
+    }
+
+    /// Undo one [`Host::share`], after every region published in it was withdrawn.
+    pub fn unshare(&self, s: Share) {
+        self.inner
+            .shares
+            .lock()
+            .unwrap()
+            .unshare(self.inner.fd.as_raw_fd(), s)
+    }
+
+    /// Make the part of a region that `s` moved reachable by peers under
+    /// `rkey`. Returns false if the table is full (the region is then
+    /// reached through the packet path).
+    pub fn publish_mr(
+        &self,
+        rkey: u32,
+        pd: PdId,
+        access: AccessFlags,
+        iova: u64,
+        host_addr: u64,
+        s: &Share,
+    ) -> bool {
+        let mut live = self.inner.mrs.lock().unwrap();
+        if *live >= seg::MR_MAX_LIVE || s.lo < host_addr {
+            return false;
+        }
+        let m = &self.inner.map;
+        let h = seg::mr_hash(rkey);
+        for i in 0..seg::MR_PROBES {
+            let e = m.mr((h + i) % seg::MR_SLOTS);
+            let used = e.used.load(Ordering::Relaxed);
+            if used == MR_LIVE {
+                continue;
+            }
+            seg::write_locked(&e.seq, || {
+                e.rkey.store(rkey, Ordering::Relaxed);
+                e.pd.store(pd.0, Ordering::Relaxed);
+                e.access.store(access.bits(), Ordering::Relaxed);
+                e.iova_lo
+                    .store(iova.wrapping_add(s.lo - host_addr), Ordering::Relaxed);
+                e.len.store(s.hi - s.lo, Ordering::Relaxed);
+                e.off.store(s.off, Ordering::Relaxed);
+                e.used.store(MR_LIVE, Ordering::Relaxed);
+            });
+            *live += 1;
+            return true;
+        }
+        false
+    }
+
+    /// Withdraw `rkey`'s entry and wait until no peer is inside its memory.
+    /// After this returns no peer touches the region again.
+    pub fn withdraw_mr(&self, rkey: u32) {
+        let mut live = self.inner.mrs.lock().unwrap();
+        let m = &self.inner.map;
+        let h = seg::mr_hash(rkey);
+        for i in 0..seg::MR_PROBES {
+            let e = m.mr((h + i) % seg::MR_SLOTS);
+            match e.used.load(Ordering::Relaxed) {
+                MR_EMPTY => return,
+                MR_LIVE if e.rkey.load(Ordering::Relaxed) == rkey => {
+                    seg::write_locked(&e.seq, || e.used.store(MR_DEAD, Ordering::Relaxed));
+                    *live -= 1;
+                    fence(Ordering::SeqCst);
+                    let tag = seg::ACTIVE_BIT | rkey as u64;
+                    for p in 0..seg::PEERS {
+                        let w = &m.active(p).word;
+                        while w.load(Ordering::SeqCst) == tag {
+                            std::thread::yield_now();
+                        }
+                    }
+                    return;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Publish QP `qpn`'s responder as peers' requesters judge it (`None`:
+    /// destroyed).
+    pub fn publish_qp(&self, qpn: u32, qp: Option<(bool, PdId, AccessFlags, u32)>) {
+        let e = self.inner.map.qp(qpn);
+        seg::write_locked(&e.seq, || match qp {
+            Some((ready, pd, access, dest)) => {
+                e.qpn.store(qpn, Ordering::Relaxed);
+                e.ready.store(ready as u32, Ordering::Relaxed);
+                e.pd.store(pd.0, Ordering::Relaxed);
+                e.access.store(access.bits(), Ordering::Relaxed);
+                e.dest_qpn.store(dest, Ordering::Relaxed);
+            }
+            None => {
+                e.ready.store(0, Ordering::Relaxed);
+                e.qpn.store(0, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// The peer context at `to`, joined now if it was not yet. Fails if no
+    /// context of this user listens there, or it does not answer.
+    pub fn connect(&self, to: Key) -> io::Result<Arc<Peer>> {
+        if let Some(p) = self.inner.peers.lock().unwrap().get(&to) {
+            if p.alive() {
+                return Ok(p.clone());
+            }
+        }
+        let s = link::connect(to)?;
+        let mine = self.inner.alloc_active()?;
+        let r = (|| {
+            link::send_hello(
+                s.as_raw_fd(),
+                &link::Hello::new(self.inner.me, mine),
+                self.inner.fd.as_raw_fd(),
+            )?;
+            let (h, fd) = link::recv_hello(s.as_raw_fd(), HANDSHAKE_TIMEOUT)?;
+            if h.key() != to {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "the peer answered for another address or slot",
+                ));
+            }
+            peer_of(to, fd, h.active)
+        })();
+        match r {
+            Ok(peer) => {
+                self.inner.add(s, peer.clone(), mine);
+                self.inner.peers.lock().unwrap().insert(to, peer.clone());
+                Ok(peer)
+            }
+            Err(e) => {
+                self.inner.free_active.lock().unwrap().push(mine);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn peer_of(key: Key, fd: OwnedFd, active: u32) -> io::Result<Arc<Peer>> {
+    let map = Mapping::map(fd.as_raw_fd())?;
+    if !map.valid() || active as usize >= seg::PEERS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the peer's segment is not a softrdma segment of this version",
+        ));
+    }
+    Ok(Arc::new(Peer {
+        key,
+        map,
+        active,
+        alive: AtomicBool::new(true),
+        busy: AtomicBool::new(false),
+        ops: AtomicU64::new(0),
+    }))
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        ring(self.inner.wake.as_raw_fd());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // Closing the connections tells every peer we are gone.
+        self.inner.conns.lock().unwrap().clear();
+    }
+}
+
+impl Inner {
+    fn alloc_active(&self) -> io::Result<u32> {
+        self.free_active.lock().unwrap().pop().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "too many shared-memory peers for one context",
+            )
+        })
+    }
+
+    fn add(&self, sock: OwnedFd, peer: Arc<Peer>, mine: u32) {
+        self.conns.lock().unwrap().push(Conn { sock, peer, mine });
+        ring(self.wake.as_raw_fd());
+    }
+
+    /// The service thread: accept peers, notice their end.
+    fn serve(self: Arc<Self>) {
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        loop {
+            fds.clear();
+            for fd in [self.wake.as_raw_fd(), self.listener.as_raw_fd()] {
+                fds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            for c in self.conns.lock().unwrap().iter() {
+                fds.push(libc::pollfd {
+                    fd: c.sock.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            // SAFETY: fds is a valid array of pollfd of that length.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            if self.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            if r < 0 {
+                continue;
+            }
+            if fds[0].revents != 0 {
+                let mut v = 0u64;
+                // SAFETY: reads 8 bytes into a live u64.
+                unsafe { libc::read(fds[0].fd, (&mut v as *mut u64).cast(), 8) };
+            }
+            if fds[1].revents != 0 {
+                self.accept_one();
+            }
+            let gone: Vec<RawFd> = fds[2..]
+                .iter()
+                .filter(|p| p.revents != 0)
+                .map(|p| p.fd)
+                .collect();
+            if !gone.is_empty() {
+                self.drop_conns(&gone);
+            }
+        }
+    }
+
+    fn accept_one(&self) {
+        let Ok(s) = link::accept(self.listener.as_raw_fd()) else {
+            return;
+        };
+        let Ok((h, fd)) = link::recv_hello(s.as_raw_fd(), HANDSHAKE_TIMEOUT) else {
+            return;
+        };
+        let Ok(mine) = self.alloc_active() else {
+            return;
+        };
+        let key = h.key();
+        let ok = peer_of(key, fd, h.active).and_then(|peer| {
+            link::send_hello(
+                s.as_raw_fd(),
+                &link::Hello::new(self.me, mine),
+                self.fd.as_raw_fd(),
+            )?;
+            Ok(peer)
+        });
+        match ok {
+            Ok(peer) => {
+                self.peers.lock().unwrap().insert(key, peer.clone());
+                self.conns.lock().unwrap().push(Conn {
+                    sock: s,
+                    peer,
+                    mine,
+                });
+            }
+            Err(_) => self.free_active.lock().unwrap().push(mine),
+        }
+    }
+
+    /// A connection became readable: the peer never sends after the
+    /// handshake, so this is its end (EOF, or an error).
+    fn drop_conns(&self, fds: &[RawFd]) {
+        let mut conns = self.conns.lock().unwrap();
+        let mut peers = self.peers.lock().unwrap();
+        conns.retain(|c| {
+            if !fds.contains(&c.sock.as_raw_fd()) {
+                return true;
+            }
+            c.peer.alive.store(false, Ordering::SeqCst);
+            // A dead peer is inside nothing any more: free whoever waits
+            // for its word (see `withdraw_mr`).
+            self.map
+                .active(c.mine as usize)
+                .word
+                .store(0, Ordering::SeqCst);
+            self.free_active.lock().unwrap().push(c.mine);
+            if peers
+                .get(&c.peer.key)
+                .is_some_and(|p| Arc::ptr_eq(p, &c.peer))
+            {
+                peers.remove(&c.peer.key);
+            }
+            false
+        });
+    }
+}
+
+/// The QP of ours a one-sided operation is posted on, and its peer QP.
+#[derive(Debug, Clone, Copy)]
+pub struct Qps {
+    pub local: u32,
+    pub remote: u32,
+}
+
+impl Peer {
+    pub fn key(&self) -> Key {
+        self.key
+    }
+
+    /// False once its process ended (its connection closed).
+    pub fn alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+
+    /// One-sided operations carried out so far.
+    pub fn ops(&self) -> u64 {
+        self.ops.load(Ordering::Relaxed)
+    }
+
+    /// Carry out a one-sided `op` from `qps.local` on the peer's
+    /// `qps.remote` if every check a responder makes passes; false, with
+    /// nothing touched, if any does not (the caller then sends it).
+    ///
+    /// # Safety
+    /// `local`'s host spans must be valid for the access (readable for a
+    /// WRITE, writable for a READ or an atomic's result) for the duration
+    /// of the call: the core translated them during this call, under the
+    /// engine's lock, so their region cannot be freed meanwhile.
+    pub unsafe fn one_sided(&self, qps: Qps, op: &SendOp, local: OffloadLocal<'_>) -> bool {
+        if !self.alive() {
+            return false;
+        }
+        if self
+            .busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        // SAFETY: forwarded from the caller.
+        let ok = unsafe { self.one_sided_locked(qps, op, local) };
+        self.busy.store(false, Ordering::Release);
+        if ok {
+            self.ops.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// # Safety
+    /// As for [`Peer::one_sided`].
+    unsafe fn one_sided_locked(&self, qps: Qps, op: &SendOp, local: OffloadLocal<'_>) -> bool {
+        let (va, rkey, need) = match *op {
+            SendOp::Write { remote_addr, rkey } | SendOp::AtomicWrite { remote_addr, rkey } => {
+                (remote_addr, rkey, AccessFlags::REMOTE_WRITE)
+            }
+            SendOp::Read { remote_addr, rkey } => (remote_addr, rkey, AccessFlags::REMOTE_READ),
+            SendOp::CompareSwap {
+                remote_addr, rkey, ..
+            }
+            | SendOp::FetchAdd {
+                remote_addr, rkey, ..
+            } => (remote_addr, rkey, AccessFlags::REMOTE_ATOMIC),
+            _ => return false,
+        };
+        let len: u64 = match local {
+            OffloadLocal::Host(h) => h.iter().map(|&(_, l)| l as u64).sum(),
+            OffloadLocal::Inline(b) => b.len() as u64,
+        };
+        if len == 0 {
+            return false;
+        }
+        let m = &self.map;
+        // The responder QP: connected to ours, executing requests, granting
+        // this access.
+        let q = m.qp(qps.remote);
+        let (qpn, ready, qpd, qacc, dest) = seg::read_locked(&q.seq, || {
+            (
+                q.qpn.load(Ordering::Relaxed),
+                q.ready.load(Ordering::Relaxed),
+                q.pd.load(Ordering::Relaxed),
+                q.access.load(Ordering::Relaxed),
+                q.dest_qpn.load(Ordering::Relaxed),
+            )
+        });
+        if qpn != qps.remote
+            || ready != 1
+            || dest != qps.local
+            || !AccessFlags::from_bits_retain(qacc).contains(need)
+        {
+            return false;
+        }
+        let word = &m.active(self.active as usize).word;
+        word.store(seg::ACTIVE_BIT | rkey as u64, Ordering::SeqCst);
+        let ok = 'look: {
+            let h = seg::mr_hash(rkey);
+            for i in 0..seg::MR_PROBES {
+                let e = m.mr((h + i) % seg::MR_SLOTS);
+                let used = e.used.load(Ordering::SeqCst);
+                if used == MR_EMPTY {
+                    break 'look false;
+                }
+                let (used, key, pd, acc, lo, elen, off) = seg::read_locked(&e.seq, || {
+                    (
+                        e.used.load(Ordering::Relaxed),
+                        e.rkey.load(Ordering::Relaxed),
+                        e.pd.load(Ordering::Relaxed),
+                        e.access.load(Ordering::Relaxed),
+                        e.iova_lo.load(Ordering::Relaxed),
+                        e.len.load(Ordering::Relaxed),
+                        e.off.load(Ordering::Relaxed),
+                    )
+                });
+                if used != MR_LIVE || key != rkey {
+                    continue;
+                }
+                let Some(rel) = va.checked_sub(lo) else {
+                    break 'look false;
+                };
+                if pd != qpd
+                    || !AccessFlags::from_bits_retain(acc).contains(need)
+                    || rel.checked_add(len).is_none_or(|end| end > elen)
+                    || off.checked_add(elen).is_none_or(|end| end > seg::ARENA_LEN)
+                {
+                    break 'look false;
+                }
+                if !matches!(op, SendOp::Write { .. } | SendOp::Read { .. })
+                    && (rel % 8 != 0 || len != 8)
+                {
+                    break 'look false;
+                }
+                let target = m.arena(off + rel);
+                // SAFETY: `target..target+len` lies in the arena extent the
+                // live entry publishes (checked above), which stays mapped
+                // (the whole segment is) and is not freed while our word
+                // names the key (the owner waits, see the crate docs). The
+                // local spans are valid per the caller's contract.
+                unsafe { execute(op, target, local, len) };
+                break 'look true;
+            }
+            false
+        };
+        word.store(0, Ordering::Release);
+        ok
+    }
+}
+
+/// Move the bytes (or run the atomic) between the target word/buffer and
+/// the local buffer.
+///
+/// # Safety
+/// `target` is valid for `len` bytes (8-byte aligned for the atomics and
+/// ATOMIC WRITE); `local` as for [`Peer::one_sided`].
+unsafe fn execute(op: &SendOp, target: *mut u8, local: OffloadLocal<'_>, len: u64) {
+    use std::sync::atomic::AtomicU64 as A;
+    let word = || {
+        // SAFETY: target is 8-byte aligned and valid for 8 bytes (caller).
+        unsafe { &*(target as *const A) }
+    };
+    let first = |local: OffloadLocal<'_>| -> u64 {
+        match local {
+            OffloadLocal::Host(h) => h.first().map_or(0, |&(a, _)| a),
+            OffloadLocal::Inline(b) => b.as_ptr() as u64,
+        }
+    };
+    match *op {
+        SendOp::Write { .. } => {
+            // The last 8 bytes land after all the others, so a target that
+            // polls the end of its buffer (perftest, most ping-pongs) sees
+            // the whole message once it sees its end.
+            let mut at = 0u64;
+            let mut put = |src: *const u8, n: u64| {
+                let tail_from = len.saturating_sub(8);
+                // SAFETY: `at + n <= len`: the spans add up to len.
+                unsafe {
+                    if at + n <= tail_from || at >= tail_from {
+                        std::ptr::copy_nonoverlapping(src, target.add(at as usize), n as usize);
+                    } else {
+                        let k = tail_from - at;
+                        std::ptr::copy_nonoverlapping(src, target.add(at as usize), k as usize);
+                        fence(Ordering::Release);
+                        std::ptr::copy_nonoverlapping(
+                            src.add(k as usize),
+                            target.add(tail_from as usize),
+                            (n - k) as usize,
+                        );
+                    }
+                }
+                at += n;
+            };
+            match local {
+                OffloadLocal::Host(h) => {
+                    for &(a, l) in h {
+                        put(a as *const u8, l as u64);
+                    }
+                }
+                OffloadLocal::Inline(b) => put(b.as_ptr(), b.len() as u64),
+            }
+        }
+        SendOp::Read { .. } => {
+            let mut at = 0usize;
+            if let OffloadLocal::Host(h) = local {
+                for &(a, l) in h {
+                    // SAFETY: `at + l <= len` (the spans add up to len); the
+                    // local span is writable (caller).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(target.add(at), a as *mut u8, l as usize)
+                    };
+                    at += l as usize;
+                }
+            }
+        }
+        SendOp::CompareSwap { compare, swap, .. } => {
+            let old =
+                match word().compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                };
+            // SAFETY: the one local span is 8 writable bytes (caller; the
+            // core checked the atomic's SGE is 8 bytes).
+            unsafe { std::ptr::write_unaligned(first(local) as *mut u64, old) };
+        }
+        SendOp::FetchAdd { add, .. } => {
+            let old = word().fetch_add(add, Ordering::SeqCst);
+            // SAFETY: as for CompareSwap.
+            unsafe { std::ptr::write_unaligned(first(local) as *mut u64, old) };
+        }
+        SendOp::AtomicWrite { .. } => {
+            // SAFETY: 8 readable bytes (a span of 8, or the inline copy).
+            let v = unsafe { std::ptr::read_unaligned(first(local) as *const u64) };
+            word().store(v, Ordering::SeqCst);
+        }
+        _ => {}
+    }
+}

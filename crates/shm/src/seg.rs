@@ -1,0 +1,229 @@
+//! The segment a context publishes to the processes it talks to: one
+//! `memfd`, holding the tables peers read (QPs, memory regions, the
+//! in-flight words) and, after them, the arena that registered memory is
+//! moved into so that peers can map it.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+pub const MAGIC: u64 = u64::from_le_bytes(*b"SRDMASHM");
+pub const VERSION: u32 = 1;
+pub const PAGE: u64 = 4096;
+
+/// QP entries, indexed by the low 16 bits of the QPN (a context's QPNs are
+/// `slot << 16 | 0x100 + index` with index < 0xff00).
+pub const QP_SLOTS: usize = 1 << 16;
+/// Memory-region entries: an open-addressed table by rkey, at most half
+/// full, so a lookup probes a few entries.
+pub const MR_SLOTS: usize = 1 << 16;
+pub const MR_MAX_LIVE: usize = MR_SLOTS / 2;
+pub const MR_PROBES: usize = 64;
+/// Peers that may access this segment at once: one in-flight word each.
+pub const PEERS: usize = 256;
+
+const HEADER_OFF: usize = 0;
+const QP_OFF: usize = 4096;
+const MR_OFF: usize = QP_OFF + QP_SLOTS * std::mem::size_of::<QpEntry>();
+const ACTIVE_OFF: usize = MR_OFF + MR_SLOTS * std::mem::size_of::<MrEntry>();
+const TABLES_END: usize = ACTIVE_OFF + PEERS * std::mem::size_of::<Active>();
+/// Where the arena starts (the tables rounded up to 2 MiB).
+pub const ARENA_OFF: u64 = ((TABLES_END as u64) + (2 << 20) - 1) & !((2 << 20) - 1);
+/// The arena's size: virtual (tmpfs allocates pages as they are written),
+/// the most memory a context can register for peers to reach directly.
+pub const ARENA_LEN: u64 = 64 << 30;
+pub const SEG_LEN: u64 = ARENA_OFF + ARENA_LEN;
+
+#[repr(C)]
+pub struct Header {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    pub pid: AtomicU32,
+    pub uid: AtomicU32,
+}
+
+/// A QP as a peer's requester needs to judge a one-sided operation: the
+/// responder side of IBA's checks that do not involve memory.
+#[repr(C)]
+pub struct QpEntry {
+    /// Seqlock: odd while the owner rewrites the entry.
+    pub seq: AtomicU32,
+    pub qpn: AtomicU32,
+    /// 1 if the QP's responder executes requests (RTR, RTS, SQD, SQE).
+    pub ready: AtomicU32,
+    pub pd: AtomicU32,
+    /// `qp_access_flags` (the core's `AccessFlags` bits).
+    pub access: AtomicU32,
+    /// The QP it is connected to (RC/UC), which alone may use it.
+    pub dest_qpn: AtomicU32,
+    _pad: [u32; 2],
+}
+
+/// 0: never used (ends a probe chain), 1: live, 2: withdrawn.
+pub const MR_EMPTY: u32 = 0;
+pub const MR_LIVE: u32 = 1;
+pub const MR_DEAD: u32 = 2;
+
+/// The directly reachable part of a registration: `[iova_lo, iova_lo +
+/// len)` is at `arena + off` in the segment.
+#[repr(C)]
+pub struct MrEntry {
+    pub seq: AtomicU32,
+    pub used: AtomicU32,
+    pub rkey: AtomicU32,
+    pub pd: AtomicU32,
+    pub access: AtomicU32,
+    _pad0: u32,
+    pub iova_lo: AtomicU64,
+    pub len: AtomicU64,
+    pub off: AtomicU64,
+    _pad: [u64; 3],
+}
+
+/// A peer's in-flight word: the rkey (with bit 32 set) whose memory it is
+/// touching now, or 0. The owner withdraws a region, then waits until no
+/// word names it.
+#[repr(C)]
+pub struct Active {
+    pub word: AtomicU64,
+    _pad: [u64; 7],
+}
+
+pub const ACTIVE_BIT: u64 = 1 << 32;
+
+/// A mapping of a whole segment (ours or a peer's).
+pub struct Mapping {
+    base: *mut u8,
+}
+
+// SAFETY: the mapping is shared memory reached only through atomics (the
+// tables) or through raw copies whose callers uphold the access protocol
+// (`lib.rs`); the pointer itself is plain data valid for the mapping's
+// life, in any thread.
+unsafe impl Send for Mapping {}
+// SAFETY: as for Send: every shared access through `&Mapping` is atomic or
+// a raw copy under the protocol.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    pub fn map(fd: RawFd) -> io::Result<Mapping> {
+        // SAFETY: a fresh shared mapping of the whole file, at an address the
+        // kernel picks; nothing else is affected. NORESERVE: the arena is
+        // sparse.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                SEG_LEN as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { base: p.cast() })
+    }
+
+    pub fn header(&self) -> &Header {
+        // SAFETY: HEADER_OFF lies inside the mapping, is aligned (page), and
+        // Header is atomics only, valid for any bit pattern.
+        unsafe { &*(self.base.add(HEADER_OFF) as *const Header) }
+    }
+
+    pub fn qp(&self, qpn: u32) -> &QpEntry {
+        let i = (qpn & 0xffff) as usize;
+        // SAFETY: i < QP_SLOTS, so the entry lies inside the table inside the
+        // mapping; the entries are atomics, valid for any bit pattern.
+        unsafe { &*(self.base.add(QP_OFF).cast::<QpEntry>().add(i)) }
+    }
+
+    pub fn mr(&self, i: usize) -> &MrEntry {
+        debug_assert!(i < MR_SLOTS);
+        let i = i % MR_SLOTS;
+        // SAFETY: as for `qp`.
+        unsafe { &*(self.base.add(MR_OFF).cast::<MrEntry>().add(i)) }
+    }
+
+    pub fn active(&self, i: usize) -> &Active {
+        let i = i % PEERS;
+        // SAFETY: as for `qp`.
+        unsafe { &*(self.base.add(ACTIVE_OFF).cast::<Active>().add(i)) }
+    }
+
+    /// The address of arena byte `off`.
+    pub fn arena(&self, off: u64) -> *mut u8 {
+        debug_assert!(off < ARENA_LEN);
+        // SAFETY: pointer arithmetic inside the mapping (off < ARENA_LEN,
+        // checked by the callers against the published entry).
+        unsafe { self.base.add((ARENA_OFF + off) as usize) }
+    }
+
+    pub fn valid(&self) -> bool {
+        let h = self.header();
+        h.magic.load(Ordering::Acquire) == MAGIC && h.version.load(Ordering::Relaxed) == VERSION
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `map` created; no reference into
+        // it outlives `self` (they borrow it).
+        unsafe { libc::munmap(self.base.cast(), SEG_LEN as usize) };
+    }
+}
+
+/// A new segment: the memfd, sized, with its header written.
+pub fn create() -> io::Result<(OwnedFd, Mapping)> {
+    let name = c"softrdma-shm";
+    // SAFETY: plain system call with a valid C string.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain system call on our descriptor.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), SEG_LEN as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let m = Mapping::map(fd.as_raw_fd())?;
+    let h = m.header();
+    h.version.store(VERSION, Ordering::Relaxed);
+    h.pid.store(std::process::id(), Ordering::Relaxed);
+    // SAFETY: getuid cannot fail.
+    h.uid.store(unsafe { libc::getuid() }, Ordering::Relaxed);
+    h.magic.store(MAGIC, Ordering::Release);
+    Ok((fd, m))
+}
+
+/// Seqlock write of one entry.
+pub fn write_locked(seq: &AtomicU32, f: impl FnOnce()) {
+    let s = seq.load(Ordering::Relaxed);
+    seq.store(s.wrapping_add(1), Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::Release);
+    f();
+    seq.store(s.wrapping_add(2), Ordering::Release);
+}
+
+/// Seqlock read: `f` until it ran while no write was in progress.
+pub fn read_locked<T>(seq: &AtomicU32, mut f: impl FnMut() -> T) -> T {
+    loop {
+        let s1 = seq.load(Ordering::Acquire);
+        if s1 & 1 == 0 {
+            let v = f();
+            std::sync::atomic::fence(Ordering::Acquire);
+            if seq.load(Ordering::Relaxed) == s1 {
+                return v;
+            }
+        }
+        std::hint::spin_loop();
+    }
+}
+
+pub fn mr_hash(rkey: u32) -> usize {
+    // Keys are random already (the OS CSPRNG); mix anyway so that a
+    // caller's pattern of keys cannot cluster the table.
+    (rkey.wrapping_mul(0x9e37_79b1) >> 16) as usize % MR_SLOTS
+}

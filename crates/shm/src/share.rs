@@ -1,0 +1,345 @@
+//! Moving registered memory into the arena so that peers can map it.
+//!
+//! A registration's whole pages (the page-aligned interior of its range)
+//! are replaced, at the same virtual addresses, by a shared mapping of an
+//! arena extent holding the same bytes: the application and the engine
+//! keep using the addresses they had, and a peer process that maps the
+//! segment reaches the same physical pages. Only private anonymous memory
+//! (the heap, `malloc`/`mmap` buffers) is moved; file mappings, shared or
+//! huge-page memory and the stack are left alone (their regions are then
+//! reached through the packet path, as over UDP).
+//!
+//! The move is atomic for readers: the bytes are copied into a shared
+//! mapping made elsewhere, which `mremap` then puts in place of the old
+//! pages in one step. A write another thread makes to those pages between
+//! the copy and the `mremap` (a few microseconds per MiB, during the
+//! registration call) would be lost; registering memory that another
+//! thread is writing at that moment is the one thing this transport does
+//! not support (docs/DESIGN.md). Deregistration moves the bytes back the
+//! same way, so the application's memory is private anonymous memory again
+//! and the arena extent is freed.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::RawFd;
+
+use crate::seg::{ARENA_LEN, ARENA_OFF, PAGE};
+
+/// A moved range: `[lo, hi)` of our address space is arena `[off, off + hi - lo)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub lo: u64,
+    pub hi: u64,
+    pub off: u64,
+}
+
+struct Extent {
+    hi: u64,
+    off: u64,
+    refs: u32,
+}
+
+/// The arena's allocator and the moved extents.
+pub struct Shares {
+    /// Free arena ranges: offset → length.
+    free: BTreeMap<u64, u64>,
+    /// Moved extents by start address.
+    extents: BTreeMap<u64, Extent>,
+}
+
+impl Default for Shares {
+    fn default() -> Self {
+        let mut free = BTreeMap::new();
+        free.insert(0, ARENA_LEN);
+        Shares {
+            free,
+            extents: BTreeMap::new(),
+        }
+    }
+}
+
+impl Shares {
+    fn alloc(&mut self, len: u64) -> Option<u64> {
+        let (&off, &flen) = self.free.iter().find(|(_, &l)| l >= len)?;
+        self.free.remove(&off);
+        if flen > len {
+            self.free.insert(off + len, flen - len);
+        }
+        Some(off)
+    }
+
+    fn release(&mut self, mut off: u64, mut len: u64) {
+        if let Some((&p, &pl)) = self.free.range(..off).next_back() {
+            if p + pl == off {
+                self.free.remove(&p);
+                off = p;
+                len += pl;
+            }
+        }
+        if let Some(&nl) = self.free.get(&(off + len)) {
+            self.free.remove(&(off + len));
+            len += nl;
+        }
+        self.free.insert(off, len);
+    }
+
+    /// Move the whole pages of `[addr, addr + len)` into the arena (or
+    /// find them moved already by an earlier registration of the same
+    /// pages). None if the range has no whole page or is not all private
+    /// anonymous writable memory, or overlaps a moved extent without lying
+    /// inside it.
+    pub fn share(&mut self, fd: RawFd, addr: u64, len: u64) -> Option<Share> {
+        let lo = addr.checked_add(PAGE - 1)? & !(PAGE - 1);
+        let hi = addr.checked_add(len)? & !(PAGE - 1);
+        if hi <= lo {
+            return None;
+        }
+        if let Some((&elo, e)) = self.extents.range_mut(..hi).next_back() {
+            if e.hi > lo {
+                if elo <= lo && hi <= e.hi {
+                    e.refs += 1;
+                    return Some(Share {
+                        lo,
+                        hi,
+                        off: e.off + (lo - elo),
+                    });
+                }
+                return None;
+            }
+        }
+        if !private_anonymous(lo, hi) {
+            return None;
+        }
+        let n = hi - lo;
+        let off = self.alloc(n)?;
+        // SAFETY: [lo, hi) is, as just checked, private anonymous writable
+        // memory of this process, and lies inside the region the caller is
+        // registering, whose memory the caller vouches for (it stays mapped
+        // for the registration's life). `move_pages` replaces it by pages
+        // with the same contents.
+        match unsafe { move_into(fd, lo, n, ARENA_OFF + off) } {
+            Ok(()) => {
+                self.extents.insert(lo, Extent { hi, off, refs: 1 });
+                Some(Share { lo, hi, off })
+            }
+            Err(_) => {
+                self.release(off, n);
+                None
+            }
+        }
+    }
+
+    /// Drop one reference to the extent `s` lies in; the last one moves
+    /// the bytes back to private memory (if the application still has the
+    /// extent mapped where we put it) and frees the arena extent.
+    pub fn unshare(&mut self, fd: RawFd, s: Share) {
+        let Some((&elo, e)) = self.extents.range_mut(..=s.lo).next_back() else {
+            return;
+        };
+        if e.hi < s.hi {
+            return;
+        }
+        e.refs -= 1;
+        if e.refs > 0 {
+            return;
+        }
+        let (hi, off) = (e.hi, e.off);
+        self.extents.remove(&elo);
+        let n = hi - elo;
+        if still_ours(elo, hi, ARENA_OFF + off) {
+            // SAFETY: [elo, hi) is still our shared mapping of the arena
+            // (checked just now in /proc/self/maps), which the application
+            // registered; replacing it by private pages with the same bytes
+            // changes no byte it can see.
+            let _ = unsafe { move_out(elo, n) };
+        }
+        // SAFETY: plain system call on our memfd; peers no longer reach this
+        // extent (every region in it was withdrawn first).
+        unsafe {
+            libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                (ARENA_OFF + off) as libc::off_t,
+                n as libc::off_t,
+            )
+        };
+        self.release(off, n);
+    }
+}
+
+/// One line of /proc/self/maps.
+struct Vma<'a> {
+    lo: u64,
+    hi: u64,
+    perms: &'a str,
+    off: u64,
+    inode: u64,
+    path: &'a str,
+}
+
+fn vmas(maps: &str) -> impl Iterator<Item = Vma<'_>> {
+    maps.lines().filter_map(|l| {
+        let mut it = l.split_ascii_whitespace();
+        let range = it.next()?;
+        let perms = it.next()?;
+        let off = u64::from_str_radix(it.next()?, 16).ok()?;
+        let _dev = it.next()?;
+        let inode = it.next()?.parse().ok()?;
+        let path = it.next().unwrap_or("");
+        let (a, b) = range.split_once('-')?;
+        Some(Vma {
+            lo: u64::from_str_radix(a, 16).ok()?,
+            hi: u64::from_str_radix(b, 16).ok()?,
+            perms,
+            off,
+            inode,
+            path,
+        })
+    })
+}
+
+/// Whether `[lo, hi)` is covered, without a hole, by mappings satisfying `ok`.
+fn covered(lo: u64, hi: u64, mut ok: impl FnMut(&Vma<'_>) -> bool) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let mut at = lo;
+    for v in vmas(&maps) {
+        if v.hi <= at {
+            continue;
+        }
+        if v.lo > at || !ok(&v) {
+            return false;
+        }
+        at = v.hi;
+        if at >= hi {
+            return true;
+        }
+    }
+    false
+}
+
+fn private_anonymous(lo: u64, hi: u64) -> bool {
+    covered(lo, hi, |v| {
+        v.perms == "rw-p" && v.inode == 0 && (v.path.is_empty() || v.path == "[heap]")
+    })
+}
+
+fn still_ours(lo: u64, hi: u64, file_off: u64) -> bool {
+    covered(lo, hi, |v| {
+        v.perms.starts_with("rw-s")
+            && v.path.starts_with("/memfd:softrdma-shm")
+            && v.off.wrapping_sub(file_off) == v.lo.wrapping_sub(lo)
+    })
+}
+
+/// Replace `[lo, lo + n)` by a shared mapping of `fd` at `file_off` holding
+/// the same bytes.
+///
+/// # Safety
+/// `[lo, lo + n)` must be page-aligned writable memory of this process
+/// that nothing else relies on being private (see the module docs).
+unsafe fn move_into(fd: RawFd, lo: u64, n: u64, file_off: u64) -> io::Result<()> {
+    // SAFETY: a new mapping at an address the kernel picks.
+    let tmp = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            n as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            file_off as libc::off_t,
+        )
+    };
+    if tmp == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `lo..lo+n` is readable (caller) and `tmp` is a fresh mapping
+    // of n bytes: distinct ranges.
+    unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, tmp.cast::<u8>(), n as usize) };
+    // SAFETY: tmp is ours; lo as the caller promised.
+    unsafe { place(tmp, lo, n) }
+}
+
+/// Replace `[lo, lo + n)` by private anonymous memory holding the same bytes.
+///
+/// # Safety
+/// As for [`move_into`].
+unsafe fn move_out(lo: u64, n: u64) -> io::Result<()> {
+    // SAFETY: a new mapping at an address the kernel picks.
+    let tmp = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            n as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if tmp == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as in `move_into`.
+    unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, tmp.cast::<u8>(), n as usize) };
+    // SAFETY: as in `move_into`.
+    unsafe { place(tmp, lo, n) }
+}
+
+/// Move the mapping at `tmp` to `lo`, replacing what was there in one step.
+///
+/// # Safety
+/// `tmp` is a mapping of `n` bytes we made; `lo` as for [`move_into`].
+unsafe fn place(tmp: *mut libc::c_void, lo: u64, n: u64) -> io::Result<()> {
+    // SAFETY: moves our mapping `tmp` over `lo..lo+n`, which the caller
+    // lets us replace.
+    let r = unsafe {
+        libc::mremap(
+            tmp,
+            n as usize,
+            n as usize,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            lo as *mut libc::c_void,
+        )
+    };
+    if r == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        // SAFETY: tmp is still our mapping of n bytes (mremap failed).
+        unsafe { libc::munmap(tmp, n as usize) };
+        return Err(e);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arena_allocator_merges_what_it_frees() {
+        let mut s = Shares::default();
+        let a = s.alloc(PAGE).unwrap();
+        let b = s.alloc(2 * PAGE).unwrap();
+        let c = s.alloc(PAGE).unwrap();
+        assert_eq!((a, b, c), (0, PAGE, 3 * PAGE));
+        s.release(b, 2 * PAGE);
+        s.release(a, PAGE);
+        assert_eq!(s.free.get(&0), Some(&(3 * PAGE)));
+        s.release(c, PAGE);
+        assert_eq!(s.free.len(), 1);
+        assert_eq!(s.free.get(&0), Some(&ARENA_LEN));
+    }
+
+    #[test]
+    fn parses_proc_maps_lines() {
+        let m = "7f00-7f10 rw-p 00000000 00:00 0 \n7f10-7f20 rw-s 00200000 00:01 1234 /memfd:softrdma-shm (deleted)\n";
+        let v: Vec<_> = vmas(m).collect();
+        assert_eq!(v.len(), 2);
+        assert_eq!(
+            (v[0].lo, v[0].hi, v[0].perms, v[0].path),
+            (0x7f00, 0x7f10, "rw-p", "")
+        );
+        assert_eq!((v[1].off, v[1].inode), (0x200000, 1234));
+        assert!(v[1].path.starts_with("/memfd:softrdma-shm"));
+    }
+}

@@ -26,6 +26,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod link;
+mod ring;
 mod seg;
 mod share;
 
@@ -68,6 +69,13 @@ struct Inner {
     conns: Mutex<Vec<Conn>>,
     peers: Mutex<HashMap<Key, Arc<Peer>>>,
     free_active: Mutex<Vec<u32>>,
+    /// Our bell: peers write it when they find `armed` set.
+    bell: OwnedFd,
+    /// The rings peers send into (their index), who they are (GID), and
+    /// whether the peer is gone (its ring is then served until it is
+    /// empty — what it sent before it ended still counts, as datagrams in
+    /// a socket buffer outlive their sender — and only then freed).
+    rx: Mutex<Vec<(u32, [u8; 16], bool)>>,
 }
 
 struct Conn {
@@ -86,6 +94,8 @@ pub struct Peer {
     alive: AtomicBool,
     busy: AtomicBool,
     ops: AtomicU64,
+    /// Its bell (see `ring`).
+    bell: OwnedFd,
 }
 
 impl std::fmt::Debug for Peer {
@@ -136,6 +146,8 @@ impl Host {
             conns: Mutex::new(Vec::new()),
             peers: Mutex::new(HashMap::new()),
             free_active: Mutex::new((0..seg::PEERS as u32).rev().collect()),
+            bell: eventfd()?,
+            rx: Mutex::new(Vec::new()),
         });
         let me2 = inner.clone();
         let thread = std::thread::Builder::new()
@@ -258,6 +270,85 @@ impl Host {
         });
     }
 
+    /// The eventfd peers ring when they send into a ring while this
+    /// context's engine sleeps (see [`Host::arm`]); for its epoll set.
+    pub fn bell_fd(&self) -> RawFd {
+        self.inner.bell.as_raw_fd()
+    }
+
+    /// Clear the bell's count (after a wake-up); whether it had rung.
+    pub fn clear_bell(&self) -> bool {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 (non-blocking eventfd).
+        let n = unsafe { libc::read(self.inner.bell.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        n == 8 && v > 0
+    }
+
+    /// About to sleep with nobody else serving the rings: ask peers to ring
+    /// the bell for their next packet. Returns true (and asks nothing) if a
+    /// ring holds packets already — the caller serves them instead of
+    /// sleeping. Sequentially consistent with the producers' check (see
+    /// `ring::ring_bell`), so no packet is left without a bell.
+    pub fn arm(&self) -> bool {
+        let h = self.inner.map.header();
+        h.armed.store(1, Ordering::SeqCst);
+        if self.rings_pending() {
+            h.armed.store(0, Ordering::SeqCst);
+            return true;
+        }
+        false
+    }
+
+    /// [`Host::arm`] without looking at the rings, for a caller that knows
+    /// someone else serves what they hold now.
+    pub fn arm_only(&self) {
+        self.inner.map.header().armed.store(1, Ordering::SeqCst);
+    }
+
+    /// Someone serves the rings now (an application thread polls): peers
+    /// need not ring.
+    pub fn disarm(&self) {
+        self.inner.map.header().armed.store(0, Ordering::SeqCst);
+    }
+
+    /// Whether a ring holds packets.
+    pub fn rings_pending(&self) -> bool {
+        let rx = self.inner.rx.lock().unwrap();
+        rx.iter()
+            .any(|&(i, _, _)| !self.inner.map.ring(i as usize).is_empty())
+    }
+
+    /// Hand the packets waiting in the rings (at most `budget` per ring) to
+    /// `f` with their sender's GID, and free them. Returns how many.
+    ///
+    /// # Safety
+    /// One consumer at a time (callers hold their engine's lock).
+    pub unsafe fn drain(&self, budget: usize, mut f: impl FnMut(&[u8; 16], &[u8])) -> usize {
+        let mut rx = self.inner.rx.lock().unwrap();
+        let mut n = 0;
+        let mut gone = false;
+        for (i, gid, closing) in rx.iter() {
+            let r = self.inner.map.ring(*i as usize);
+            if !r.is_empty() {
+                // SAFETY: one consumer (the caller's contract); the ring is
+                // ours, RING_BYTES long.
+                n += unsafe { r.drain(budget, |b| f(gid, b)) };
+            }
+            gone |= *closing && r.is_empty();
+        }
+        if gone {
+            let mut free = self.inner.free_active.lock().unwrap();
+            rx.retain(|&(i, _, closing)| {
+                let done = closing && self.inner.map.ring(i as usize).is_empty();
+                if done {
+                    free.push(i);
+                }
+                !done
+            });
+        }
+        n
+    }
+
     /// The peer context at `to`, joined now if it was not yet. Fails if no
     /// context of this user listens there, or it does not answer.
     pub fn connect(&self, to: Key) -> io::Result<Arc<Peer>> {
@@ -272,16 +363,16 @@ impl Host {
             link::send_hello(
                 s.as_raw_fd(),
                 &link::Hello::new(self.inner.me, mine),
-                self.inner.fd.as_raw_fd(),
+                [self.inner.fd.as_raw_fd(), self.inner.bell.as_raw_fd()],
             )?;
-            let (h, fd) = link::recv_hello(s.as_raw_fd(), HANDSHAKE_TIMEOUT)?;
+            let (h, fd, bell) = link::recv_hello(s.as_raw_fd(), HANDSHAKE_TIMEOUT)?;
             if h.key() != to {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     "the peer answered for another address or slot",
                 ));
             }
-            peer_of(to, fd, h.active)
+            peer_of(to, fd, bell, h.active)
         })();
         match r {
             Ok(peer) => {
@@ -297,7 +388,7 @@ impl Host {
     }
 }
 
-fn peer_of(key: Key, fd: OwnedFd, active: u32) -> io::Result<Arc<Peer>> {
+fn peer_of(key: Key, fd: OwnedFd, bell: OwnedFd, active: u32) -> io::Result<Arc<Peer>> {
     let map = Mapping::map(fd.as_raw_fd())?;
     if !map.valid() || active as usize >= seg::PEERS {
         return Err(io::Error::new(
@@ -312,6 +403,7 @@ fn peer_of(key: Key, fd: OwnedFd, active: u32) -> io::Result<Arc<Peer>> {
         alive: AtomicBool::new(true),
         busy: AtomicBool::new(false),
         ops: AtomicU64::new(0),
+        bell,
     }))
 }
 
@@ -329,16 +421,24 @@ impl Drop for Host {
 
 impl Inner {
     fn alloc_active(&self) -> io::Result<u32> {
-        self.free_active.lock().unwrap().pop().ok_or_else(|| {
+        let i = self.free_active.lock().unwrap().pop().ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::OutOfMemory,
                 "too many shared-memory peers for one context",
             )
-        })
+        })?;
+        // Its ring starts empty: whoever used the index before is gone.
+        let r = self.map.ring(i as usize);
+        r.hdr.head.store(0, Ordering::Relaxed);
+        r.hdr.tail.store(0, Ordering::Relaxed);
+        self.map.active(i as usize).word.store(0, Ordering::SeqCst);
+        Ok(i)
     }
 
     fn add(&self, sock: OwnedFd, peer: Arc<Peer>, mine: u32) {
+        let gid = link::gid_of(peer.key.addr);
         self.conns.lock().unwrap().push(Conn { sock, peer, mine });
+        self.rx.lock().unwrap().push((mine, gid, false));
         ring(self.wake.as_raw_fd());
     }
 
@@ -392,29 +492,31 @@ impl Inner {
         let Ok(s) = link::accept(self.listener.as_raw_fd()) else {
             return;
         };
-        let Ok((h, fd)) = link::recv_hello(s.as_raw_fd(), HANDSHAKE_TIMEOUT) else {
+        let Ok((h, fd, bell)) = link::recv_hello(s.as_raw_fd(), HANDSHAKE_TIMEOUT) else {
             return;
         };
         let Ok(mine) = self.alloc_active() else {
             return;
         };
         let key = h.key();
-        let ok = peer_of(key, fd, h.active).and_then(|peer| {
+        let ok = peer_of(key, fd, bell, h.active).and_then(|peer| {
             link::send_hello(
                 s.as_raw_fd(),
                 &link::Hello::new(self.me, mine),
-                self.fd.as_raw_fd(),
+                [self.fd.as_raw_fd(), self.bell.as_raw_fd()],
             )?;
             Ok(peer)
         });
         match ok {
             Ok(peer) => {
                 self.peers.lock().unwrap().insert(key, peer.clone());
+                let gid = link::gid_of(key.addr);
                 self.conns.lock().unwrap().push(Conn {
                     sock: s,
                     peer,
                     mine,
                 });
+                self.rx.lock().unwrap().push((mine, gid, false));
             }
             Err(_) => self.free_active.lock().unwrap().push(mine),
         }
@@ -425,6 +527,7 @@ impl Inner {
     fn drop_conns(&self, fds: &[RawFd]) {
         let mut conns = self.conns.lock().unwrap();
         let mut peers = self.peers.lock().unwrap();
+        let mut rx = self.rx.lock().unwrap();
         conns.retain(|c| {
             if !fds.contains(&c.sock.as_raw_fd()) {
                 return true;
@@ -436,7 +539,12 @@ impl Inner {
                 .active(c.mine as usize)
                 .word
                 .store(0, Ordering::SeqCst);
-            self.free_active.lock().unwrap().push(c.mine);
+            // Its ring is served until empty, then its index is freed
+            // (`Host::drain`).
+            match rx.iter_mut().find(|e| e.0 == c.mine) {
+                Some(e) => e.2 = true,
+                None => self.free_active.lock().unwrap().push(c.mine),
+            }
             if peers
                 .get(&c.peer.key)
                 .is_some_and(|p| Arc::ptr_eq(p, &c.peer))
@@ -463,6 +571,25 @@ impl Peer {
     /// False once its process ended (its connection closed).
     pub fn alive(&self) -> bool {
         self.alive.load(Ordering::Relaxed)
+    }
+
+    /// Send one packet (the concatenation of `parts` and `zeros` zero
+    /// bytes) into the peer's ring, ringing its bell if it sleeps. False if
+    /// the ring is full (the packet is lost, as a full socket buffer loses
+    /// a datagram) or the peer is gone.
+    ///
+    /// # Safety
+    /// One producer at a time (callers hold their engine's lock).
+    pub unsafe fn push(&self, parts: &[&[u8]], zeros: usize) -> bool {
+        if !self.alive() {
+            return false;
+        }
+        let r = self.map.ring(self.active as usize);
+        // SAFETY: one producer (the caller's contract); the ring is the
+        // peer's ring for us, RING_BYTES long.
+        let ok = unsafe { r.push(parts, zeros) };
+        ring::ring_bell(&self.map.header().armed, self.bell.as_raw_fd());
+        ok
     }
 
     /// One-sided operations carried out so far.

@@ -53,15 +53,26 @@ impl Hello {
     }
 
     pub fn key(&self) -> Key {
-        let a = std::net::Ipv6Addr::from(self.addr);
+        key_of(self.addr, self.slot as u8)
+    }
+}
+
+/// The GID (IPv4-mapped or IPv6) of an address.
+pub fn gid_of(addr: IpAddr) -> [u8; 16] {
+    match addr {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+fn key_of(gid: [u8; 16], slot: u8) -> Key {
+    {
+        let a = std::net::Ipv6Addr::from(gid);
         let addr = match a.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),
             None => IpAddr::V6(a),
         };
-        Key {
-            addr,
-            slot: self.slot as u8,
-        }
+        Key { addr, slot }
     }
 }
 
@@ -164,8 +175,8 @@ fn check_peer(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Send `h` and the descriptor `fd`.
-pub fn send_hello(s: RawFd, h: &Hello, fd: RawFd) -> io::Result<()> {
+/// Send `h` and the descriptors `fds` (the segment, the bell).
+pub fn send_hello(s: RawFd, h: &Hello, fds: [RawFd; 2]) -> io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: (h as *const Hello) as *mut libc::c_void,
         iov_len: size_of::<Hello>(),
@@ -173,23 +184,22 @@ pub fn send_hello(s: RawFd, h: &Hello, fd: RawFd) -> io::Result<()> {
     #[repr(C)]
     struct Cmsg {
         hdr: libc::cmsghdr,
-        fd: RawFd,
-        _pad: u32,
+        fds: [RawFd; 2],
     }
     // SAFETY: plain data.
     let mut c: Cmsg = unsafe { zeroed() };
     // SAFETY: CMSG_LEN is a pure computation.
-    c.hdr.cmsg_len = unsafe { libc::CMSG_LEN(size_of::<RawFd>() as u32) } as usize;
+    c.hdr.cmsg_len = unsafe { libc::CMSG_LEN(2 * size_of::<RawFd>() as u32) } as usize;
     c.hdr.cmsg_level = libc::SOL_SOCKET;
     c.hdr.cmsg_type = libc::SCM_RIGHTS;
-    c.fd = fd;
+    c.fds = fds;
     // SAFETY: plain data.
     let mut m: libc::msghdr = unsafe { zeroed() };
     m.msg_iov = &mut iov;
     m.msg_iovlen = 1;
     m.msg_control = (&mut c as *mut Cmsg).cast();
     // SAFETY: CMSG_SPACE is a pure computation.
-    m.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
+    m.msg_controllen = unsafe { libc::CMSG_SPACE(2 * size_of::<RawFd>() as u32) } as usize;
     // SAFETY: m describes valid buffers for the duration of the call.
     if unsafe { libc::sendmsg(s, &m, libc::MSG_NOSIGNAL) } < 0 {
         return Err(io::Error::last_os_error());
@@ -197,8 +207,8 @@ pub fn send_hello(s: RawFd, h: &Hello, fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Receive a hello and its descriptor, waiting at most `timeout`.
-pub fn recv_hello(s: RawFd, timeout: Duration) -> io::Result<(Hello, OwnedFd)> {
+/// Receive a hello and its two descriptors, waiting at most `timeout`.
+pub fn recv_hello(s: RawFd, timeout: Duration) -> io::Result<(Hello, OwnedFd, OwnedFd)> {
     let mut p = libc::pollfd {
         fd: s,
         events: libc::POLLIN,
@@ -247,15 +257,23 @@ pub fn recv_hello(s: RawFd, timeout: Duration) -> io::Result<(Hello, OwnedFd)> {
     if level != libc::SOL_SOCKET || ty != libc::SCM_RIGHTS {
         return Err(bad());
     }
-    // SAFETY: an SCM_RIGHTS message carries at least one descriptor after
-    // its header; we asked for one and own it now.
-    let fd = unsafe {
-        OwnedFd::from_raw_fd(std::ptr::read_unaligned(
-            libc::CMSG_DATA(cm).cast::<RawFd>(),
-        ))
+    // SAFETY: cm is a header the kernel wrote inside cbuf.
+    let clen = unsafe { (*cm).cmsg_len } as usize;
+    // SAFETY: pure computation.
+    if clen < unsafe { libc::CMSG_LEN(2 * size_of::<RawFd>() as u32) } as usize {
+        return Err(bad());
+    }
+    // SAFETY: the message carries two descriptors after its header (its
+    // length says so); they are ours now.
+    let (a, b) = unsafe {
+        let d = libc::CMSG_DATA(cm).cast::<RawFd>();
+        (
+            OwnedFd::from_raw_fd(std::ptr::read_unaligned(d)),
+            OwnedFd::from_raw_fd(std::ptr::read_unaligned(d.add(1))),
+        )
     };
     if n as usize != size_of::<Hello>() || h.magic != MAGIC || h.version != VERSION {
         return Err(bad());
     }
-    Ok((h, fd))
+    Ok((h, a, b))
 }

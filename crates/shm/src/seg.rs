@@ -27,8 +27,12 @@ const QP_OFF: usize = 4096;
 const MR_OFF: usize = QP_OFF + QP_SLOTS * std::mem::size_of::<QpEntry>();
 const ACTIVE_OFF: usize = MR_OFF + MR_SLOTS * std::mem::size_of::<MrEntry>();
 const TABLES_END: usize = ACTIVE_OFF + PEERS * std::mem::size_of::<Active>();
-/// Where the arena starts (the tables rounded up to 2 MiB).
-pub const ARENA_OFF: u64 = ((TABLES_END as u64) + (2 << 20) - 1) & !((2 << 20) - 1);
+/// The packet rings, one per peer (by its in-flight word's index).
+const RINGS_OFF: u64 = ((TABLES_END as u64) + (2 << 20) - 1) & !((2 << 20) - 1);
+const RING_STRIDE: u64 = crate::ring::RING_BYTES + 4096;
+/// Where the arena starts (after the rings, 2 MiB aligned).
+pub const ARENA_OFF: u64 =
+    (RINGS_OFF + PEERS as u64 * RING_STRIDE + (2 << 20) - 1) & !((2 << 20) - 1);
 /// The arena's size: virtual (tmpfs allocates pages as they are written),
 /// the most memory a context can register for peers to reach directly.
 pub const ARENA_LEN: u64 = 64 << 30;
@@ -40,6 +44,8 @@ pub struct Header {
     pub version: AtomicU32,
     pub pid: AtomicU32,
     pub uid: AtomicU32,
+    /// The owner's engine sleeps and wants its bell rung (see `ring`).
+    pub armed: AtomicU32,
 }
 
 /// A QP as a peer's requester needs to judge a one-sided operation: the
@@ -150,6 +156,21 @@ impl Mapping {
         let i = i % PEERS;
         // SAFETY: as for `qp`.
         unsafe { &*(self.base.add(ACTIVE_OFF).cast::<Active>().add(i)) }
+    }
+
+    /// Peer `i`'s packet ring into this segment's owner.
+    pub fn ring(&self, i: usize) -> crate::ring::Ring<'_> {
+        let i = i % PEERS;
+        let at = RINGS_OFF + i as u64 * RING_STRIDE;
+        // SAFETY: ring i's 4 KiB header page and RING_BYTES of data lie
+        // inside the mapping (RINGS_OFF + PEERS * RING_STRIDE <= ARENA_OFF);
+        // the header is atomics only.
+        unsafe {
+            crate::ring::Ring {
+                hdr: &*(self.base.add(at as usize) as *const crate::ring::RingHdr),
+                data: self.base.add(at as usize + 4096),
+            }
+        }
     }
 
     /// The address of arena byte `off`.

@@ -53,6 +53,9 @@ use crate::sys::{Epoll, EventFd, TimerFd};
 /// post or a poll holds the lock (a 4 KiB-MTU pass is at most ~1 MiB of
 /// payload), and so how long inbound packets wait behind a long send.
 const TX_BUDGET: usize = 256;
+/// Packets one pass takes from each ring of a peer on this host: the
+/// same bound as the transmit budget, so a pass stays short either way.
+const RING_BUDGET: usize = 256;
 /// Receive batches the engine thread takes in one wake-up before it lets
 /// the state go (and rings itself to come back): bounds how long an
 /// application's post waits for the lock under a flood.
@@ -148,9 +151,19 @@ pub(crate) struct State {
     pub tx_refused: u64,
     /// The shared-memory transport's side of this context (None: UDP only).
     pub shm: Option<Arc<softrdma_shm::Host>>,
+    /// Packets lost to a full ring of a peer on this host.
+    pub ring_drops: u64,
+    /// This device's GID (what packets from rings are addressed to).
+    pub dgid: [u8; 16],
     /// By QPN's low 16 bits: the peer context a QP's one-sided operations
     /// go to directly, and its QP there.
     pub direct: Vec<Option<Direct>>,
+    /// By CQ: how many of the QPs completing into it may carry traffic over
+    /// UDP (all but those connected through shared memory). Polling a CQ
+    /// whose count is 0 serves the rings only, and leaves the socket to
+    /// the engine thread: a receive system call per poll would cost more
+    /// than a ring's whole round trip.
+    pub udp_qps: Vec<u32>,
 }
 
 /// A QP connected to a QP of a context on this host that shares memory.
@@ -215,6 +228,22 @@ impl State {
                 Err(e) => eprintln!("softrdma: receive failed: {e}"),
             }
         }
+        if let Some(h) = self.shm.clone() {
+            let State { ep, mem, dgid, .. } = self;
+            // SAFETY: one consumer: this pass holds the engine lock.
+            let n = unsafe {
+                h.drain(RING_BUDGET, |sgid, bytes| {
+                    let meta = RxMeta {
+                        sgid: *sgid,
+                        dgid: *dgid,
+                        traffic_class: 0,
+                        hop_limit: 64,
+                    };
+                    ep.handle_packet(now, &meta, bytes, mem);
+                })
+            };
+            p.rx |= n > 0;
+        }
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.ep.handle_timeout(now);
         }
@@ -254,6 +283,30 @@ impl State {
                 // address of a deregistered region.
                 *s = unsafe { segment(g.addr, g.len) };
             }
+            // A connection to a context on this host: into its ring.
+            let d = self
+                .direct
+                .get((t.src_qpn & 0xffff) as usize)
+                .and_then(Option::as_ref)
+                .filter(|d| d.qps.local == t.src_qpn && d.peer.alive());
+            if let Some(d) = d {
+                let mut parts: [&[u8]; softrdma_core::MAX_SGE + 1] =
+                    [&[]; softrdma_core::MAX_SGE + 1];
+                parts[0] = &self.head[..t.head_len];
+                parts[1..=segs.len()].copy_from_slice(&slices[..segs.len()]);
+                // SAFETY: one producer: this pass holds the engine lock. The
+                // slices are valid as above; the pad and the ICRC's place
+                // are zeros.
+                if !unsafe { d.peer.push(&parts[..=segs.len()], t.pad as usize + 4) } {
+                    self.ring_drops += 1;
+                }
+                sent += 1;
+                if sent == TX_BUDGET {
+                    more = true;
+                    break;
+                }
+                continue;
+            }
             // SAFETY: the slices stay valid until `flush` below returns: it
             // runs before this pass lets the lock go, and no region can be
             // deregistered (nor its buffer freed) without the lock.
@@ -288,6 +341,43 @@ impl State {
 
     /// Post a send, carrying a one-sided operation out at once if the QP
     /// reaches its peer through shared memory.
+    /// Count QP `qpn` (created, or no longer connected through shared
+    /// memory: +1) or stop counting it (-1) as a UDP user of its CQs.
+    pub fn count_udp(&mut self, qpn: u32, delta: i32) {
+        let Ok(q) = self.ep.qp(qpn) else {
+            return;
+        };
+        for cq in [q.send_cq.0, q.recv_cq.0] {
+            let i = cq as usize;
+            if self.udp_qps.len() <= i {
+                self.udp_qps.resize(i + 1, 0);
+            }
+            self.udp_qps[i] = self.udp_qps[i].saturating_add_signed(delta);
+        }
+    }
+
+    /// Connect QP `qpn` through shared memory (`Some`) or not, keeping the
+    /// CQs' counts.
+    pub fn set_direct(&mut self, qpn: u32, d: Option<Direct>) {
+        let i = (qpn & 0xffff) as usize;
+        if self.direct.len() <= i {
+            self.direct.resize(i + 1, None);
+        }
+        let was = self.direct[i].take().is_some();
+        let is = d.is_some();
+        self.direct[i] = d;
+        match (was, is) {
+            (false, true) => self.count_udp(qpn, -1),
+            (true, false) => self.count_udp(qpn, 1),
+            _ => {}
+        }
+    }
+
+    /// Whether polling CQ `cq` must read the UDP socket.
+    pub fn cq_uses_udp(&self, cq: u32) -> bool {
+        self.shm.is_none() || self.udp_qps.get(cq as usize).is_none_or(|&n| n > 0)
+    }
+
     /// Returns whether it was carried out at once (then nothing was queued).
     pub fn post_send(
         &mut self,
@@ -418,6 +508,9 @@ pub(crate) struct Engine {
     /// engine thread's epoll set: packets go to the poller without waking
     /// the engine (see `mask`). Changed only by the state's owner.
     masked: AtomicBool,
+    /// While `masked`: the poller serves only the rings of peers on this
+    /// host, and the socket stayed with the engine thread.
+    sock_kept: AtomicBool,
     /// Calls application threads made into the device (polls, posts), and
     /// the count when the watchdog was last armed. Read by the engine
     /// thread without the lock, so that checking on a poller never takes
@@ -463,7 +556,9 @@ pub(crate) struct Engine {
     seen_beats: AtomicU64,
     /// Serialises changes of the socket's epoll registration, which
     /// follows `masked || poller_masked`.
-    sock_events: Mutex<()>,
+    /// Serialises `set_sock_events`; holds whether the socket is in the
+    /// engine's epoll set now, so an unchanged set costs no system call.
+    sock_events: Mutex<bool>,
 }
 
 /// The state, owned by one thread; letting go serves the backlog.
@@ -517,6 +612,7 @@ impl Engine {
         port: Port,
         shm: Option<softrdma_shm::Host>,
         transport: crate::Transport,
+        dgid: [u8; 16],
     ) -> io::Result<Arc<Engine>> {
         let shm = shm.map(Arc::new);
         let sock_fd = port.as_raw_fd();
@@ -535,7 +631,10 @@ impl Engine {
                 tx_deferred: false,
                 tx_refused: 0,
                 shm: shm.clone(),
+                ring_drops: 0,
+                dgid,
                 direct: Vec::new(),
+                udp_qps: Vec::new(),
             }),
             shm,
             transport,
@@ -545,6 +644,7 @@ impl Engine {
             watchdog: TimerFd::new()?,
             watchdog_fired: AtomicBool::new(false),
             masked: AtomicBool::new(false),
+            sock_kept: AtomicBool::new(false),
             app_calls: AtomicU64::new(0),
             seen_calls: AtomicU64::new(0),
             watchdog_on: AtomicBool::new(false),
@@ -565,7 +665,7 @@ impl Engine {
             rang_at: AtomicU64::new(0),
             beats: AtomicU64::new(0),
             seen_beats: AtomicU64::new(0),
-            sock_events: Mutex::new(()),
+            sock_events: Mutex::new(true),
         });
         let epoll = &e.epoll;
         // Edge-triggered: the engine is woken once per arrival, not again
@@ -576,6 +676,9 @@ impl Engine {
         epoll.add(e.doorbell.as_raw_fd())?;
         epoll.add(e.timer.as_raw_fd())?;
         epoll.add(e.watchdog.as_raw_fd())?;
+        if let Some(h) = &e.shm {
+            epoll.add(h.bell_fd())?;
+        }
         let me = e.clone();
         let h = std::thread::Builder::new()
             .name("softrdma-engine".into())
@@ -653,7 +756,7 @@ impl Engine {
     /// A full pass in the application's thread (from `poll_cq` on an empty
     /// CQ, or `Context::progress`).
     pub fn app_pass(&self, st: &mut State) {
-        self.app_pass_with(st, true)
+        self.app_pass_with(st, true, true)
     }
 
     /// The device's UDP socket, for a waiter that sleeps on it too
@@ -709,12 +812,15 @@ impl Engine {
     /// sleep on the channel, so the pass serves what is there but leaves
     /// the socket with the engine thread — masking it would leave the
     /// sleeper's packets to the watchdog (a millisecond each).
-    pub fn app_pass_with(&self, st: &mut State, take_socket: bool) {
+    /// `take_socket`: the caller will poll again (see `mask`); `udp`: it
+    /// waits for traffic that may come over UDP (else only rings are
+    /// served, and the socket stays with the engine thread).
+    pub fn app_pass_with(&self, st: &mut State, take_socket: bool, udp: bool) {
         self.app_calls.fetch_add(1, Ordering::Relaxed);
         if take_socket {
-            self.mask(st);
+            self.mask(st, udp);
         }
-        let p = st.pass(&self.async_fd, true, true);
+        let p = st.pass(&self.async_fd, udp, true);
         self.after_pass(st, p.more_tx);
         self.defer_bounded(st);
     }
@@ -732,11 +838,19 @@ impl Engine {
     /// progress itself while it waits, see [`Engine::promise_progress`]),
     /// arms a CQ to sleep on its channel, or makes no call for a whole
     /// watchdog period.
-    fn mask(&self, _st: &mut State) {
+    fn mask(&self, _st: &mut State, socket: bool) {
         if !self.masked.load(Ordering::Relaxed) {
+            self.sock_kept.store(!socket, Ordering::SeqCst);
             self.masked.store(true, Ordering::SeqCst);
+            if let Some(h) = &self.shm {
+                h.disarm();
+            }
             self.set_sock_events();
             self.start_watchdog();
+        } else if socket && self.sock_kept.load(Ordering::Relaxed) {
+            // A poll that waits for UDP traffic too: the socket as well.
+            self.sock_kept.store(false, Ordering::SeqCst);
+            self.set_sock_events();
         }
     }
 
@@ -766,6 +880,11 @@ impl Engine {
         if self.masked.load(Ordering::Relaxed) {
             self.masked.store(false, Ordering::SeqCst);
             self.set_sock_events();
+            // The rings are the engine thread's again; what came meanwhile
+            // is served now.
+            if self.shm.as_ref().is_some_and(|h| h.arm()) {
+                self.doorbell.signal();
+            }
         }
         if st.tx_deferred && !self.watchdog_on.load(Ordering::SeqCst) {
             // Deferred with nothing to bound the wait: the engine thread
@@ -823,10 +942,19 @@ impl Engine {
     /// Re-adding a readable socket wakes the engine thread at once, so
     /// nothing that arrived meanwhile waits.
     fn set_sock_events(&self) {
-        let _g = self.sock_events.lock().unwrap_or_else(|p| p.into_inner());
-        let out = self.masked.load(Ordering::SeqCst)
+        let mut g = self.sock_events.lock().unwrap_or_else(|p| p.into_inner());
+        let out = (self.masked.load(Ordering::SeqCst) && !self.sock_kept.load(Ordering::SeqCst))
             || self.poller_masked.load(Ordering::SeqCst)
             || self.sleepers.load(Ordering::SeqCst) > 0;
+        if *g != out {
+            // Unchanged: a socket that never left the set (a poller of
+            // shared-memory CQs keeps it with the engine) gave the engine
+            // an edge for every arrival, so no re-add is needed to wake it
+            // for anything; one that stays out stays out. Either way, no
+            // system call.
+            return;
+        }
+        *g = !out;
         let _ = self
             .epoll
             .modify(self.sock_fd, if out { 0 } else { SOCK_EVENTS });
@@ -983,13 +1111,35 @@ impl Engine {
     }
 
     fn run(&self) {
+        let mut handed_over = false;
         while !self.stop.load(Ordering::Acquire) {
-            // Sleep until a packet, a doorbell or a deadline.
-            if let Err(e) = self.epoll.wait(-1) {
-                eprintln!("softrdma: engine stopped: epoll_wait: {e}");
-                return;
+            // Sleep until a packet, a doorbell or a deadline — unless a
+            // ring of a peer on this host holds packets already (peers ring
+            // the bell only once asked to, `Host::arm`).
+            // After handing a backlog to the state's owner (below), what
+            // the rings hold is the owner's to serve (it checks `pending`
+            // after it lets go), so the engine arms the bell and sleeps.
+            let ring_waiting = match &self.shm {
+                Some(h) if !self.masked.load(Ordering::SeqCst) => {
+                    if handed_over {
+                        h.arm_only();
+                        false
+                    } else {
+                        h.arm()
+                    }
+                }
+                _ => false,
+            };
+            handed_over = false;
+            let mut belled = false;
+            if !ring_waiting {
+                if let Err(e) = self.epoll.wait(-1) {
+                    eprintln!("softrdma: engine stopped: epoll_wait: {e}");
+                    return;
+                }
+                belled = self.shm.as_ref().is_some_and(|h| h.clear_bell());
             }
-            let rang = self.doorbell.drain().unwrap_or(0) > 0;
+            let rang = self.doorbell.drain().unwrap_or(0) > 0 || ring_waiting || belled;
             let timed = self.timer.drain() > 0;
             if self.watchdog.drain() > 0 {
                 self.check_poller();
@@ -1008,7 +1158,10 @@ impl Engine {
                 Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
                 // An application thread owns the state: it serves the
                 // backlog before it lets go (`Guard::drop`).
-                Err(std::sync::TryLockError::WouldBlock) => continue,
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    handed_over = true;
+                    continue;
+                }
             };
             let mut g = Guard {
                 g: Some(g),

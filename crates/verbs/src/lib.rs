@@ -407,7 +407,7 @@ impl Context {
         };
         Ok(Context {
             dev: dev.clone(),
-            eng: Engine::start(ep, port, shm, transport)?,
+            eng: Engine::start(ep, port, shm, transport, dev.gid())?,
             port_mtu,
             transport,
         })
@@ -667,6 +667,7 @@ impl Pd {
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
         })?;
+        st.count_udp(qpn, 1);
         Ok(Qp {
             eng: self.eng.clone(),
             qpn,
@@ -1308,7 +1309,8 @@ impl Cq {
             // An armed CQ's poller is about to sleep on its channel: serve
             // what is there without taking the socket from the engine.
             let armed = st.ep.cq_armed(self.id)?;
-            self.eng.app_pass_with(&mut st, !armed);
+            let udp = st.cq_uses_udp(self.id.0);
+            self.eng.app_pass_with(&mut st, !armed, udp);
             n = st.ep.poll_cq(self.id, out)?;
         }
         if n > 0 {
@@ -1481,19 +1483,16 @@ impl Qp {
         };
         let mut st = self.eng.lock();
         st.ep.modify_qp(self.qpn, attr, mask)?;
-        let i = (self.qpn & 0xffff) as usize;
         match to {
             Some(QpState::Rtr) | Some(QpState::Reset) => {
-                if st.direct.len() <= i {
-                    st.direct.resize(i + 1, None);
-                }
-                st.direct[i] = peer.map(|(peer, remote)| engine::Direct {
+                let d = peer.map(|(peer, remote)| engine::Direct {
                     peer,
                     qps: softrdma_shm::Qps {
                         local: self.qpn,
                         remote,
                     },
                 });
+                st.set_direct(self.qpn, d);
             }
             _ => {}
         }
@@ -1749,10 +1748,9 @@ impl Drop for Qp {
         // An ACK the last pass deferred belongs to this QP, perhaps: the
         // peer must get it (it would retransmit into a destroyed QP).
         self.eng.flush_deferred(&mut st);
+        st.set_direct(self.qpn, None);
+        st.count_udp(self.qpn, -1);
         let _ = st.ep.destroy_qp(self.qpn);
-        if let Some(d) = st.direct.get_mut((self.qpn & 0xffff) as usize) {
-            *d = None;
-        }
         st.publish_qps();
     }
 }

@@ -372,8 +372,7 @@ pub fn run_test(
         chan.handshake(&mine[0])?;
     }
     say(&banner.render());
-    // Shared memory carries one-sided operations; SEND runs over UDP.
-    let transport = if verb != Verb::Send && r.qps[0].transport() == "shm" {
+    let transport = if r.qps[0].transport() == "shm" {
         "shm"
     } else {
         "udp"
@@ -381,7 +380,7 @@ pub fn run_test(
     say(&format!(
         " Transport      : {}",
         if transport == "shm" {
-            "shared memory (one-sided operations straight into the peer's memory)"
+            "shared memory (one-sided operations straight into the peer's memory, the rest through rings)"
         } else {
             "UDP (RoCEv2)"
         }

@@ -875,22 +875,22 @@ impl Endpoint {
                 max: qp.cap.max_inline_data,
             });
         }
-        let mut segs = [Span::default(); MAX_SGE];
-        let mut ibuf = [0u8; MAX_INLINE];
-        let mut ilen = 0usize;
+        let mut segs = arrayvec::ArrayVec::<Span, MAX_SGE>::new();
+        let mut ibuf = arrayvec::ArrayVec::<u8, MAX_INLINE>::new();
         let need = if matches!(wr.op, SendOp::Read { .. }) || wr.op.is_atomic() {
             AccessFlags::LOCAL_WRITE
         } else {
             AccessFlags::EMPTY
         };
-        for (i, sge) in wr.sgl.iter().enumerate() {
+        for sge in wr.sgl.iter() {
             if inline {
                 // Inline data is copied now; no key is checked (verbs semantics).
-                mem.read(sge.addr, &mut ibuf[ilen..ilen + sge.length as usize]);
-                ilen += sge.length as usize;
+                let at = ibuf.len();
+                ibuf.extend(std::iter::repeat_n(0, sge.length as usize));
+                mem.read(sge.addr, &mut ibuf[at..]);
                 continue;
             }
-            segs[i] = self
+            let span = self
                 .shared
                 .mrs
                 .resolve_local(qp.pd, sge.lkey, sge.addr, sge.length, need)
@@ -908,23 +908,25 @@ impl Endpoint {
                         "SGE memory region lacks LOCAL_WRITE for a READ/atomic result",
                     ),
                 })?;
+            segs.push(span);
         }
-        let nsge = if inline { 0 } else { wr.sgl.len() };
+        let ilen = ibuf.len();
+        let nsge = segs.len();
         let signaled = qp.sq_sig_all || wr.flags.contains(crate::wr::SendFlags::SIGNALED);
         if let Some(off) = off {
             if qp.state == QpState::Rts && qp.sq.head == qp.sq.tail && wr.op.is_one_sided() {
-                let mut host = [(0u64, 0u32); MAX_SGE];
+                let mut host = arrayvec::ArrayVec::<(u64, u32), MAX_SGE>::new();
                 let mut mapped = true;
-                for (h, sp) in host.iter_mut().zip(&segs[..nsge]) {
+                for sp in &segs {
                     match self.shared.mrs.host(sp.mem, sp.off, sp.len as u64) {
-                        Some(a) => *h = (a, sp.len),
+                        Some(a) => host.push((a, sp.len)),
                         None => mapped = false,
                     }
                 }
                 let local = if inline {
-                    OffloadLocal::Inline(&ibuf[..ilen])
+                    OffloadLocal::Inline(&ibuf)
                 } else {
-                    OffloadLocal::Host(&host[..nsge])
+                    OffloadLocal::Host(&host)
                 };
                 if mapped && off.one_sided(&wr.op, local) {
                     self.shared.stats.offloaded += 1;
@@ -954,8 +956,8 @@ impl Endpoint {
                 npkts: 0,
                 signaled,
             },
-            &segs[..nsge],
-            &ibuf[..ilen],
+            &segs,
+            &ibuf,
         );
         if qp.state == QpState::Err {
             qp.flush(&mut self.shared);

@@ -92,7 +92,6 @@ pub struct Peer {
     /// Our in-flight word in its segment.
     active: u32,
     alive: AtomicBool,
-    busy: AtomicBool,
     ops: AtomicU64,
     /// Its bell (see `ring`).
     bell: OwnedFd,
@@ -401,7 +400,6 @@ fn peer_of(key: Key, fd: OwnedFd, bell: OwnedFd, active: u32) -> io::Result<Arc<
         map,
         active,
         alive: AtomicBool::new(true),
-        busy: AtomicBool::new(false),
         ops: AtomicU64::new(0),
         bell,
     }))
@@ -605,21 +603,16 @@ impl Peer {
     /// `local`'s host spans must be valid for the access (readable for a
     /// WRITE, writable for a READ or an atomic's result) for the duration
     /// of the call: the core translated them during this call, under the
-    /// engine's lock, so their region cannot be freed meanwhile.
+    /// engine's lock, so their region cannot be freed meanwhile. One caller
+    /// at a time per `Peer` (the peer's in-flight word is a single word):
+    /// callers hold their context's engine lock, which owns the `Peer`.
     pub unsafe fn one_sided(&self, qps: Qps, op: &SendOp, local: OffloadLocal<'_>) -> bool {
         if !self.alive() {
             return false;
         }
-        if self
-            .busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return false;
-        }
-        // SAFETY: forwarded from the caller.
+        // SAFETY: forwarded from the caller (one caller at a time, so the
+        // in-flight word is ours alone).
         let ok = unsafe { self.one_sided_locked(qps, op, local) };
-        self.busy.store(false, Ordering::Release);
         if ok {
             self.ops.fetch_add(1, Ordering::Relaxed);
         }

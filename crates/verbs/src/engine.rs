@@ -588,7 +588,11 @@ impl Drop for Guard<'_> {
         // read after this unlock (both SeqCst), so either this loop sees it
         // or the engine's try_lock succeeds: no wake-up is lost.
         loop {
-            if self.eng.pending.swap(false, Ordering::SeqCst) {
+            // A plain load first: the usual case is no backlog, and the
+            // load after the unlock below is what closes the race.
+            if self.eng.pending.load(Ordering::Relaxed)
+                && self.eng.pending.swap(false, Ordering::SeqCst)
+            {
                 self.eng.service(&mut g);
                 continue;
             }

@@ -60,6 +60,20 @@ pub fn two_processes(test: &str, child: impl FnOnce(Oob), parent: impl FnOnce(Oo
     peers.finish();
 }
 
+/// [`two_processes`] for a child that ends by `SIGKILL` (it kills itself
+/// at a point of its choosing): the test fails unless it did.
+pub fn two_processes_child_killed(test: &str, child: impl FnOnce(Oob), parent: impl FnOnce(Oob)) {
+    set_test(test);
+    if let Some((_, oob)) = as_child(test) {
+        child(oob);
+        panic!("the child of {test} was to kill itself");
+    }
+    let mut peers = Peers::spawn(test, 1);
+    let oob = peers.oob.remove(0);
+    parent(oob);
+    peers.finish_killed();
+}
+
 /// In a child process of `test`: its index and the channel to the parent.
 pub fn as_child(test: &str) -> Option<(usize, Oob)> {
     let role = std::env::var(ROLE_ENV).ok()?;
@@ -195,6 +209,35 @@ impl Peers {
             assert!(
                 st.success(),
                 "peer {i} of {} failed ({st}). Its output:\n{}",
+                self.test,
+                self.output(i)
+            );
+        }
+    }
+}
+
+impl Peers {
+    /// Wait for every child to exit, and fail unless each was killed by
+    /// `SIGKILL`.
+    pub fn finish_killed(&mut self) {
+        use std::os::unix::process::ExitStatusExt;
+        let deadline = Instant::now() + CHILD_LIFETIME;
+        for i in 0..self.children.len() {
+            let st = loop {
+                if let Some(st) = self.children[i].0.try_wait().expect("try_wait") {
+                    break st;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "peer {i} of {} still running after {CHILD_LIFETIME:?}",
+                    self.test
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            assert_eq!(
+                st.signal(),
+                Some(libc::SIGKILL),
+                "peer {i} of {} was to die by SIGKILL ({st}). Its output:\n{}",
                 self.test,
                 self.output(i)
             );
@@ -417,13 +460,21 @@ pub fn own_loopback(addr: IpAddr) -> IpAddr {
 /// address and port 4791); `127.0.0.1` stands for the test's own loopback
 /// address (see `own_loopback`).
 pub fn open(addr: IpAddr) -> Context {
+    open_with(addr, None)
+}
+
+/// [`open`] with a transport (None: as `SOFTRDMA_TRANSPORT` says).
+pub fn open_with(addr: IpAddr, transport: Option<Transport>) -> Context {
     let addr = own_loopback(addr);
     let dev = DeviceInfo {
         name: "srdma-e2e".into(),
         addr,
     };
-    Context::open(&dev, &OpenOptions::default())
-        .unwrap_or_else(|e| panic!("opening a device on {addr}: {e}"))
+    let opts = OpenOptions {
+        transport,
+        ..OpenOptions::default()
+    };
+    Context::open(&dev, &opts).unwrap_or_else(|e| panic!("opening a device on {addr}: {e}"))
 }
 
 pub const ALL_REMOTE: AccessFlags = AccessFlags::LOCAL_WRITE

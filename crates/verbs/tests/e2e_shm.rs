@@ -1,0 +1,436 @@
+//! The shared-memory transport between two processes of this host:
+//!
+//! * chosen on its own (`Transport::Auto`): every opcode moves exact bytes
+//!   and not one datagram reaches the UDP socket; one-sided operations are
+//!   carried out at post, into the very pages the target registered;
+//! * `Transport::Udp` keeps everything on the wire, and `Transport::Shm`
+//!   refuses a peer that cannot share memory instead of falling back;
+//! * a target that dies mid-transfer (SIGKILL) leaves the initiator's QP in
+//!   ERR with IBA's statuses, never a hang, and leaves nothing behind in
+//!   `/dev/shm`;
+//! * a region deregistered under a peer's traffic is never touched again:
+//!   the peer's next WRITE fails with `REM_ACCESS_ERR`.
+//!
+//! Every other end-to-end test of this crate runs on both transports too:
+//! `scripts/test` runs them again with `SOFTRDMA_TRANSPORT=udp`.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use softrdma_verbs::*;
+use support::*;
+
+const LEN: usize = 1 << 20;
+
+/// The entries of `/dev/shm` (the transport must never add one).
+fn dev_shm() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Every opcode over shared memory, each byte checked, nothing on the wire.
+#[test]
+fn every_opcode_through_shared_memory() {
+    const TGT: u64 = 31;
+    const SRC: u64 = 32;
+    two_processes(
+        "every_opcode_through_shared_memory",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            assert!(ctx.shares_memory(), "no shared-memory transport");
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            // Page-aligned, so every byte of it is in pages the peer maps
+            // (a region's partial first and last pages go through the
+            // rings instead, as the other tests' `Vec` regions do).
+            let tgt = pd.alloc_mr(LEN, ALL_REMOTE).unwrap();
+            tgt.write(0, &pattern(TGT, LEN));
+            let rbuf = pd.reg_mr(vec![0; 4096], AccessFlags::LOCAL_WRITE).unwrap();
+            post_recv(&qp, 1, rbuf.sge(0, 4096));
+            post_recv(&qp, 2, rbuf.sge(0, 4096));
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 40);
+            assert_eq!(qp.transport(), "shm");
+            oob.send_region(&Region::of(&tgt));
+            // A SEND with immediate, then a WRITE with immediate.
+            let c = wait_cq(&cq, 2, "the two receives");
+            assert_wc(&c[0], 1, WcStatus::Success, WcOpcode::Recv, 100);
+            assert_eq!(c[0].imm_or_inv, 0x1234_5678);
+            assert_bytes(&read_mr(&rbuf, 0, 100), &pattern(SRC, 100), "SEND payload");
+            assert_wc(&c[1], 2, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 64);
+            assert_eq!(c[1].imm_or_inv, 0x9abc_def0);
+            oob.expect("done");
+            // What the peer wrote and what its atomics left, byte for byte.
+            let mut want = pattern(TGT, LEN);
+            let src = pattern(SRC, 64 << 10);
+            want[4096..4096 + (64 << 10)].copy_from_slice(&src);
+            want[200_000..200_064].copy_from_slice(&src[..64]);
+            let w8 = u64::from_ne_bytes(want[8..16].try_into().unwrap()) + 5;
+            want[8..16].copy_from_slice(&w8.to_ne_bytes());
+            want[16..24].copy_from_slice(&0xfeed_u64.to_ne_bytes());
+            want[24..32].copy_from_slice(&0x0102_0304_0506_0708u64.to_ne_bytes());
+            assert_bytes(&read_mr(&tgt, 0, LEN), &want, "target region");
+            let (_, port) = ctx.stats();
+            assert_eq!(port.tx_packets, 0, "a datagram went on the wire: {port:?}");
+            oob.signal("ok");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let src = mr_with(&pd, 64 << 10, SRC, AccessFlags::LOCAL_WRITE);
+            let local = pd.reg_mr(vec![0; LEN], AccessFlags::LOCAL_WRITE).unwrap();
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 40);
+            assert_eq!(qp.transport(), "shm");
+            let tgt = oob.recv_region();
+            let s = SendFlags::SIGNALED;
+            let old8 = u64::from_ne_bytes(pattern(TGT, 16)[8..16].try_into().unwrap());
+            let old16 = u64::from_ne_bytes(pattern(TGT, 24)[16..24].try_into().unwrap());
+            let ops: Vec<(SendOp, Sge)> = vec![
+                (
+                    SendOp::Write {
+                        remote_addr: tgt.at(4096),
+                        rkey: tgt.rkey,
+                    },
+                    src.sge(0, 64 << 10),
+                ),
+                (
+                    SendOp::Read {
+                        remote_addr: tgt.at(4096),
+                        rkey: tgt.rkey,
+                    },
+                    local.sge(0, 64 << 10),
+                ),
+                (
+                    SendOp::FetchAdd {
+                        remote_addr: tgt.at(8),
+                        rkey: tgt.rkey,
+                        add: 5,
+                    },
+                    local.sge(100_000, 8),
+                ),
+                (
+                    SendOp::CompareSwap {
+                        remote_addr: tgt.at(16),
+                        rkey: tgt.rkey,
+                        compare: old16,
+                        swap: 0xfeed,
+                    },
+                    local.sge(100_008, 8),
+                ),
+            ];
+            for (i, (op, sge)) in ops.into_iter().enumerate() {
+                qp.post_send(&wr(i as u64, op, &[sge], s)).unwrap();
+                let c = wait_cq(&cq, 1, "a one-sided operation");
+                assert_eq!((c[0].wr_id, c[0].status), (i as u64, WcStatus::Success));
+            }
+            assert_bytes(
+                &read_mr(&local, 0, 64 << 10),
+                &pattern(SRC, 64 << 10),
+                "READ back",
+            );
+            assert_eq!(
+                read_u64(&local, 100_000),
+                old8,
+                "FETCH_ADD's original value"
+            );
+            assert_eq!(
+                read_u64(&local, 100_008),
+                old16,
+                "CMP_SWAP's original value"
+            );
+            // An inline WRITE and an ATOMIC WRITE.
+            src.write(0, &pattern(SRC, 64));
+            let isge = [src.sge(0, 64)];
+            let w = wr(
+                10,
+                SendOp::Write {
+                    remote_addr: tgt.at(200_000),
+                    rkey: tgt.rkey,
+                },
+                &isge,
+                s | SendFlags::INLINE,
+            );
+            qp.post_send(&w).unwrap();
+            local.write(200_000, &0x0102_0304_0506_0708u64.to_ne_bytes());
+            let aw = SendOp::AtomicWrite {
+                remote_addr: tgt.at(24),
+                rkey: tgt.rkey,
+            };
+            qp.post_send(&wr(11, aw, &[local.sge(200_000, 8)], s))
+                .unwrap();
+            let c = wait_cq(&cq, 2, "inline WRITE and ATOMIC WRITE");
+            assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+            // Two-sided: through the rings.
+            let send = SendOp::SendWithImm { imm: 0x1234_5678 };
+            qp.post_send(&wr(20, send, &[src.sge(0, 100)], s)).unwrap();
+            let wi = SendOp::WriteWithImm {
+                remote_addr: tgt.at(300_000),
+                rkey: tgt.rkey,
+                imm: 0x9abc_def0,
+            };
+            // Writes what the target already holds there: the check above
+            // stays simple.
+            let here = pattern(TGT, LEN)[300_000..300_064].to_vec();
+            local.write(300_000, &here);
+            qp.post_send(&wr(21, wi, &[local.sge(300_000, 64)], s))
+                .unwrap();
+            let c = wait_cq(&cq, 2, "SEND and WRITE with immediate");
+            assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+            let (st, port) = ctx.stats();
+            assert_eq!(st.offloaded, 6, "one-sided operations carried out at post");
+            assert_eq!(port.tx_packets, 0, "a datagram went on the wire: {port:?}");
+            oob.signal("done");
+            oob.expect("ok");
+        },
+    );
+}
+
+/// `Transport::Udp` keeps a same-host connection on the wire.
+#[test]
+fn udp_when_asked() {
+    two_processes(
+        "udp_when_asked",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Udp));
+            assert!(!ctx.shares_memory());
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(8, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            let tgt = mr_with(&pd, 4096, 1, ALL_REMOTE);
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 50);
+            assert_eq!(qp.transport(), "udp");
+            oob.send_region(&Region::of(&tgt));
+            oob.expect("done");
+        },
+        |mut oob| {
+            // This side could share memory; the peer cannot.
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(8, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            let local = pd.reg_mr(vec![0; 4096], AccessFlags::LOCAL_WRITE).unwrap();
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 50);
+            assert_eq!(qp.transport(), "udp", "fell back to UDP");
+            let tgt = oob.recv_region();
+            let op = SendOp::Read {
+                remote_addr: tgt.at(0),
+                rkey: tgt.rkey,
+            };
+            qp.post_send(&wr(1, op, &[local.sge(0, 4096)], SendFlags::SIGNALED))
+                .unwrap();
+            let c = wait_cq(&cq, 1, "a READ over UDP");
+            assert_eq!(c[0].status, WcStatus::Success);
+            assert_bytes(
+                &read_mr(&local, 0, 4096),
+                &pattern(1, 4096),
+                "READ over UDP",
+            );
+            let (st, port) = ctx.stats();
+            assert_eq!(st.offloaded, 0);
+            assert!(port.tx_packets > 0, "nothing went on the wire: {port:?}");
+            oob.signal("done");
+        },
+    );
+}
+
+/// `Transport::Shm` demands shared memory: connecting to a peer that
+/// cannot have it fails by name instead of falling back.
+#[test]
+fn shm_when_demanded() {
+    two_processes(
+        "shm_when_demanded",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Udp));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(8, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            oob.send_addr(&addr_of(&ctx, &qp, psn(60)));
+            oob.expect("done");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Shm));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(8, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            let remote = oob.recv_addr();
+            let mut a = QpAttr {
+                qp_state: QpState::Rtr,
+                path_mtu: Mtu::B4096,
+                dest_qp_num: remote.qpn,
+                rq_psn: remote.psn,
+                max_dest_rd_atomic: 1,
+                ..Default::default()
+            };
+            a.av.dgid = remote.gid;
+            let mask = required_mask(QpState::Init, QpState::Rtr, QpType::Rc).unwrap();
+            let e = qp
+                .modify(&a, mask)
+                .expect_err("RTR to a peer without shared memory");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("SOFTRDMA_TRANSPORT=shm") && msg.contains("not reachable"),
+                "{msg}"
+            );
+            let (state, _, _) = qp.query().unwrap();
+            assert_eq!(state, QpState::Init, "a refused transition changes nothing");
+            oob.signal("done");
+        },
+    );
+}
+
+/// The target dies by SIGKILL while the initiator streams WRITEs and SENDs
+/// to it: the initiator's work ends in error completions and its QP in ERR
+/// within the retry budget (no hang), and nothing is left in `/dev/shm`.
+#[test]
+fn a_dead_peer_ends_the_connection() {
+    two_processes_child_killed(
+        "a_dead_peer_ends_the_connection",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(1024, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 512));
+            let tgt = mr_with(&pd, LEN, 7, ALL_REMOTE);
+            let rbuf = pd
+                .reg_mr(vec![0; 512 * 64], AccessFlags::LOCAL_WRITE)
+                .unwrap();
+            for i in 0..512 {
+                post_recv(&qp, i, rbuf.sge(i as usize * 64, 64));
+            }
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 70);
+            oob.send_region(&Region::of(&tgt));
+            oob.expect("streaming");
+            // Die with everything mapped and the peer mid-transfer.
+            // SAFETY: kill(2) on our own pid.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            std::thread::sleep(Duration::from_secs(10));
+        },
+        |mut oob| {
+            let before = dev_shm();
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(1024, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 4));
+            let src = mr_with(&pd, 64 << 10, 8, AccessFlags::LOCAL_WRITE);
+            // A short ACK timeout (4 ms, 7 retries) bounds the wait.
+            let mine = addr_of(&ctx, &qp, psn(71));
+            oob.send_addr(&mine);
+            let remote = oob.recv_addr();
+            connect_with(&qp, QpType::Rc, mine.psn, &remote, 10);
+            assert_eq!(qp.transport(), "shm");
+            let tgt = oob.recv_region();
+            oob.signal("streaming");
+            let start = Instant::now();
+            let mut i = 0u64;
+            let mut outstanding = 0usize;
+            let end = loop {
+                assert!(
+                    start.elapsed() < WAIT,
+                    "no error within {WAIT:?} of the peer's death"
+                );
+                if outstanding < 8 {
+                    let op = if i % 2 == 0 {
+                        SendOp::Write {
+                            remote_addr: tgt.at((i as usize * 4096) % (LEN - 4096)),
+                            rkey: tgt.rkey,
+                        }
+                    } else {
+                        SendOp::Send
+                    };
+                    if qp
+                        .post_send(&wr(i, op, &[src.sge(0, 64)], SendFlags::SIGNALED))
+                        .is_ok()
+                    {
+                        outstanding += 1;
+                        i += 1;
+                    }
+                }
+                let mut c = [blank(); 16];
+                let n = cq.poll(&mut c).unwrap();
+                outstanding -= n;
+                if let Some(bad) = c[..n].iter().find(|c| c.status != WcStatus::Success) {
+                    break *bad;
+                }
+            };
+            assert!(
+                matches!(end.status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr),
+                "the first failure: {end:?}"
+            );
+            wait_state(&qp, QpState::Err, "the initiator's QP after its peer died");
+            // The rest flushes.
+            let rest = wait_cq(&cq, outstanding, "the flushed rest");
+            assert!(
+                rest.iter().all(|c| c.status == WcStatus::WrFlushErr),
+                "{rest:?}"
+            );
+            drop(qp);
+            drop(ctx);
+            assert_eq!(dev_shm(), before, "/dev/shm changed");
+        },
+    );
+}
+
+/// A region deregistered while a peer's WRITEs stream into it: the peer is
+/// never let in again — its next WRITE completes `REM_ACCESS_ERR`.
+#[test]
+fn deregistration_under_peer_traffic() {
+    two_processes(
+        "deregistration_under_peer_traffic",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(8, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            let tgt = mr_with(&pd, LEN, 9, ALL_REMOTE);
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 80);
+            oob.send_region(&Region::of(&tgt));
+            oob.expect("streaming");
+            std::thread::sleep(Duration::from_millis(20));
+            drop(tgt);
+            oob.signal("gone");
+            oob.expect("done");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            let src = mr_with(&pd, 64 << 10, 10, AccessFlags::LOCAL_WRITE);
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 80);
+            let tgt = oob.recv_region();
+            oob.signal("streaming");
+            let op = SendOp::Write {
+                remote_addr: tgt.at(0),
+                rkey: tgt.rkey,
+            };
+            let sge = [src.sge(0, 64 << 10)];
+            let mut ok = 0u64;
+            let start = Instant::now();
+            let end = loop {
+                assert!(start.elapsed() < WAIT, "WRITEs kept succeeding");
+                qp.post_send(&wr(ok, op, &sge, SendFlags::SIGNALED))
+                    .unwrap();
+                let c = wait_cq(&cq, 1, "a WRITE")[0];
+                if c.status != WcStatus::Success {
+                    break c;
+                }
+                ok += 1;
+            };
+            oob.expect("gone");
+            assert_eq!(end.status, WcStatus::RemAccessErr, "{end:?}");
+            assert!(ok > 0, "no WRITE succeeded before the deregistration");
+            wait_state(&qp, QpState::Err, "the QP after a remote access error");
+            oob.signal("done");
+        },
+    );
+}

@@ -558,6 +558,13 @@ pub struct Pd {
 /// order, a prefix of the message's packets — as on an RNIC, only the
 /// completion (or a flag the peer writes last) says the message is all
 /// there.
+///
+/// A peer process on this host that reaches the region through shared
+/// memory (see `softrdma_shm`) writes and reads it without this lock, as an
+/// RNIC's DMA does: a copy may then see part of a WRITE in progress, whose
+/// last 8 bytes land last. The copies are of raw bytes (no reference to
+/// region memory exists while they run), and [`Mr::with_bytes`], which
+/// lends references, keeps such peers out while it does.
 pub struct Mr {
     eng: Arc<Engine>,
     lkey: u32,
@@ -779,10 +786,13 @@ impl Mr {
         let a = self.range(offset, out.len())?;
         let _st = self.eng.lock();
         // SAFETY: in bounds of this region, which is live while `self` is;
-        // the engine touches region memory only under the lock held here,
-        // so nothing writes these bytes during the copy. `out` is the
-        // caller's own buffer, not region memory it can reach through
-        // `&mut` (region bytes are never handed out as references).
+        // the engine touches region memory only under the lock held here.
+        // A peer process sharing the memory may write these bytes during
+        // the copy (as an RNIC's DMA may): the copy is of raw bytes through
+        // pointers, no reference to them exists, and any byte value is a
+        // valid u8. `out` is the caller's own buffer, not region memory it
+        // can reach through `&mut` (region bytes are never handed out as
+        // references while peers are let in).
         unsafe { std::ptr::copy_nonoverlapping(a as *const u8, out.as_mut_ptr(), out.len()) }
         Ok(())
     }
@@ -802,8 +812,10 @@ impl Mr {
         let a = self.range(offset, data.len())?;
         let _st = self.eng.lock();
         // SAFETY: in bounds of this region (checked just now), which is live
-        // while `self` is; no other access to these bytes can run while the
-        // lock is held.
+        // while `self` is; the engine's own accesses wait for the lock held
+        // here; a peer process sharing the memory may touch the same bytes
+        // at once (as an RNIC's DMA may), through raw copies of its own, with
+        // no reference to them anywhere.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), a as *mut u8, data.len()) }
         Ok(())
     }

@@ -339,7 +339,7 @@ fn a_dead_peer_ends_the_connection() {
                     "no error within {WAIT:?} of the peer's death"
                 );
                 if outstanding < 8 {
-                    let op = if i % 2 == 0 {
+                    let op = if i.is_multiple_of(2) {
                         SendOp::Write {
                             remote_addr: tgt.at((i as usize * 4096) % (LEN - 4096)),
                             rkey: tgt.rkey,

@@ -216,6 +216,9 @@ impl Peers {
     }
 }
 
+/// Linux's SIGKILL (this file is also built into crates without libc).
+const SIGKILL: i32 = 9;
+
 impl Peers {
     /// Wait for every child to exit, and fail unless each was killed by
     /// `SIGKILL`.
@@ -236,7 +239,7 @@ impl Peers {
             };
             assert_eq!(
                 st.signal(),
-                Some(libc::SIGKILL),
+                Some(SIGKILL),
                 "peer {i} of {} was to die by SIGKILL ({st}). Its output:\n{}",
                 self.test,
                 self.output(i)

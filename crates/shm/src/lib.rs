@@ -59,6 +59,9 @@ pub struct Host {
 
 struct Inner {
     me: Key,
+    /// This process takes part in expedited global barriers (see
+    /// `seg::register_barrier`).
+    barrier: bool,
     fd: OwnedFd,
     map: Mapping,
     shares: Mutex<share::Shares>,
@@ -93,6 +96,8 @@ pub struct Peer {
     active: u32,
     alive: AtomicBool,
     ops: AtomicU64,
+    /// Both we and the owner take part in expedited global barriers.
+    fast: bool,
     /// Its bell (see `ring`).
     bell: OwnedFd,
 }
@@ -132,9 +137,14 @@ impl Host {
     /// Publish a segment for the context at `me` and listen for peers.
     pub fn open(me: Key) -> io::Result<Host> {
         let (fd, map) = seg::create()?;
+        let barrier = seg::register_barrier();
+        map.header()
+            .expedited
+            .store(barrier as u32, Ordering::Release);
         let listener = link::listen(me)?;
         let inner = Arc::new(Inner {
             me,
+            barrier,
             fd,
             map,
             shares: Mutex::new(share::Shares::default()),
@@ -236,6 +246,14 @@ impl Host {
                     seg::write_locked(&e.seq, || e.used.store(MR_DEAD, Ordering::Relaxed));
                     *live -= 1;
                     fence(Ordering::SeqCst);
+                    // Peers that store their word without a fence (see
+                    // `Peer::one_sided_locked`) are made to fence now; if
+                    // the barrier failed, the header says so no longer and
+                    // they fence themselves from their next access, but one
+                    // in progress may not have: wait out every word.
+                    if self.inner.barrier && !seg::global_barrier() {
+                        self.inner.map.header().expedited.store(0, Ordering::SeqCst);
+                    }
                     let tag = seg::ACTIVE_BIT | rkey as u64;
                     for p in 0..seg::PEERS {
                         let w = &m.active(p).word;
@@ -371,7 +389,7 @@ impl Host {
                     "the peer answered for another address or slot",
                 ));
             }
-            peer_of(to, fd, bell, h.active)
+            peer_of(to, fd, bell, h.active, self.inner.barrier)
         })();
         match r {
             Ok(peer) => {
@@ -387,8 +405,15 @@ impl Host {
     }
 }
 
-fn peer_of(key: Key, fd: OwnedFd, bell: OwnedFd, active: u32) -> io::Result<Arc<Peer>> {
+fn peer_of(
+    key: Key,
+    fd: OwnedFd,
+    bell: OwnedFd,
+    active: u32,
+    barrier: bool,
+) -> io::Result<Arc<Peer>> {
     let map = Mapping::map(fd.as_raw_fd())?;
+    let fast = barrier && map.header().expedited.load(Ordering::Acquire) == 1;
     if !map.valid() || active as usize >= seg::PEERS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -401,6 +426,7 @@ fn peer_of(key: Key, fd: OwnedFd, bell: OwnedFd, active: u32) -> io::Result<Arc<
         active,
         alive: AtomicBool::new(true),
         ops: AtomicU64::new(0),
+        fast,
         bell,
     }))
 }
@@ -497,7 +523,7 @@ impl Inner {
             return;
         };
         let key = h.key();
-        let ok = peer_of(key, fd, bell, h.active).and_then(|peer| {
+        let ok = peer_of(key, fd, bell, h.active, self.barrier).and_then(|peer| {
             link::send_hello(
                 s.as_raw_fd(),
                 &link::Hello::new(self.me, mine),
@@ -614,7 +640,10 @@ impl Peer {
         // in-flight word is ours alone).
         let ok = unsafe { self.one_sided_locked(qps, op, local) };
         if ok {
-            self.ops.fetch_add(1, Ordering::Relaxed);
+            // Not a read-modify-write: one caller at a time, and a locked
+            // instruction here would wait for a large copy's stores to drain.
+            let n = self.ops.load(Ordering::Relaxed);
+            self.ops.store(n + 1, Ordering::Relaxed);
         }
         ok
     }
@@ -663,7 +692,15 @@ impl Peer {
             return false;
         }
         let word = &m.active(self.active as usize).word;
-        word.store(seg::ACTIVE_BIT | rkey as u64, Ordering::SeqCst);
+        if self.fast && m.header().expedited.load(Ordering::Relaxed) == 1 {
+            // The owner's withdrawal runs a global barrier between marking
+            // the entry and reading our word, which orders this store before
+            // our loads below as a fence here would.
+            word.store(seg::ACTIVE_BIT | rkey as u64, Ordering::Relaxed);
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        } else {
+            word.store(seg::ACTIVE_BIT | rkey as u64, Ordering::SeqCst);
+        }
         let ok = 'look: {
             let h = seg::mr_hash(rkey);
             for i in 0..seg::MR_PROBES {

@@ -46,6 +46,10 @@ pub struct Header {
     pub uid: AtomicU32,
     /// The owner's engine sleeps and wants its bell rung (see `ring`).
     pub armed: AtomicU32,
+    /// 1 if the owner withdraws regions with an expedited global memory
+    /// barrier (see `barrier`), so a registered reader's in-flight word
+    /// needs no fence of its own.
+    pub expedited: AtomicU32,
 }
 
 /// A QP as a peer's requester needs to judge a one-sided operation: the
@@ -217,6 +221,43 @@ pub fn create() -> io::Result<(OwnedFd, Mapping)> {
     h.uid.store(unsafe { libc::getuid() }, Ordering::Relaxed);
     h.magic.store(MAGIC, Ordering::Release);
     Ok((fd, m))
+}
+
+// membarrier(2) commands (linux/membarrier.h).
+const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
+const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_long = 1 << 1;
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_long = 1 << 2;
+
+fn membarrier(cmd: libc::c_long) -> libc::c_long {
+    // SAFETY: membarrier takes (cmd, flags[, cpu_id]) and touches no memory
+    // of ours.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            cmd,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    }
+}
+
+/// Register this process for expedited global barriers and say whether
+/// they are available: then a peer's in-flight word is a plain store on
+/// the peer's side and the owner's withdrawal pays the barrier, instead of
+/// a full fence on every one-sided operation (which, after a large copy,
+/// waits for the copy's stores to drain: 100-200 ns per 64 KiB WRITE,
+/// measured).
+pub fn register_barrier() -> bool {
+    let q = membarrier(MEMBARRIER_CMD_QUERY);
+    let want = MEMBARRIER_CMD_GLOBAL_EXPEDITED | MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED;
+    q >= 0 && q & want == want && membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0
+}
+
+/// A full memory barrier on every CPU that runs a registered process now
+/// (`MEMBARRIER_CMD_GLOBAL_EXPEDITED`: an IPI each, microseconds): after
+/// it, every plain store such a process made before is visible here.
+pub fn global_barrier() -> bool {
+    membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0
 }
 
 /// Seqlock write of one entry.

@@ -164,6 +164,8 @@ pub(crate) struct State {
     /// the engine thread: a receive system call per poll would cost more
     /// than a ring's whole round trip.
     pub udp_qps: Vec<u32>,
+    /// How many QPs in all are counted in `udp_qps`.
+    pub udp_total: u32,
 }
 
 /// A QP connected to a QP of a context on this host that shares memory.
@@ -347,6 +349,7 @@ impl State {
         let Ok(q) = self.ep.qp(qpn) else {
             return;
         };
+        self.udp_total = self.udp_total.saturating_add_signed(delta);
         for cq in [q.send_cq.0, q.recv_cq.0] {
             let i = cq as usize;
             if self.udp_qps.len() <= i {
@@ -371,6 +374,12 @@ impl State {
             (true, false) => self.count_udp(qpn, 1),
             _ => {}
         }
+    }
+
+    /// Whether any QP may carry traffic over UDP (else a pass for an
+    /// application that drives progress serves the rings only).
+    pub fn any_udp(&self) -> bool {
+        self.shm.is_none() || self.udp_total > 0
     }
 
     /// Whether polling CQ `cq` must read the UDP socket.
@@ -639,6 +648,7 @@ impl Engine {
                 dgid,
                 direct: Vec::new(),
                 udp_qps: Vec::new(),
+                udp_total: 0,
             }),
             shm,
             transport,

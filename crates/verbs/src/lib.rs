@@ -518,7 +518,8 @@ impl Context {
         // this progress now.
         self.eng.promise_progress();
         if let Some(mut st) = self.eng.try_lock() {
-            self.eng.app_pass(&mut st);
+            let udp = st.any_udp();
+            self.eng.app_pass_with(&mut st, true, udp);
         }
     }
 
@@ -839,6 +840,24 @@ impl Mr {
         // program's volatile poll: a one-byte load cannot tear.
         let b = unsafe { &*(a as *const std::sync::atomic::AtomicU8) };
         b.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Store one byte, as [`Mr::read_volatile_u8`] loads one: without the
+    /// lock, an atomic store with release ordering — for the flag a
+    /// ping-pong sets in its own buffer before it posts that buffer (so the
+    /// spinning side of a benchmark is not held off by the engine).
+    ///
+    /// # Panics
+    /// If `offset` is not inside the region.
+    pub fn write_volatile_u8(&self, offset: usize, v: u8) {
+        let a = self
+            .range(offset, 1)
+            .unwrap_or_else(|e| panic!("Mr::write_volatile_u8({offset}): {e}"));
+        // SAFETY: as for `read_volatile_u8`: in bounds of this live region,
+        // a one-byte atomic (alignment 1, any value valid) that no
+        // concurrent copy by the engine or a peer can tear.
+        let b = unsafe { &*(a as *const std::sync::atomic::AtomicU8) };
+        b.store(v, std::sync::atomic::Ordering::Release);
     }
 
     /// `ibv_rereg_mr` without a new translation: move the region to `pd`

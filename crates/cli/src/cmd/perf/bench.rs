@@ -511,7 +511,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
         }
         if scnt < p.iters {
             scnt += 1;
-            r.mr.write(src + size as usize - 1, &[scnt as u8]);
+            r.mr.write_volatile_u8(src + size as usize - 1, scnt as u8);
             let sge = [r.mr.sge(src, size as u32)];
             let flags = if p.inline > 0 && size <= p.inline as u64 {
                 SendFlags::SIGNALED | SendFlags::INLINE

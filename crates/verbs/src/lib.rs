@@ -491,6 +491,7 @@ impl Context {
             id,
             channel: channel.cloned(),
             stash: Mutex::new(std::collections::VecDeque::new()),
+            stashed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -1286,6 +1287,9 @@ pub struct Cq {
     /// Completions [`Cq::wait`] polled while looking for another work
     /// request's; `poll` hands them out first, in order.
     stash: Mutex<std::collections::VecDeque<Completion>>,
+    /// Whether `stash` holds anything (written under its lock), so that a
+    /// poll takes that lock only when there is something to hand out.
+    pub(crate) stashed: std::sync::atomic::AtomicBool,
 }
 
 impl Cq {
@@ -1314,13 +1318,15 @@ impl Cq {
     /// Move completions into `out`; returns how many. Polling also drives
     /// the device's progress from this thread.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        {
+        if self.stashed.load(std::sync::atomic::Ordering::Acquire) {
             let mut q = self.stash.lock().unwrap_or_else(|p| p.into_inner());
             if !q.is_empty() {
                 let n = out.len().min(q.len());
                 for (o, c) in out.iter_mut().zip(q.drain(..n)) {
                     *o = c;
                 }
+                self.stashed
+                    .store(!q.is_empty(), std::sync::atomic::Ordering::Release);
                 return Ok(n);
             }
         }

@@ -200,6 +200,10 @@ impl Cq {
             if let Some(i) = i {
                 // The rest stay behind the found one, in order.
                 q.extend(buf[i + 1..n].iter().copied());
+            }
+            self.stashed
+                .store(!q.is_empty(), std::sync::atomic::Ordering::Release);
+            if let Some(i) = i {
                 return Ok(Some(buf[i]));
             }
             if n < buf.len() {
@@ -211,7 +215,10 @@ impl Cq {
     fn take_stashed(&self, wr_id: u64) -> Option<Completion> {
         let mut q = self.stash.lock().unwrap_or_else(|p| p.into_inner());
         let i = q.iter().position(|c| c.wr_id == wr_id)?;
-        q.remove(i)
+        let c = q.remove(i);
+        self.stashed
+            .store(!q.is_empty(), std::sync::atomic::Ordering::Release);
+        c
     }
 }
 

@@ -394,8 +394,8 @@ fn deregistration_under_peer_traffic() {
             let tgt = mr_with(&pd, LEN, 9, ALL_REMOTE);
             exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 80);
             oob.send_region(&Region::of(&tgt));
+            // The peer has written into it (and goes on writing).
             oob.expect("streaming");
-            std::thread::sleep(Duration::from_millis(20));
             drop(tgt);
             oob.signal("gone");
             oob.expect("done");
@@ -408,7 +408,6 @@ fn deregistration_under_peer_traffic() {
             let src = mr_with(&pd, 64 << 10, 10, AccessFlags::LOCAL_WRITE);
             exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 80);
             let tgt = oob.recv_region();
-            oob.signal("streaming");
             let op = SendOp::Write {
                 remote_addr: tgt.at(0),
                 rkey: tgt.rkey,
@@ -425,6 +424,9 @@ fn deregistration_under_peer_traffic() {
                     break c;
                 }
                 ok += 1;
+                if ok == 1 {
+                    oob.signal("streaming");
+                }
             };
             oob.expect("gone");
             assert_eq!(end.status, WcStatus::RemAccessErr, "{end:?}");

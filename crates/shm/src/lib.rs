@@ -74,6 +74,8 @@ struct Inner {
     free_active: Mutex<Vec<u32>>,
     /// Our bell: peers write it when they find `armed` set.
     bell: OwnedFd,
+    /// UD destinations that did not answer (see `Host::join_for_ud`).
+    refused: Mutex<std::collections::HashSet<Key>>,
     /// The rings peers send into (their index), who they are (GID), and
     /// whether the peer is gone (its ring is then served until it is
     /// empty — what it sent before it ended still counts, as datagrams in
@@ -156,6 +158,7 @@ impl Host {
             peers: Mutex::new(HashMap::new()),
             free_active: Mutex::new((0..seg::PEERS as u32).rev().collect()),
             bell: eventfd()?,
+            refused: Mutex::new(std::collections::HashSet::new()),
             rx: Mutex::new(Vec::new()),
         });
         let me2 = inner.clone();
@@ -366,6 +369,31 @@ impl Host {
         n
     }
 
+    /// The peer context at `to` if it is joined already (a UD packet's
+    /// destination, on the transmit path, which must not wait for a
+    /// handshake).
+    pub fn joined(&self, to: Key) -> Option<Arc<Peer>> {
+        self.inner
+            .peers
+            .lock()
+            .unwrap()
+            .get(&to)
+            .filter(|p| p.alive())
+            .cloned()
+    }
+
+    /// [`Host::connect`] for a UD destination: joined at most once per
+    /// destination; one that refused is not asked again (it stays on UDP —
+    /// unless it joins us itself, which makes it known).
+    pub fn join_for_ud(&self, to: Key) {
+        if self.joined(to).is_some() || self.inner.refused.lock().unwrap().contains(&to) {
+            return;
+        }
+        if self.connect(to).is_err() {
+            self.inner.refused.lock().unwrap().insert(to);
+        }
+    }
+
     /// The peer context at `to`, joined now if it was not yet. Fails if no
     /// context of this user listens there, or it does not answer.
     pub fn connect(&self, to: Key) -> io::Result<Arc<Peer>> {
@@ -534,6 +562,7 @@ impl Inner {
         match ok {
             Ok(peer) => {
                 self.peers.lock().unwrap().insert(key, peer.clone());
+                self.refused.lock().unwrap().remove(&key);
                 let gid = link::gid_of(key.addr);
                 self.conns.lock().unwrap().push(Conn {
                     sock: s,

@@ -189,6 +189,35 @@ impl Drop for ShareGuard {
     }
 }
 
+/// The joined peer context a UD packet (`head` from its BTH on) goes to,
+/// if any: found by the destination's address and QPN slot.
+fn ud_peer(
+    shm: Option<&softrdma_shm::Host>,
+    dgid: &[u8; 16],
+    head: &[u8],
+) -> Option<Arc<softrdma_shm::Peer>> {
+    let shm = shm?;
+    // BTH: the opcode's top three bits name the transport (UD is 0b011);
+    // the destination QP is bytes 5..8.
+    if head.len() < 8 || head[0] >> 5 != 0b011 {
+        return None;
+    }
+    let dqpn = u32::from_be_bytes([0, head[5], head[6], head[7]]);
+    shm.joined(softrdma_shm::Key {
+        addr: gid_addr(dgid),
+        slot: (dqpn >> 16) as u8,
+    })
+}
+
+/// The address a GID names (IPv4-mapped or IPv6).
+pub(crate) fn gid_addr(gid: &[u8; 16]) -> std::net::IpAddr {
+    let v6 = std::net::Ipv6Addr::from(*gid);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => std::net::IpAddr::V4(v4),
+        None => std::net::IpAddr::V6(v6),
+    }
+}
+
 struct PeerOffload<'a>(&'a Direct);
 
 impl softrdma_core::Offload for PeerOffload<'_> {
@@ -285,13 +314,16 @@ impl State {
                 // address of a deregistered region.
                 *s = unsafe { segment(g.addr, g.len) };
             }
-            // A connection to a context on this host: into its ring.
+            // A connection to a context on this host, or a UD datagram to
+            // one: into its ring.
             let d = self
                 .direct
                 .get((t.src_qpn & 0xffff) as usize)
                 .and_then(Option::as_ref)
-                .filter(|d| d.qps.local == t.src_qpn && d.peer.alive());
-            if let Some(d) = d {
+                .filter(|d| d.qps.local == t.src_qpn && d.peer.alive())
+                .map(|d| d.peer.clone())
+                .or_else(|| ud_peer(self.shm.as_deref(), &t.dgid, &self.head[..t.head_len]));
+            if let Some(peer) = d {
                 let mut parts: [&[u8]; softrdma_core::MAX_SGE + 1] =
                     [&[]; softrdma_core::MAX_SGE + 1];
                 parts[0] = &self.head[..t.head_len];
@@ -299,7 +331,7 @@ impl State {
                 // SAFETY: one producer: this pass holds the engine lock. The
                 // slices are valid as above; the pad and the ICRC's place
                 // are zeros.
-                if !unsafe { d.peer.push(&parts[..=segs.len()], t.pad as usize + 4) } {
+                if !unsafe { peer.push(&parts[..=segs.len()], t.pad as usize + 4) } {
                     self.ring_drops += 1;
                 }
                 sent += 1;

@@ -1566,11 +1566,7 @@ impl Qp {
         let Some(host) = self.eng.shm.clone() else {
             return Ok(None);
         };
-        let v6 = std::net::Ipv6Addr::from(dgid);
-        let addr = match v6.to_ipv4_mapped() {
-            Some(v4) => std::net::IpAddr::V4(v4),
-            None => std::net::IpAddr::V6(v6),
-        };
+        let addr = engine::gid_addr(&dgid);
         let key = softrdma_shm::Key {
             addr,
             slot: (dqpn >> 16) as u8,
@@ -1584,6 +1580,40 @@ impl Qp {
                 ),
             ))),
             Err(_) => Ok(None),
+        }
+    }
+
+    /// A UD send to a context on this host goes through shared memory: join
+    /// its context first (once per destination, before the engine's lock:
+    /// the handshake waits for the peer).
+    fn join_ud(&self, wr: &SendWr<'_>) {
+        if self.qp_type != QpType::Ud {
+            return;
+        }
+        if let (Some(h), Some(ud)) = (self.eng.shm.as_ref(), wr.ud) {
+            h.join_for_ud(softrdma_shm::Key {
+                addr: engine::gid_addr(&ud.gid),
+                slot: (ud.remote_qpn >> 16) as u8,
+            });
+        }
+    }
+
+    /// The transport a UD send from this QP to `dest` takes: `"shm"` if
+    /// `dest`'s context is on this host and shares memory with us (joined
+    /// now if it was not yet, as the first send would), else `"udp"`.
+    pub fn transport_to(&self, dest: &UdDest) -> &'static str {
+        let Some(h) = self.eng.shm.as_ref() else {
+            return "udp";
+        };
+        let key = softrdma_shm::Key {
+            addr: engine::gid_addr(&dest.gid),
+            slot: (dest.remote_qpn >> 16) as u8,
+        };
+        h.join_for_ud(key);
+        if h.joined(key).is_some() {
+            "shm"
+        } else {
+            "udp"
         }
     }
 
@@ -1609,6 +1639,7 @@ impl Qp {
     /// Post a send work request. Every SGE must lie in a memory region of
     /// this QP's protection domain, inline ones included.
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        self.join_ud(wr);
         let mut st = self.eng.lock();
         let mut host = [Sge::default(); softrdma_core::MAX_SGE];
         let wr = if wr.flags.contains(SendFlags::INLINE) {
@@ -1750,6 +1781,7 @@ impl Qp {
     /// # Safety
     /// Inline SGEs must point to readable memory of their length.
     pub unsafe fn post_send_unchecked(&self, wr: &SendWr<'_>) -> Result<()> {
+        self.join_ud(wr);
         let mut st = self.eng.lock();
         let done = st.post_send(self.qpn, wr)?;
         self.eng.posted_send(&mut st, done);

@@ -372,11 +372,12 @@ pub fn run_test(
         chan.handshake(&mine[0])?;
     }
     say(&banner.render());
-    let transport = if r.qps[0].transport() == "shm" {
-        "shm"
+    let transport = if p.conn == QpType::Ud {
+        r.qps[0].transport_to(&r.ud_dest(0))
     } else {
-        "udp"
+        r.qps[0].transport()
     };
+    let transport = if transport == "shm" { "shm" } else { "udp" };
     say(&format!(
         " Transport      : {}",
         if transport == "shm" {

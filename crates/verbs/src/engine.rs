@@ -34,6 +34,13 @@
 //! `ib_write_lat` was 592 µs). A thread the kernel wakes on packet arrival
 //! preempts a spinner at once. See docs/DESIGN.md, "The engine", for the
 //! options measured.
+//!
+//! With a peer context on this host (`softrdma_shm`), the same pass also
+//! drains the packet rings that peer writes into, the transmit path puts
+//! that peer's packets into its ring instead of the socket, and a post of
+//! a one-sided operation may be carried out at once (`State::post_send`).
+//! The rings' bell is one more descriptor in the engine's epoll set, armed
+//! only while the engine sleeps with nobody else serving them.
 
 use std::collections::HashMap;
 use std::io;
@@ -373,8 +380,6 @@ impl State {
         (sent, more)
     }
 
-    /// Post a send, carrying a one-sided operation out at once if the QP
-    /// reaches its peer through shared memory.
     /// Count QP `qpn` (created, or no longer connected through shared
     /// memory: +1) or stop counting it (-1) as a UDP user of its CQs.
     pub fn count_udp(&mut self, qpn: u32, delta: i32) {
@@ -419,7 +424,9 @@ impl State {
         self.shm.is_none() || self.udp_qps.get(cq as usize).is_none_or(|&n| n > 0)
     }
 
-    /// Returns whether it was carried out at once (then nothing was queued).
+    /// Post a send, carrying a one-sided operation out at once if the QP
+    /// reaches its peer through shared memory. Returns whether it was
+    /// carried out at once (then nothing was queued).
     pub fn post_send(
         &mut self,
         qpn: u32,
@@ -596,9 +603,9 @@ pub(crate) struct Engine {
     beats: AtomicU64,
     seen_beats: AtomicU64,
     /// Serialises changes of the socket's epoll registration, which
-    /// follows `masked || poller_masked`.
-    /// Serialises `set_sock_events`; holds whether the socket is in the
-    /// engine's epoll set now, so an unchanged set costs no system call.
+    /// follows `masked && !sock_kept || poller_masked || sleepers`, and
+    /// holds whether the socket is in the engine's epoll set now, so an
+    /// unchanged registration costs no system call.
     sock_events: Mutex<bool>,
 }
 

@@ -340,6 +340,15 @@ pub fn transport_from_env() -> Result<Transport> {
     }
 }
 
+/// See [`Context::shm_stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShmStats {
+    /// One-sided operations carried out at post, into a peer's memory.
+    pub offloaded: u64,
+    /// Packets lost to a full ring of a peer on this host (RC retransmits).
+    pub ring_drops: u64,
+}
+
 /// An open device: a progress engine on one UDP port.
 pub struct Context {
     dev: DeviceInfo,
@@ -528,6 +537,16 @@ impl Context {
     pub fn stats(&self) -> (Stats, PortStats) {
         let st = self.eng.lock();
         (*st.ep.stats(), st.port.stats())
+    }
+
+    /// Shared-memory counters: one-sided operations carried out at post
+    /// (also `Stats::offloaded`), and packets lost to a peer's full ring.
+    pub fn shm_stats(&self) -> ShmStats {
+        let st = self.eng.lock();
+        ShmStats {
+            offloaded: st.ep.stats().offloaded,
+            ring_drops: st.ring_drops,
+        }
     }
 }
 

@@ -525,13 +525,15 @@ pub fn run_test(
         }
     }
     let (s, ps) = r.ctx.stats();
+    let shm = r.ctx.shm_stats();
     let stats = format!(
-        " softrdma counters: tx {} pkts {} B, rx {} pkts {} B, retransmits {}, timeouts {}, seq NAKs sent/rcvd {}/{}, RNR NAKs sent/rcvd {}/{}, duplicates {}, out-of-sequence {}, malformed {}, ICRC bad {}, ICRC recovered {}, messages dropped {}, datagrams for other processes {}, kernel receive drops {}, send refused/dropped {}/{}, fault drops/dups/corrupts/reorders {}/{}/{}/{}",
+        " softrdma counters: tx {} pkts {} B, rx {} pkts {} B, retransmits {}, timeouts {}, seq NAKs sent/rcvd {}/{}, RNR NAKs sent/rcvd {}/{}, duplicates {}, out-of-sequence {}, malformed {}, ICRC bad {}, ICRC recovered {}, messages dropped {}, datagrams for other processes {}, kernel receive drops {}, send refused/dropped {}/{}, fault drops/dups/corrupts/reorders {}/{}/{}/{}, shared memory: offloaded {}, ring drops {}",
         s.tx_packets, s.tx_bytes, s.rx_packets, s.rx_bytes, s.retransmits, s.timeouts,
         s.seq_naks_sent, s.seq_naks_rcvd, s.rnr_naks_sent, s.rnr_naks_rcvd, s.duplicates,
         s.out_of_sequence, s.malformed, ps.icrc_bad, ps.icrc_recovered,
         s.dropped_messages, ps.rx_wrong_slot, ps.rx_kernel_drops, ps.send_errors, ps.tx_dropped,
-        ps.fault_drops, ps.fault_dups, ps.fault_corrupts, ps.fault_reorders
+        ps.fault_drops, ps.fault_dups, ps.fault_corrupts, ps.fault_reorders,
+        shm.offloaded, shm.ring_drops
     );
     if p.check {
         println!(

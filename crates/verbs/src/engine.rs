@@ -778,7 +778,7 @@ impl Engine {
     /// application makes in reply (perftest's `send_lat` posts its next
     /// receive before its reply) — and only delivers events.
     pub fn posted_recv(&self, st: &mut State) {
-        self.app_calls.fetch_add(1, Ordering::Relaxed);
+        self.count_call(st);
         st.deliver_events(&self.async_fd);
         if st.tx_deferred && !self.watchdog_on.load(Ordering::SeqCst) {
             // Nothing bounds the wait: send now.
@@ -786,12 +786,22 @@ impl Engine {
         }
     }
 
+    /// Count an application call into the device (the watchdog's evidence
+    /// that a poller is alive). Every call counts under the state lock, so
+    /// a plain load and store do (a locked increment would, after a large
+    /// shared-memory copy, wait for the copy's stores to drain); the
+    /// watchdog only compares values.
+    fn count_call(&self, _st: &mut State) {
+        let n = self.app_calls.load(Ordering::Relaxed);
+        self.app_calls.store(n.wrapping_add(1), Ordering::Relaxed);
+    }
+
     /// After `State::post_send`: a request carried out at once (shared
     /// memory) queued nothing, so unless a pass deferred ACKs for this call
     /// to carry, only its completion's event is delivered.
     pub fn posted_send(&self, st: &mut State, done: bool) {
         if done && !st.tx_deferred {
-            self.app_calls.fetch_add(1, Ordering::Relaxed);
+            self.count_call(st);
             st.deliver_events(&self.async_fd);
         } else {
             self.kick(st);
@@ -799,7 +809,7 @@ impl Engine {
     }
 
     pub fn kick(&self, st: &mut State) {
-        self.app_calls.fetch_add(1, Ordering::Relaxed);
+        self.count_call(st);
         let now = st.now();
         let (_, more) = st.transmit(now);
         st.deliver_events(&self.async_fd);
@@ -835,7 +845,7 @@ impl Engine {
     /// finds nothing). Leaves the socket with the engine thread.
     pub fn serve_socket(&self) {
         let mut st = self.lock();
-        self.app_calls.fetch_add(1, Ordering::Relaxed);
+        self.count_call(&mut st);
         // The waiter returns to its application with what came, which
         // answers with its next post: what the packets call for (the ACK)
         // leaves with that post, in one system call and, at the peer, one
@@ -869,7 +879,7 @@ impl Engine {
     /// waits for traffic that may come over UDP (else only rings are
     /// served, and the socket stays with the engine thread).
     pub fn app_pass_with(&self, st: &mut State, take_socket: bool, udp: bool) {
-        self.app_calls.fetch_add(1, Ordering::Relaxed);
+        self.count_call(st);
         if take_socket {
             self.mask(st, udp);
         }

@@ -321,6 +321,7 @@ impl MrTable {
         }
     }
 
+    #[inline]
     fn lookup(&self, key: u32) -> Option<(u32, Mr)> {
         let idx = *self.by_key.get(&key)?;
         let mr = *self.slots[idx as usize].mr()?;
@@ -358,6 +359,7 @@ impl MrTable {
     /// it is still registered — the one translation every access of queued
     /// work goes through. A zero-length range translates to 0, which no
     /// caller dereferences (there are no bytes to move).
+    #[inline]
     pub fn host(&self, r: MemRef, off: u64, len: u64) -> Option<u64> {
         if len == 0 {
             return Some(0);
@@ -427,6 +429,7 @@ impl MrTable {
     }
 
     /// Validate a local SGE; returns it as a [`Span`] of its region.
+    #[inline]
     pub fn resolve_local(
         &self,
         pd: PdId,

@@ -236,7 +236,8 @@ impl Shared {
 pub enum OffloadLocal<'a> {
     /// The scatter/gather list as host addresses and lengths, translated
     /// through the region table during this call (for a READ or atomic,
-    /// where the result goes; checked for `LOCAL_WRITE`).
+    /// where the result goes; checked for `LOCAL_WRITE`). No entry is
+    /// empty.
     Host(&'a [(u64, u32)]),
     /// An inline WRITE's bytes, copied at post.
     Inline(&'a [u8]),
@@ -757,7 +758,7 @@ impl Endpoint {
     /// not — the remote region is not reachable that way, or a check the
     /// offload does not judge itself would fail — it is queued and goes on
     /// the wire, where the responder gives it IBA's outcome. Returns
-    /// whether `off` carried it out.
+    /// whether `off` carried it out. RC only (see the UC note inside).
     pub fn post_send_offload(
         &mut self,
         qpn: u32,
@@ -914,10 +915,20 @@ impl Endpoint {
         let nsge = segs.len();
         let signaled = qp.sq_sig_all || wr.flags.contains(crate::wr::SendFlags::SIGNALED);
         if let Some(off) = off {
-            if qp.state == QpState::Rts && qp.sq.head == qp.sq.tail && wr.op.is_one_sided() {
+            // RC only: a UC send queue retires a request once its last
+            // packet is built, not once the responder has executed it, so
+            // an empty UC queue does not order an offloaded WRITE after an
+            // earlier SEND still on its way.
+            if qp.qp_type == QpType::Rc
+                && qp.state == QpState::Rts
+                && qp.sq.head == qp.sq.tail
+                && wr.op.is_one_sided()
+            {
                 let mut host = arrayvec::ArrayVec::<(u64, u32), MAX_SGE>::new();
                 let mut mapped = true;
-                for sp in &segs {
+                // Zero-length entries move nothing: they are left out, so
+                // every span handed to the offload has bytes behind it.
+                for sp in segs.iter().filter(|sp| sp.len > 0) {
                     match self.shared.mrs.host(sp.mem, sp.off, sp.len as u64) {
                         Some(a) => host.push((a, sp.len)),
                         None => mapped = false,

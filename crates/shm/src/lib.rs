@@ -51,6 +51,9 @@ pub use share::Share;
 /// thread's accept and one reply (microseconds).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// UD destinations remembered as not sharing memory (bounds the record).
+const REFUSED_MAX: usize = 4096;
+
 /// This context's side: its segment, its listener and its peers.
 pub struct Host {
     inner: Arc<Inner>,
@@ -80,7 +83,30 @@ struct Inner {
     /// whether the peer is gone (its ring is then served until it is
     /// empty — what it sent before it ended still counts, as datagrams in
     /// a socket buffer outlive their sender — and only then freed).
-    rx: Mutex<Vec<(u32, [u8; 16], bool)>>,
+    rx: Mutex<Rx>,
+}
+
+/// One ring a peer sends into: its index, the peer's GID, whether the peer
+/// is gone, and our own copy of the ring's tail.
+struct RxRing {
+    idx: u32,
+    gid: [u8; 16],
+    closing: bool,
+    tail: u64,
+}
+
+#[derive(Default)]
+struct Rx {
+    rings: Vec<RxRing>,
+    /// Where each record is copied before the core parses it.
+    scratch: Vec<u8>,
+}
+
+/// Poison-tolerant locking: no panic elsewhere may take the transport
+/// down with it (a poisoned lock's data is still consistent: every
+/// critical section here leaves it so at each step).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 struct Conn {
@@ -98,6 +124,8 @@ pub struct Peer {
     active: u32,
     alive: AtomicBool,
     ops: AtomicU64,
+    /// Our copy of our ring's head in its segment (see `ring::Ring::push`).
+    tx_head: AtomicU64,
     /// Both we and the owner take part in expedited global barriers.
     fast: bool,
     /// Its bell (see `ring`).
@@ -159,7 +187,7 @@ impl Host {
             free_active: Mutex::new((0..seg::PEERS as u32).rev().collect()),
             bell: eventfd()?,
             refused: Mutex::new(std::collections::HashSet::new()),
-            rx: Mutex::new(Vec::new()),
+            rx: Mutex::new(Rx::default()),
         });
         let me2 = inner.clone();
         let thread = std::thread::Builder::new()
@@ -207,7 +235,7 @@ impl Host {
         host_addr: u64,
         s: &Share,
     ) -> bool {
-        let mut live = self.inner.mrs.lock().unwrap();
+        let mut live = lock(&self.inner.mrs);
         if *live >= seg::MR_MAX_LIVE || s.lo < host_addr {
             return false;
         }
@@ -238,7 +266,7 @@ impl Host {
     /// Withdraw `rkey`'s entry and wait until no peer is inside its memory.
     /// After this returns no peer touches the region again.
     pub fn withdraw_mr(&self, rkey: u32) {
-        let mut live = self.inner.mrs.lock().unwrap();
+        let mut live = lock(&self.inner.mrs);
         let m = &self.inner.map;
         let h = seg::mr_hash(rkey);
         for i in 0..seg::MR_PROBES {
@@ -273,15 +301,22 @@ impl Host {
 
     /// Publish QP `qpn`'s responder as peers' requesters judge it (`None`:
     /// destroyed).
-    pub fn publish_qp(&self, qpn: u32, qp: Option<(bool, PdId, AccessFlags, u32)>) {
+    pub fn publish_qp(&self, qpn: u32, qp: Option<PublishedQp>) {
         let e = self.inner.map.qp(qpn);
         seg::write_locked(&e.seq, || match qp {
-            Some((ready, pd, access, dest)) => {
+            Some(q) => {
                 e.qpn.store(qpn, Ordering::Relaxed);
-                e.ready.store(ready as u32, Ordering::Relaxed);
-                e.pd.store(pd.0, Ordering::Relaxed);
-                e.access.store(access.bits(), Ordering::Relaxed);
-                e.dest_qpn.store(dest, Ordering::Relaxed);
+                e.ready.store(q.ready as u32, Ordering::Relaxed);
+                e.pd.store(q.pd.0, Ordering::Relaxed);
+                e.access.store(q.access.bits(), Ordering::Relaxed);
+                e.dest_qpn.store(q.dest_qpn, Ordering::Relaxed);
+                for (w, c) in e.dest_gid.iter().zip(q.dest_gid.chunks_exact(4)) {
+                    w.store(
+                        u32::from_ne_bytes([c[0], c[1], c[2], c[3]]),
+                        Ordering::Relaxed,
+                    );
+                }
+                e.rd_atomic.store(q.rd_atomic as u32, Ordering::Relaxed);
             }
             None => {
                 e.ready.store(0, Ordering::Relaxed);
@@ -312,6 +347,9 @@ impl Host {
     pub fn arm(&self) -> bool {
         let h = self.inner.map.header();
         h.armed.store(1, Ordering::SeqCst);
+        // The store before the rings' heads are read (StoreLoad), as the
+        // producer's fence orders its head before its look at `armed`.
+        fence(Ordering::SeqCst);
         if self.rings_pending() {
             h.armed.store(0, Ordering::SeqCst);
             return true;
@@ -333,9 +371,14 @@ impl Host {
 
     /// Whether a ring holds packets.
     pub fn rings_pending(&self) -> bool {
-        let rx = self.inner.rx.lock().unwrap();
-        rx.iter()
-            .any(|&(i, _, _)| !self.inner.map.ring(i as usize).is_empty())
+        let rx = lock(&self.inner.rx);
+        rx.rings.iter().any(|r| {
+            !self
+                .inner
+                .map
+                .ring(r.idx as usize)
+                .is_empty_from(Some(r.tail))
+        })
     }
 
     /// Hand the packets waiting in the rings (at most `budget` per ring) to
@@ -344,24 +387,31 @@ impl Host {
     /// # Safety
     /// One consumer at a time (callers hold their engine's lock).
     pub unsafe fn drain(&self, budget: usize, mut f: impl FnMut(&[u8; 16], &[u8])) -> usize {
-        let mut rx = self.inner.rx.lock().unwrap();
+        let mut rx = lock(&self.inner.rx);
+        let Rx { rings, scratch } = &mut *rx;
         let mut n = 0;
         let mut gone = false;
-        for (i, gid, closing) in rx.iter() {
-            let r = self.inner.map.ring(*i as usize);
-            if !r.is_empty() {
+        for e in rings.iter_mut() {
+            let r = self.inner.map.ring(e.idx as usize);
+            if !r.is_empty_from(Some(e.tail)) {
+                let gid = e.gid;
                 // SAFETY: one consumer (the caller's contract); the ring is
                 // ours, RING_BYTES long.
-                n += unsafe { r.drain(budget, |b| f(gid, b)) };
+                n += unsafe { r.drain(&mut e.tail, budget, scratch, |b| f(&gid, b)) };
             }
-            gone |= *closing && r.is_empty();
+            gone |= e.closing && r.is_empty_from(Some(e.tail));
         }
         if gone {
-            let mut free = self.inner.free_active.lock().unwrap();
-            rx.retain(|&(i, _, closing)| {
-                let done = closing && self.inner.map.ring(i as usize).is_empty();
+            let mut free = lock(&self.inner.free_active);
+            rings.retain(|e| {
+                let done = e.closing
+                    && self
+                        .inner
+                        .map
+                        .ring(e.idx as usize)
+                        .is_empty_from(Some(e.tail));
                 if done {
-                    free.push(i);
+                    free.push(e.idx);
                 }
                 !done
             });
@@ -373,10 +423,7 @@ impl Host {
     /// destination, on the transmit path, which must not wait for a
     /// handshake).
     pub fn joined(&self, to: Key) -> Option<Arc<Peer>> {
-        self.inner
-            .peers
-            .lock()
-            .unwrap()
+        lock(&self.inner.peers)
             .get(&to)
             .filter(|p| p.alive())
             .cloned()
@@ -384,26 +431,33 @@ impl Host {
 
     /// [`Host::connect`] for a UD destination: joined at most once per
     /// destination; one that refused is not asked again (it stays on UDP —
-    /// unless it joins us itself, which makes it known).
+    /// unless it joins us itself, which makes it known). At most
+    /// `REFUSED_MAX` refusals are remembered (then the record starts over).
     pub fn join_for_ud(&self, to: Key) {
-        if self.joined(to).is_some() || self.inner.refused.lock().unwrap().contains(&to) {
+        if self.joined(to).is_some() || lock(&self.inner.refused).contains(&to) {
             return;
         }
         if self.connect(to).is_err() {
-            self.inner.refused.lock().unwrap().insert(to);
+            let mut r = lock(&self.inner.refused);
+            if r.len() >= REFUSED_MAX {
+                r.clear();
+            }
+            r.insert(to);
         }
     }
 
     /// The peer context at `to`, joined now if it was not yet. Fails if no
     /// context of this user listens there, or it does not answer.
     pub fn connect(&self, to: Key) -> io::Result<Arc<Peer>> {
-        if let Some(p) = self.inner.peers.lock().unwrap().get(&to) {
+        if let Some(p) = lock(&self.inner.peers).get(&to) {
             if p.alive() {
                 return Ok(p.clone());
             }
         }
         let s = link::connect(to)?;
-        let mine = self.inner.alloc_active()?;
+        // Our ring for the peer is served from before the peer can know of
+        // it (its first packet and bell may follow our hello at once).
+        let mine = self.inner.alloc_rx(to)?;
         let r = (|| {
             link::send_hello(
                 s.as_raw_fd(),
@@ -422,11 +476,11 @@ impl Host {
         match r {
             Ok(peer) => {
                 self.inner.add(s, peer.clone(), mine);
-                self.inner.peers.lock().unwrap().insert(to, peer.clone());
+                lock(&self.inner.peers).insert(to, peer.clone());
                 Ok(peer)
             }
             Err(e) => {
-                self.inner.free_active.lock().unwrap().push(mine);
+                self.inner.free_rx(mine);
                 Err(e)
             }
         }
@@ -440,6 +494,7 @@ fn peer_of(
     active: u32,
     barrier: bool,
 ) -> io::Result<Arc<Peer>> {
+    seg::check(fd.as_raw_fd(), bell.as_raw_fd())?;
     let map = Mapping::map(fd.as_raw_fd())?;
     let fast = barrier && map.header().expedited.load(Ordering::Acquire) == 1;
     if !map.valid() || active as usize >= seg::PEERS {
@@ -454,6 +509,7 @@ fn peer_of(
         active,
         alive: AtomicBool::new(true),
         ops: AtomicU64::new(0),
+        tx_head: AtomicU64::new(0),
         fast,
         bell,
     }))
@@ -467,13 +523,13 @@ impl Drop for Host {
             let _ = t.join();
         }
         // Closing the connections tells every peer we are gone.
-        self.inner.conns.lock().unwrap().clear();
+        lock(&self.inner.conns).clear();
     }
 }
 
 impl Inner {
     fn alloc_active(&self) -> io::Result<u32> {
-        let i = self.free_active.lock().unwrap().pop().ok_or_else(|| {
+        let i = lock(&self.free_active).pop().ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::OutOfMemory,
                 "too many shared-memory peers for one context",
@@ -487,10 +543,26 @@ impl Inner {
         Ok(i)
     }
 
+    /// An index for a new peer at `key`, its ring already served.
+    fn alloc_rx(&self, key: Key) -> io::Result<u32> {
+        let mine = self.alloc_active()?;
+        lock(&self.rx).rings.push(RxRing {
+            idx: mine,
+            gid: link::gid_of(key.addr),
+            closing: false,
+            tail: 0,
+        });
+        Ok(mine)
+    }
+
+    /// Undo `alloc_rx` for a handshake that failed.
+    fn free_rx(&self, mine: u32) {
+        lock(&self.rx).rings.retain(|e| e.idx != mine);
+        lock(&self.free_active).push(mine);
+    }
+
     fn add(&self, sock: OwnedFd, peer: Arc<Peer>, mine: u32) {
-        let gid = link::gid_of(peer.key.addr);
-        self.conns.lock().unwrap().push(Conn { sock, peer, mine });
-        self.rx.lock().unwrap().push((mine, gid, false));
+        lock(&self.conns).push(Conn { sock, peer, mine });
         ring(self.wake.as_raw_fd());
     }
 
@@ -506,7 +578,7 @@ impl Inner {
                     revents: 0,
                 });
             }
-            for c in self.conns.lock().unwrap().iter() {
+            for c in lock(&self.conns).iter() {
                 fds.push(libc::pollfd {
                     fd: c.sock.as_raw_fd(),
                     events: libc::POLLIN,
@@ -547,10 +619,10 @@ impl Inner {
         let Ok((h, fd, bell)) = link::recv_hello(s.as_raw_fd(), HANDSHAKE_TIMEOUT) else {
             return;
         };
-        let Ok(mine) = self.alloc_active() else {
+        let key = h.key();
+        let Ok(mine) = self.alloc_rx(key) else {
             return;
         };
-        let key = h.key();
         let ok = peer_of(key, fd, bell, h.active, self.barrier).and_then(|peer| {
             link::send_hello(
                 s.as_raw_fd(),
@@ -561,26 +633,24 @@ impl Inner {
         });
         match ok {
             Ok(peer) => {
-                self.peers.lock().unwrap().insert(key, peer.clone());
-                self.refused.lock().unwrap().remove(&key);
-                let gid = link::gid_of(key.addr);
-                self.conns.lock().unwrap().push(Conn {
+                lock(&self.peers).insert(key, peer.clone());
+                lock(&self.refused).remove(&key);
+                lock(&self.conns).push(Conn {
                     sock: s,
                     peer,
                     mine,
                 });
-                self.rx.lock().unwrap().push((mine, gid, false));
             }
-            Err(_) => self.free_active.lock().unwrap().push(mine),
+            Err(_) => self.free_rx(mine),
         }
     }
 
     /// A connection became readable: the peer never sends after the
     /// handshake, so this is its end (EOF, or an error).
     fn drop_conns(&self, fds: &[RawFd]) {
-        let mut conns = self.conns.lock().unwrap();
-        let mut peers = self.peers.lock().unwrap();
-        let mut rx = self.rx.lock().unwrap();
+        let mut conns = lock(&self.conns);
+        let mut peers = lock(&self.peers);
+        let mut rx = lock(&self.rx);
         conns.retain(|c| {
             if !fds.contains(&c.sock.as_raw_fd()) {
                 return true;
@@ -594,9 +664,9 @@ impl Inner {
                 .store(0, Ordering::SeqCst);
             // Its ring is served until empty, then its index is freed
             // (`Host::drain`).
-            match rx.iter_mut().find(|e| e.0 == c.mine) {
-                Some(e) => e.2 = true,
-                None => self.free_active.lock().unwrap().push(c.mine),
+            match rx.rings.iter_mut().find(|e| e.idx == c.mine) {
+                Some(e) => e.closing = true,
+                None => lock(&self.free_active).push(c.mine),
             }
             if peers
                 .get(&c.peer.key)
@@ -609,11 +679,28 @@ impl Inner {
     }
 }
 
-/// The QP of ours a one-sided operation is posted on, and its peer QP.
+/// The QP of ours a one-sided operation is posted on (and our GID), and
+/// its peer QP.
 #[derive(Debug, Clone, Copy)]
 pub struct Qps {
     pub local: u32,
+    pub local_gid: [u8; 16],
     pub remote: u32,
+}
+
+/// What [`Host::publish_qp`] tells peers of a QP's responder.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishedQp {
+    /// It executes requests (RTR, RTS, SQD, SQE: see [`responder_ready`]).
+    pub ready: bool,
+    pub pd: PdId,
+    /// `qp_access_flags`.
+    pub access: AccessFlags,
+    /// The QP and GID it is connected to.
+    pub dest_qpn: u32,
+    pub dest_gid: [u8; 16],
+    /// `max_dest_rd_atomic`.
+    pub rd_atomic: u8,
 }
 
 impl Peer {
@@ -638,9 +725,11 @@ impl Peer {
             return false;
         }
         let r = self.map.ring(self.active as usize);
+        let mut head = self.tx_head.load(Ordering::Relaxed);
         // SAFETY: one producer (the caller's contract); the ring is the
         // peer's ring for us, RING_BYTES long.
-        let ok = unsafe { r.push(parts, zeros) };
+        let ok = unsafe { r.push(&mut head, parts, zeros) };
+        self.tx_head.store(head, Ordering::Relaxed);
         ring::ring_bell(&self.map.header().armed, self.bell.as_raw_fd());
         ok
     }
@@ -700,22 +789,52 @@ impl Peer {
         if len == 0 {
             return false;
         }
+        // An atomic's result and an ATOMIC WRITE's word are one 8-byte span
+        // (the core checks the atomics' SGE; an ATOMIC WRITE may arrive as
+        // several SGEs adding up to 8: those go on the wire).
+        if !matches!(op, SendOp::Write { .. } | SendOp::Read { .. }) {
+            let one = match local {
+                OffloadLocal::Host(h) => h.len() == 1 && h[0].1 == 8,
+                OffloadLocal::Inline(b) => b.len() == 8,
+            };
+            if !one {
+                return false;
+            }
+        }
+        // Nothing of ours may still be in the peer's ring: the responder
+        // executes a QP's requests in order, and one in the ring has not
+        // been executed yet.
+        let ours = self.map.ring(self.active as usize);
+        if ours.hdr.tail.load(Ordering::Acquire) != self.tx_head.load(Ordering::Relaxed) {
+            return false;
+        }
         let m = &self.map;
         // The responder QP: connected to ours, executing requests, granting
         // this access.
         let q = m.qp(qps.remote);
-        let (qpn, ready, qpd, qacc, dest) = seg::read_locked(&q.seq, || {
+        let Some((qpn, ready, qpd, qacc, dest, gid, rd)) = seg::read_locked(&q.seq, || {
+            let mut gid = [0u8; 16];
+            for (c, w) in gid.chunks_exact_mut(4).zip(&q.dest_gid) {
+                c.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+            }
             (
                 q.qpn.load(Ordering::Relaxed),
                 q.ready.load(Ordering::Relaxed),
                 q.pd.load(Ordering::Relaxed),
                 q.access.load(Ordering::Relaxed),
                 q.dest_qpn.load(Ordering::Relaxed),
+                gid,
+                q.rd_atomic.load(Ordering::Relaxed),
             )
-        });
+        }) else {
+            return false;
+        };
+        let reads = !matches!(op, SendOp::Write { .. } | SendOp::AtomicWrite { .. });
         if qpn != qps.remote
             || ready != 1
             || dest != qps.local
+            || gid != qps.local_gid
+            || (reads && rd == 0)
             || !AccessFlags::from_bits_retain(qacc).contains(need)
         {
             return false;
@@ -738,7 +857,7 @@ impl Peer {
                 if used == MR_EMPTY {
                     break 'look false;
                 }
-                let (used, key, pd, acc, lo, elen, off) = seg::read_locked(&e.seq, || {
+                let Some((used, key, pd, acc, lo, elen, off)) = seg::read_locked(&e.seq, || {
                     (
                         e.used.load(Ordering::Relaxed),
                         e.rkey.load(Ordering::Relaxed),
@@ -748,7 +867,9 @@ impl Peer {
                         e.len.load(Ordering::Relaxed),
                         e.off.load(Ordering::Relaxed),
                     )
-                });
+                }) else {
+                    break 'look false;
+                };
                 if used != MR_LIVE || key != rkey {
                     continue;
                 }

@@ -259,19 +259,27 @@ pub fn recv_hello(s: RawFd, timeout: Duration) -> io::Result<(Hello, OwnedFd, Ow
     }
     // SAFETY: cm is a header the kernel wrote inside cbuf.
     let clen = unsafe { (*cm).cmsg_len } as usize;
+    // Every descriptor the message carried is ours now: own them all, so
+    // none leaks whatever the message's shape.
     // SAFETY: pure computation.
-    if clen < unsafe { libc::CMSG_LEN(2 * size_of::<RawFd>() as u32) } as usize {
+    let hdr = unsafe { libc::CMSG_LEN(0) } as usize;
+    let nfds = clen.saturating_sub(hdr) / size_of::<RawFd>();
+    let mut owned: Vec<OwnedFd> = (0..nfds)
+        .map(|i| {
+            // SAFETY: the kernel wrote `nfds` descriptors after the header,
+            // inside cbuf; each is a fresh descriptor of this process.
+            unsafe {
+                OwnedFd::from_raw_fd(std::ptr::read_unaligned(
+                    libc::CMSG_DATA(cm).cast::<RawFd>().add(i),
+                ))
+            }
+        })
+        .collect();
+    if owned.len() != 2 {
         return Err(bad());
     }
-    // SAFETY: the message carries two descriptors after its header (its
-    // length says so); they are ours now.
-    let (a, b) = unsafe {
-        let d = libc::CMSG_DATA(cm).cast::<RawFd>();
-        (
-            OwnedFd::from_raw_fd(std::ptr::read_unaligned(d)),
-            OwnedFd::from_raw_fd(std::ptr::read_unaligned(d.add(1))),
-        )
-    };
+    let b = owned.pop().expect("two");
+    let a = owned.pop().expect("two");
     if n as usize != size_of::<Hello>() || h.magic != MAGIC || h.version != VERSION {
         return Err(bad());
     }

@@ -39,26 +39,32 @@ fn rec_len(n: usize) -> u64 {
 impl Ring<'_> {
     /// Append one packet made of `parts`; false if the ring has no room
     /// (the packet is then lost, as a full socket buffer loses a datagram:
-    /// RC retransmits it).
+    /// RC retransmits it). `head` is the producer's own copy of its index
+    /// (the shared one is only published, never read back: the consumer's
+    /// process can write it); a `tail` that does not fit it reads as full.
     ///
     /// # Safety
     /// Only one producer may push at a time; `data` must be the ring's
     /// `RING_BYTES` bytes.
-    pub unsafe fn push(&self, parts: &[&[u8]], zeros: usize) -> bool {
+    pub unsafe fn push(&self, head: &mut u64, parts: &[&[u8]], zeros: usize) -> bool {
         let n: usize = parts.iter().map(|p| p.len()).sum::<usize>() + zeros;
         let need = rec_len(n);
-        let head = self.hdr.head.load(Ordering::Relaxed);
         let tail = self.hdr.tail.load(Ordering::Acquire);
-        let at = head % RING_BYTES;
-        let to_end = RING_BYTES - at;
-        let skip = if to_end < need { to_end } else { 0 };
-        if head + skip + need - tail > RING_BYTES {
+        let used = head.wrapping_sub(tail);
+        if used > RING_BYTES || need > RING_BYTES / 2 {
             return false;
         }
-        let mut pos = head;
+        let at = *head % RING_BYTES;
+        let to_end = RING_BYTES - at;
+        let skip = if to_end < need { to_end } else { 0 };
+        if used + skip + need > RING_BYTES {
+            return false;
+        }
+        let mut pos = *head;
         if skip > 0 {
-            // SAFETY: `at` is 8-aligned and below RING_BYTES, so the 8-byte
-            // marker fits (every record is a multiple of 8 bytes).
+            // SAFETY: `at` is 8-aligned (our head moves by multiples of 8)
+            // and below RING_BYTES, a multiple of 8, so the 8-byte marker
+            // fits before the end.
             unsafe { self.put_hdr(at, 0, WRAP) };
             pos += skip;
         }
@@ -75,7 +81,8 @@ impl Ring<'_> {
             }
             std::ptr::write_bytes(d, 0, zeros);
         }
-        self.hdr.head.store(pos + need, Ordering::Release);
+        *head = pos + need;
+        self.hdr.head.store(*head, Ordering::Release);
         true
     }
 
@@ -90,49 +97,77 @@ impl Ring<'_> {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.hdr.head.load(Ordering::Acquire) == self.hdr.tail.load(Ordering::Relaxed)
+    /// Whether the ring holds nothing below the shared head, seen from
+    /// `tail` (the consumer's copy) or the shared tail (the producer's
+    /// view, `None`).
+    pub fn is_empty_from(&self, tail: Option<u64>) -> bool {
+        let t = tail.unwrap_or_else(|| self.hdr.tail.load(Ordering::Acquire));
+        self.hdr.head.load(Ordering::Acquire) == t
     }
 
-    /// Hand every record below `head` (at most `budget`) to `f`, then free
-    /// them. Returns how many there were.
+    /// Hand every record below `head` (at most `budget`) to `f`, each
+    /// copied into `scratch` first (the producer's process can write the
+    /// ring while we parse), then free them. `tail` is the consumer's own
+    /// copy of its index; a head that does not fit it (behind it, more
+    /// than a ring ahead, not 8-aligned) or a record that is not one we
+    /// write stops the drain and leaves the ring alone. Returns how many
+    /// records there were.
     ///
     /// # Safety
     /// Only one consumer at a time; `data` as for `push`.
-    pub unsafe fn drain(&self, budget: usize, mut f: impl FnMut(&[u8])) -> usize {
+    pub unsafe fn drain(
+        &self,
+        tail: &mut u64,
+        budget: usize,
+        scratch: &mut Vec<u8>,
+        mut f: impl FnMut(&[u8]),
+    ) -> usize {
         let head = self.hdr.head.load(Ordering::Acquire);
-        let mut tail = self.hdr.tail.load(Ordering::Relaxed);
+        let avail = head.wrapping_sub(*tail);
+        if avail > RING_BYTES || !head.is_multiple_of(8) {
+            return 0;
+        }
         let mut k = 0;
-        while tail != head && k < budget {
-            let at = tail % RING_BYTES;
-            // SAFETY: records below `head` were written completely before
-            // the producer's release store of `head` that we acquired; the
-            // producer does not touch them until `tail` passes them.
+        while *tail != head && k < budget {
+            let at = *tail % RING_BYTES;
+            // SAFETY: `at` is 8-aligned (our tail moves by multiples of
+            // 8) and `at + 8 <= RING_BYTES`; records below `head` were
+            // written before the producer's release store of `head`.
             let (len, kind) = unsafe {
                 let p = self.data.add(at as usize);
                 (
-                    std::ptr::read(p.cast::<u32>()),
-                    std::ptr::read(p.add(4).cast::<u32>()),
+                    std::ptr::read_volatile(p.cast::<u32>()),
+                    std::ptr::read_volatile(p.add(4).cast::<u32>()),
                 )
             };
-            if kind == WRAP {
-                tail += RING_BYTES - at;
-                continue;
-            }
-            let need = rec_len(len as usize);
-            if kind != REC || at + need > RING_BYTES || tail + need > head {
-                // Not a record we wrote: give up on what is there.
-                tail = head;
+            let need = if kind == WRAP {
+                RING_BYTES - at
+            } else {
+                rec_len(len as usize)
+            };
+            if (kind != REC && kind != WRAP)
+                || (kind == REC && at + need > RING_BYTES)
+                || head.wrapping_sub(*tail) < need
+            {
+                // Not a record we write: stop here.
                 break;
             }
-            // SAFETY: as above; `[at + 8, at + 8 + len)` is inside the ring.
-            let bytes =
-                unsafe { std::slice::from_raw_parts(self.data.add(at as usize + 8), len as usize) };
-            f(bytes);
-            tail += need;
             k += 1;
+            if kind == REC {
+                scratch.clear();
+                // SAFETY: `[at + 8, at + 8 + len)` is inside the ring
+                // (checked above); copied out as raw bytes.
+                unsafe {
+                    scratch.extend_from_slice(std::slice::from_raw_parts(
+                        self.data.add(at as usize + 8),
+                        len as usize,
+                    ))
+                };
+                f(scratch);
+            }
+            *tail += need;
         }
-        self.hdr.tail.store(tail, Ordering::Release);
+        self.hdr.tail.store(*tail, Ordering::Release);
         k
     }
 }
@@ -146,5 +181,113 @@ pub fn ring_bell(armed: &AtomicU32, bell: std::os::fd::RawFd) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to the peer's eventfd.
         unsafe { libc::write(bell, (&one as *const u64).cast(), 8) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Mem {
+        hdr: RingHdr,
+        data: Vec<u8>,
+    }
+
+    fn mem() -> Mem {
+        Mem {
+            hdr: RingHdr {
+                head: AtomicU64::new(0),
+                _p0: [0; 7],
+                tail: AtomicU64::new(0),
+                _p1: [0; 7],
+            },
+            data: vec![0; RING_BYTES as usize],
+        }
+    }
+
+    fn ring(m: &mut Mem) -> Ring<'_> {
+        Ring {
+            hdr: &m.hdr,
+            data: m.data.as_mut_ptr(),
+        }
+    }
+
+    fn drain_all(r: &Ring<'_>, tail: &mut u64) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut scratch = Vec::new();
+        // SAFETY: one consumer; the ring is RING_BYTES of `data`.
+        unsafe { r.drain(tail, usize::MAX, &mut scratch, |b| out.push(b.to_vec())) };
+        out
+    }
+
+    #[test]
+    fn records_arrive_whole_and_in_order_across_the_wrap() {
+        let mut m = mem();
+        let r = ring(&mut m);
+        let (mut head, mut tail) = (0u64, 0u64);
+        // Walk the ring round twice with odd-sized packets.
+        let mut want = Vec::new();
+        for i in 0..20000u32 {
+            let p: Vec<u8> = (0..(i % 4093 + 1)).map(|k| (k ^ i) as u8).collect();
+            // SAFETY: one producer; the ring is RING_BYTES of `data`.
+            assert!(unsafe { r.push(&mut head, &[&p[..3.min(p.len())], &p[3.min(p.len())..]], 4) });
+            let mut w = p.clone();
+            w.extend_from_slice(&[0; 4]);
+            want.push(w);
+            if i % 100 == 99 {
+                assert_eq!(drain_all(&r, &mut tail), std::mem::take(&mut want));
+            }
+        }
+        assert_eq!(drain_all(&r, &mut tail), want);
+        assert!(head > 2 * RING_BYTES, "the test went round the ring");
+        assert_eq!(head, tail);
+    }
+
+    #[test]
+    fn a_full_ring_refuses_and_loses_nothing_queued() {
+        let mut m = mem();
+        let r = ring(&mut m);
+        let (mut head, mut tail) = (0u64, 0u64);
+        let p = vec![7u8; 4000];
+        let mut n = 0;
+        // SAFETY: one producer.
+        while unsafe { r.push(&mut head, &[&p], 0) } {
+            n += 1;
+        }
+        assert!(n > 2000, "{n}");
+        assert_eq!(drain_all(&r, &mut tail).len(), n);
+    }
+
+    #[test]
+    fn indices_and_records_the_other_process_corrupted_are_refused() {
+        let mut m = mem();
+        let r = ring(&mut m);
+        let (mut head, mut tail) = (0u64, 0u64);
+        // SAFETY: one producer.
+        assert!(unsafe { r.push(&mut head, &[b"good"], 0) });
+        // A head far ahead of our tail, or misaligned: nothing is read.
+        r.hdr.head.store(tail + 3 * RING_BYTES, Ordering::Release);
+        assert!(drain_all(&r, &mut tail).is_empty());
+        r.hdr.head.store(head + 3, Ordering::Release);
+        assert!(drain_all(&r, &mut tail).is_empty());
+        assert_eq!(tail, 0);
+        // The good record, then one of an unknown kind: the drain stops at it.
+        r.hdr.head.store(head, Ordering::Release);
+        // SAFETY: one producer.
+        assert!(unsafe { r.push(&mut head, &[b"next"], 0) });
+        let at = rec_len(4) as usize;
+        m.data[at + 4] = 9;
+        let r = ring(&mut m);
+        assert_eq!(drain_all(&r, &mut tail), vec![b"good".to_vec()]);
+        assert_eq!(tail, rec_len(4), "stopped before the bad record");
+        // A record claiming more bytes than were published is not read.
+        m.data[at + 4] = REC as u8;
+        m.data[at..at + 4].copy_from_slice(&(1u32 << 20).to_ne_bytes());
+        let r = ring(&mut m);
+        assert!(drain_all(&r, &mut tail).is_empty());
+        // A tail the consumer's process moved past our head reads as full.
+        r.hdr.tail.store(head + 64, Ordering::Release);
+        // SAFETY: one producer.
+        assert!(!unsafe { r.push(&mut head, &[b"x"], 0) });
     }
 }

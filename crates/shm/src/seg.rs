@@ -64,9 +64,14 @@ pub struct QpEntry {
     pub pd: AtomicU32,
     /// `qp_access_flags` (the core's `AccessFlags` bits).
     pub access: AtomicU32,
-    /// The QP it is connected to (RC/UC), which alone may use it.
+    /// The QP it is connected to (RC/UC), which alone may use it, at this
+    /// GID (as rxe checks a request's source address).
     pub dest_qpn: AtomicU32,
-    _pad: [u32; 2],
+    pub dest_gid: [AtomicU32; 4],
+    /// `max_dest_rd_atomic`: READs and atomics it executes at once (0:
+    /// none, and it NAKs them).
+    pub rd_atomic: AtomicU32,
+    _pad: [u32; 5],
 }
 
 /// 0: never used (ends a probe chain), 1: live, 2: withdrawn.
@@ -203,7 +208,8 @@ impl Drop for Mapping {
 pub fn create() -> io::Result<(OwnedFd, Mapping)> {
     let name = c"softrdma-shm";
     // SAFETY: plain system call with a valid C string.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -213,7 +219,14 @@ pub fn create() -> io::Result<(OwnedFd, Mapping)> {
     if unsafe { libc::ftruncate(fd.as_raw_fd(), SEG_LEN as libc::off_t) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    // Its size is fixed for good: a peer that maps it can never be made
+    // to fault (SIGBUS) by a shrink, and checks the seals (`check`).
+    // SAFETY: plain system call on our descriptor.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS | libc::F_SEAL_SEAL) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     let m = Mapping::map(fd.as_raw_fd())?;
+    const _: () = assert!(std::mem::size_of::<QpEntry>() == 64);
     let h = m.header();
     h.version.store(VERSION, Ordering::Relaxed);
     h.pid.store(std::process::id(), Ordering::Relaxed);
@@ -260,6 +273,35 @@ pub fn global_barrier() -> bool {
     membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0
 }
 
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
+/// Whether a peer's descriptors are what a segment and a bell must be: a
+/// sealed file of exactly `SEG_LEN` bytes (so mapping it can never fault),
+/// and a descriptor whose writes cannot block (made non-blocking here: it
+/// is written under the engine's lock).
+pub fn check(seg: RawFd, bell: RawFd) -> io::Result<()> {
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    // SAFETY: stat is plain data; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a writable stat.
+    if unsafe { libc::fstat(seg, &mut st) } != 0 || st.st_size as u64 != SEG_LEN {
+        return Err(bad(
+            "the peer's segment is not of a softrdma segment's size",
+        ));
+    }
+    // SAFETY: plain system call.
+    let seals = unsafe { libc::fcntl(seg, libc::F_GET_SEALS) };
+    if seals < 0 || seals & SEALS != SEALS {
+        return Err(bad("the peer's segment is not sealed against resizing"));
+    }
+    // SAFETY: plain system calls on a descriptor we own.
+    let fl = unsafe { libc::fcntl(bell, libc::F_GETFL) };
+    if fl < 0 || unsafe { libc::fcntl(bell, libc::F_SETFL, fl | libc::O_NONBLOCK) } != 0 {
+        return Err(bad("the peer's bell is not a usable descriptor"));
+    }
+    Ok(())
+}
+
 /// Seqlock write of one entry.
 pub fn write_locked(seq: &AtomicU32, f: impl FnOnce()) {
     let s = seq.load(Ordering::Relaxed);
@@ -270,19 +312,27 @@ pub fn write_locked(seq: &AtomicU32, f: impl FnOnce()) {
 }
 
 /// Seqlock read: `f` until it ran while no write was in progress.
-pub fn read_locked<T>(seq: &AtomicU32, mut f: impl FnMut() -> T) -> T {
-    loop {
+/// Gives up (None) after `SEQ_TRIES` attempts: an owner that died in the
+/// middle of a write leaves the count odd for good, and a reader must not
+/// spin on it forever (the caller then takes the packet path).
+pub fn read_locked<T>(seq: &AtomicU32, mut f: impl FnMut() -> T) -> Option<T> {
+    for _ in 0..SEQ_TRIES {
         let s1 = seq.load(Ordering::Acquire);
         if s1 & 1 == 0 {
             let v = f();
             std::sync::atomic::fence(Ordering::Acquire);
             if seq.load(Ordering::Relaxed) == s1 {
-                return v;
+                return Some(v);
             }
         }
         std::hint::spin_loop();
     }
+    None
 }
+
+/// An owner rewrites an entry in tens of nanoseconds; this many attempts
+/// is far beyond one rewrite.
+const SEQ_TRIES: u32 = 1 << 16;
 
 pub fn mr_hash(rkey: u32) -> usize {
     // Keys are random already (the OS CSPRNG); mix anyway so that a

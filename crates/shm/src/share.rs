@@ -151,7 +151,12 @@ impl Shares {
             // (checked just now in /proc/self/maps), which the application
             // registered; replacing it by private pages with the same bytes
             // changes no byte it can see.
-            let _ = unsafe { move_out(elo, n) };
+            if unsafe { move_out(elo, n) }.is_err() {
+                // Still the application's memory: the extent must keep its
+                // bytes and must not be handed to another region. Leaked
+                // (the failure is the kernel's: out of memory for the copy).
+                return;
+            }
         }
         // SAFETY: plain system call on our memfd; peers no longer reach this
         // extent (every region in it was withdrawn first).

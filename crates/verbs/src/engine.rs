@@ -454,13 +454,13 @@ impl State {
         self.ep.take_state_changes(|qpn, qp| {
             h.publish_qp(
                 qpn,
-                qp.map(|q| {
-                    (
-                        softrdma_shm::responder_ready(q.state),
-                        q.pd,
-                        q.attr.qp_access_flags,
-                        q.attr.dest_qp_num,
-                    )
+                qp.map(|q| softrdma_shm::PublishedQp {
+                    ready: softrdma_shm::responder_ready(q.state),
+                    pd: q.pd,
+                    access: q.attr.qp_access_flags,
+                    dest_qpn: q.attr.dest_qp_num,
+                    dest_gid: q.attr.av.dgid,
+                    rd_atomic: q.attr.max_dest_rd_atomic,
                 }),
             )
         });
@@ -988,7 +988,17 @@ impl Engine {
         // A timer drained by the engine may have been armed for an older
         // deadline: forget it so the pass re-arms for the current one.
         st.armed = None;
-        if self.drain(st) && self.idle_poll_on && !self.masked.load(Ordering::Relaxed) {
+        let drained = self.drain(st);
+        // The rings' bell re-armed by whoever served them (the engine
+        // thread, or the owner serving its backlog while the engine thread
+        // went back to sleep, `run`): a packet pushed after the last drain
+        // and before this rings it; one pushed before is served here.
+        if let Some(h) = self.shm.clone() {
+            while !self.masked.load(Ordering::SeqCst) && h.arm() {
+                self.drain(st);
+            }
+        }
+        if drained && self.idle_poll_on && !self.masked.load(Ordering::Relaxed) {
             // Packets the engine thread had to be woken for: nobody polls.
             // Have the next ones polled on an idle core, if there is one.
             self.linger_until

@@ -1545,6 +1545,7 @@ impl Qp {
                     peer,
                     qps: softrdma_shm::Qps {
                         local: self.qpn,
+                        local_gid: self.gid,
                         remote,
                     },
                 });

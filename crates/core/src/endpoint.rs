@@ -1191,32 +1191,27 @@ impl Endpoint {
             && self.shared.srqs.iter().flatten().all(|(_, q)| q.len() == 0)
     }
 
-    /// The next asynchronous event or completion notification.
     /// The QPs whose state (or attributes) changed since the last call —
     /// by `modify_qp`, `destroy_qp` or an error the transport met — each
     /// once, for a layer that mirrors QP states elsewhere (the shared-memory
     /// transport publishes them to peer processes). Nothing is recorded
     /// before the first call.
     pub fn take_state_changes(&mut self, mut f: impl FnMut(u32, Option<&Qp>)) {
-        let v = match self.shared.state_changes.as_mut() {
-            Some(v) => std::mem::take(v),
-            None => {
-                self.shared.state_changes = Some(Vec::new());
-                return;
-            }
+        let Some(v) = self.shared.state_changes.as_mut() else {
+            self.shared.state_changes = Some(Vec::new());
+            return;
         };
+        // `f` cannot reach the endpoint, so nothing is recorded meanwhile:
+        // the list (and its allocation) goes back empty.
+        let mut v = std::mem::take(v);
         for &qpn in &v {
-            let qp = self.slot(qpn).and_then(|s| self.qps[s].as_ref());
-            f(qpn, qp);
+            f(qpn, self.slot(qpn).and_then(|s| self.qps[s].as_ref()));
         }
-        if let Some(w) = self.shared.state_changes.as_mut() {
-            if w.is_empty() {
-                *w = v;
-                w.clear();
-            }
-        }
+        v.clear();
+        self.shared.state_changes = Some(v);
     }
 
+    /// The next asynchronous event or completion notification.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.fail_qps_of_dead_cqs();
         self.shared.events.pop_front()

@@ -123,7 +123,6 @@ pub struct Peer {
     /// Our in-flight word in its segment.
     active: u32,
     alive: AtomicBool,
-    ops: AtomicU64,
     /// Our copy of our ring's head in its segment (see `ring::Ring::push`).
     tx_head: AtomicU64,
     /// Both we and the owner take part in expedited global barriers.
@@ -199,28 +198,16 @@ impl Host {
         })
     }
 
-    pub fn key(&self) -> Key {
-        self.inner.me
-    }
-
     /// Move the whole pages of a region being registered into the arena
     /// (see `share`). The caller vouches that `[addr, addr + len)` is the
     /// region's memory, mapped for the registration's life.
     pub fn share(&self, addr: u64, len: u64) -> Option<Share> {
-        self.inner
-            .shares
-            .lock()
-            .unwrap()
-            .share(self.inner.fd.as_raw_fd(), addr, len)
+        lock(&self.inner.shares).share(self.inner.fd.as_raw_fd(), addr, len)
     }
 
     /// Undo one [`Host::share`], after every region published in it was withdrawn.
     pub fn unshare(&self, s: Share) {
-        self.inner
-            .shares
-            .lock()
-            .unwrap()
-            .unshare(self.inner.fd.as_raw_fd(), s)
+        lock(&self.inner.shares).unshare(self.inner.fd.as_raw_fd(), s)
     }
 
     /// Make the part of a region that `s` moved reachable by peers under
@@ -239,10 +226,7 @@ impl Host {
         if *live >= seg::MR_MAX_LIVE || s.lo < host_addr {
             return false;
         }
-        let m = &self.inner.map;
-        let h = seg::mr_hash(rkey);
-        for i in 0..seg::MR_PROBES {
-            let e = m.mr((h + i) % seg::MR_SLOTS);
+        for e in self.inner.map.mr_probes(rkey) {
             let used = e.used.load(Ordering::Relaxed);
             if used == MR_LIVE {
                 continue;
@@ -268,9 +252,7 @@ impl Host {
     pub fn withdraw_mr(&self, rkey: u32) {
         let mut live = lock(&self.inner.mrs);
         let m = &self.inner.map;
-        let h = seg::mr_hash(rkey);
-        for i in 0..seg::MR_PROBES {
-            let e = m.mr((h + i) % seg::MR_SLOTS);
+        for e in m.mr_probes(rkey) {
             match e.used.load(Ordering::Relaxed) {
                 MR_EMPTY => return,
                 MR_LIVE if e.rkey.load(Ordering::Relaxed) == rkey => {
@@ -278,10 +260,12 @@ impl Host {
                     *live -= 1;
                     fence(Ordering::SeqCst);
                     // Peers that store their word without a fence (see
-                    // `Peer::one_sided_locked`) are made to fence now; if
-                    // the barrier failed, the header says so no longer and
-                    // they fence themselves from their next access, but one
-                    // in progress may not have: wait out every word.
+                    // `Peer::one_sided_locked`) are made to fence now. If
+                    // the barrier failed (it cannot once registration
+                    // succeeded, short of a kernel change), the header says
+                    // so and peers fence from their next access on; one
+                    // access in progress may then be missed below — the
+                    // gap docs/DESIGN.md names.
                     if self.inner.barrier && !seg::global_barrier() {
                         self.inner.map.header().expedited.store(0, Ordering::SeqCst);
                     }
@@ -508,7 +492,6 @@ fn peer_of(
         map,
         active,
         alive: AtomicBool::new(true),
-        ops: AtomicU64::new(0),
         tx_head: AtomicU64::new(0),
         fast,
         bell,
@@ -704,10 +687,6 @@ pub struct PublishedQp {
 }
 
 impl Peer {
-    pub fn key(&self) -> Key {
-        self.key
-    }
-
     /// False once its process ended (its connection closed).
     pub fn alive(&self) -> bool {
         self.alive.load(Ordering::Relaxed)
@@ -734,11 +713,6 @@ impl Peer {
         ok
     }
 
-    /// One-sided operations carried out so far.
-    pub fn ops(&self) -> u64 {
-        self.ops.load(Ordering::Relaxed)
-    }
-
     /// Carry out a one-sided `op` from `qps.local` on the peer's
     /// `qps.remote` if every check a responder makes passes; false, with
     /// nothing touched, if any does not (the caller then sends it).
@@ -756,14 +730,7 @@ impl Peer {
         }
         // SAFETY: forwarded from the caller (one caller at a time, so the
         // in-flight word is ours alone).
-        let ok = unsafe { self.one_sided_locked(qps, op, local) };
-        if ok {
-            // Not a read-modify-write: one caller at a time, and a locked
-            // instruction here would wait for a large copy's stores to drain.
-            let n = self.ops.load(Ordering::Relaxed);
-            self.ops.store(n + 1, Ordering::Relaxed);
-        }
-        ok
+        unsafe { self.one_sided_locked(qps, op, local) }
     }
 
     /// # Safety
@@ -850,9 +817,7 @@ impl Peer {
             word.store(seg::ACTIVE_BIT | rkey as u64, Ordering::SeqCst);
         }
         let ok = 'look: {
-            let h = seg::mr_hash(rkey);
-            for i in 0..seg::MR_PROBES {
-                let e = m.mr((h + i) % seg::MR_SLOTS);
+            for e in m.mr_probes(rkey) {
                 let used = e.used.load(Ordering::SeqCst);
                 if used == MR_EMPTY {
                     break 'look false;

@@ -38,15 +38,11 @@ pub struct Hello {
 
 impl Hello {
     pub fn new(me: Key, active: u32) -> Hello {
-        let addr = match me.addr {
-            IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-            IpAddr::V6(a) => a.octets(),
-        };
         Hello {
             magic: MAGIC,
             version: VERSION,
             slot: me.slot as u32,
-            addr,
+            addr: gid_of(me.addr),
             active,
             _pad: 0,
         }
@@ -66,14 +62,12 @@ pub fn gid_of(addr: IpAddr) -> [u8; 16] {
 }
 
 fn key_of(gid: [u8; 16], slot: u8) -> Key {
-    {
-        let a = std::net::Ipv6Addr::from(gid);
-        let addr = match a.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(a),
-        };
-        Key { addr, slot }
-    }
+    let a = std::net::Ipv6Addr::from(gid);
+    let addr = match a.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(a),
+    };
+    Key { addr, slot }
 }
 
 fn sockaddr(k: Key) -> (libc::sockaddr_un, libc::socklen_t) {

@@ -154,6 +154,12 @@ impl Mapping {
         unsafe { &*(self.base.add(QP_OFF).cast::<QpEntry>().add(i)) }
     }
 
+    /// The entries an rkey's lookup probes, in order.
+    pub fn mr_probes(&self, rkey: u32) -> impl Iterator<Item = &MrEntry> {
+        let h = mr_hash(rkey);
+        (0..MR_PROBES).map(move |i| self.mr((h + i) % MR_SLOTS))
+    }
+
     pub fn mr(&self, i: usize) -> &MrEntry {
         debug_assert!(i < MR_SLOTS);
         let i = i % MR_SLOTS;

@@ -196,6 +196,15 @@ impl Drop for ShareGuard {
     }
 }
 
+/// The context that owns QPN `qpn` at `gid`: the address, and the slot in
+/// the QPN's upper bits (see DESIGN, "Sharing port 4791").
+pub(crate) fn peer_key(gid: &[u8; 16], qpn: u32) -> softrdma_shm::Key {
+    softrdma_shm::Key {
+        addr: crate::gid_to_ip(*gid),
+        slot: (qpn >> 16) as u8,
+    }
+}
+
 /// The joined peer context a UD packet (`head` from its BTH on) goes to,
 /// if any: found by the destination's address and QPN slot.
 fn ud_peer(
@@ -203,26 +212,11 @@ fn ud_peer(
     dgid: &[u8; 16],
     head: &[u8],
 ) -> Option<Arc<softrdma_shm::Peer>> {
-    let shm = shm?;
-    // BTH: the opcode's top three bits name the transport (UD is 0b011);
-    // the destination QP is bytes 5..8.
-    if head.len() < 8 || head[0] >> 5 != 0b011 {
+    let bth = softrdma_wire::Bth::new_checked(head).ok()?;
+    if bth.opcode().info()?.transport != softrdma_wire::opcode::Transport::Ud {
         return None;
     }
-    let dqpn = u32::from_be_bytes([0, head[5], head[6], head[7]]);
-    shm.joined(softrdma_shm::Key {
-        addr: gid_addr(dgid),
-        slot: (dqpn >> 16) as u8,
-    })
-}
-
-/// The address a GID names (IPv4-mapped or IPv6).
-pub(crate) fn gid_addr(gid: &[u8; 16]) -> std::net::IpAddr {
-    let v6 = std::net::Ipv6Addr::from(*gid);
-    match v6.to_ipv4_mapped() {
-        Some(v4) => std::net::IpAddr::V4(v4),
-        None => std::net::IpAddr::V6(v6),
-    }
+    shm?.joined(peer_key(dgid, bth.dest_qp()))
 }
 
 struct PeerOffload<'a>(&'a Direct);
@@ -266,8 +260,14 @@ impl State {
                 Err(e) => eprintln!("softrdma: receive failed: {e}"),
             }
         }
-        if let Some(h) = self.shm.clone() {
-            let State { ep, mem, dgid, .. } = self;
+        if let State {
+            shm: Some(h),
+            ep,
+            mem,
+            dgid,
+            ..
+        } = self
+        {
             // SAFETY: one consumer: this pass holds the engine lock.
             let n = unsafe {
                 h.drain(RING_BUDGET, |sgid, bytes| {
@@ -323,14 +323,17 @@ impl State {
             }
             // A connection to a context on this host, or a UD datagram to
             // one: into its ring.
-            let d = self
+            let direct = self
                 .direct
                 .get((t.src_qpn & 0xffff) as usize)
                 .and_then(Option::as_ref)
                 .filter(|d| d.qps.local == t.src_qpn && d.peer.alive())
-                .map(|d| d.peer.clone())
-                .or_else(|| ud_peer(self.shm.as_deref(), &t.dgid, &self.head[..t.head_len]));
-            if let Some(peer) = d {
+                .map(|d| &*d.peer);
+            let ud = match direct {
+                None => ud_peer(self.shm.as_deref(), &t.dgid, &self.head[..t.head_len]),
+                Some(_) => None,
+            };
+            if let Some(peer) = direct.or(ud.as_deref()) {
                 let mut parts: [&[u8]; softrdma_core::MAX_SGE + 1] =
                     [&[]; softrdma_core::MAX_SGE + 1];
                 parts[0] = &self.head[..t.head_len];
@@ -338,7 +341,8 @@ impl State {
                 // SAFETY: one producer: this pass holds the engine lock. The
                 // slices are valid as above; the pad and the ICRC's place
                 // are zeros.
-                if !unsafe { peer.push(&parts[..=segs.len()], t.pad as usize + 4) } {
+                let pushed = unsafe { peer.push(&parts[..=segs.len()], t.pad as usize + 4) };
+                if !pushed {
                     self.ring_drops += 1;
                 }
                 sent += 1;
@@ -993,7 +997,7 @@ impl Engine {
         // thread, or the owner serving its backlog while the engine thread
         // went back to sleep, `run`): a packet pushed after the last drain
         // and before this rings it; one pushed before is served here.
-        if let Some(h) = self.shm.clone() {
+        if let Some(h) = &self.shm {
             while !self.masked.load(Ordering::SeqCst) && h.arm() {
                 self.drain(st);
             }

@@ -354,7 +354,6 @@ pub struct Context {
     dev: DeviceInfo,
     eng: Arc<Engine>,
     port_mtu: Mtu,
-    transport: Transport,
 }
 
 impl Context {
@@ -418,13 +417,12 @@ impl Context {
             dev: dev.clone(),
             eng: Engine::start(ep, port, shm, transport, dev.gid())?,
             port_mtu,
-            transport,
         })
     }
 
     /// The transport it was opened with ([`Transport::Auto`] unless forced).
     pub fn transport(&self) -> Transport {
-        self.transport
+        self.eng.transport
     }
 
     /// Whether QPs of this context can reach QPs of other contexts on this
@@ -952,11 +950,7 @@ impl Mr {
         // Peers must not reach the old registration once the call returns.
         st.withdraw(self.rkey);
         if let Err(e) = st.ep.rereg_mr(self.lkey, &change) {
-            if let Some(g) = &self.share {
-                if !st.republish(self.lkey, g) {
-                    self.share = None;
-                }
-            }
+            Self::republish(&mut self.share, self.lkey, &mut st);
             return Err(e.into());
         }
         if let Some(((addr, len, iova), buf)) = translation {
@@ -970,13 +964,10 @@ impl Mr {
             self.len = len;
             self.iova = iova;
         }
-        match &self.share {
-            Some(g) => {
-                if !st.republish(self.lkey, g) {
-                    self.share = None;
-                }
-            }
-            None => self.share = st.share_region(self.lkey),
+        if self.share.is_some() {
+            Self::republish(&mut self.share, self.lkey, &mut st);
+        } else {
+            self.share = st.share_region(self.lkey);
         }
         Ok(())
     }
@@ -989,16 +980,25 @@ impl Mr {
         let mut st = self.eng.lock();
         st.withdraw(self.rkey);
         if let Err(e) = st.ep.dereg_mr(self.lkey) {
-            if let Some(g) = &self.share {
-                if !st.republish(self.lkey, g) {
-                    self.share = None;
-                }
-            }
+            Self::republish(&mut self.share, self.lkey, &mut st);
             return Err(e.into());
         }
         drop(self.share.take());
         self.registered = false;
         Ok(())
+    }
+
+    /// Publish the region to peers again, as the core has it now (after a
+    /// withdrawal); if it no longer can be, its pages go back to private
+    /// memory and peers reach it through the rings.
+    /// (Takes the fields, not `self`: callers hold the engine's lock,
+    /// which borrows `self.eng`.)
+    fn republish(share: &mut Option<engine::ShareGuard>, lkey: u32, st: &mut engine::State) {
+        if let Some(g) = share {
+            if !st.republish(lkey, g) {
+                *share = None;
+            }
+        }
     }
 
     /// Keep peers on this host out of the region while the returned guard
@@ -1586,11 +1586,8 @@ impl Qp {
         let Some(host) = self.eng.shm.clone() else {
             return Ok(None);
         };
-        let addr = engine::gid_addr(&dgid);
-        let key = softrdma_shm::Key {
-            addr,
-            slot: (dqpn >> 16) as u8,
-        };
+        let key = engine::peer_key(&dgid, dqpn);
+        let addr = key.addr;
         match host.connect(key) {
             Ok(p) => Ok(Some((p, dqpn))),
             Err(e) if forced => Err(Error::Io(io::Error::new(
@@ -1611,10 +1608,7 @@ impl Qp {
             return;
         }
         if let (Some(h), Some(ud)) = (self.eng.shm.as_ref(), wr.ud) {
-            h.join_for_ud(softrdma_shm::Key {
-                addr: engine::gid_addr(&ud.gid),
-                slot: (ud.remote_qpn >> 16) as u8,
-            });
+            h.join_for_ud(engine::peer_key(&ud.gid, ud.remote_qpn));
         }
     }
 
@@ -1625,10 +1619,7 @@ impl Qp {
         let Some(h) = self.eng.shm.as_ref() else {
             return "udp";
         };
-        let key = softrdma_shm::Key {
-            addr: engine::gid_addr(&dest.gid),
-            slot: (dest.remote_qpn >> 16) as u8,
-        };
+        let key = engine::peer_key(&dest.gid, dest.remote_qpn);
         h.join_for_ud(key);
         if h.joined(key).is_some() {
             "shm"
@@ -1637,10 +1628,11 @@ impl Qp {
         }
     }
 
-    /// The transport this QP's one-sided operations use: `"shm"` once it
-    /// is connected to a QP of a context on this host that shares memory
-    /// with us, else `"udp"`. Two-sided operations (SEND, WRITE with
-    /// immediate) run over UDP.
+    /// The transport this RC or UC QP's traffic takes: `"shm"` once it is
+    /// connected to a QP of a context on this host that shares memory with
+    /// us (RC's one-sided operations then go straight into the peer's
+    /// memory, everything else through rings), else `"udp"`. For UD see
+    /// [`Qp::transport_to`].
     pub fn transport(&self) -> &'static str {
         let st = self.eng.lock();
         match st.direct.get((self.qpn & 0xffff) as usize) {

@@ -18,6 +18,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// nccl-tests' benchmarks over softrdma: all_reduce_perf, all_gather_perf, ...
+    Coll(cmd::coll::Args),
     /// Decode the RoCEv2 packets of a pcap file, one line each.
     Decode(cmd::decode::Args),
     /// Show the devices and their attributes (like ibv_devinfo).
@@ -31,6 +33,7 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
+        Cmd::Coll(a) => cmd::coll::run(a),
         Cmd::Decode(a) => cmd::decode::run(a),
         Cmd::Devinfo(a) => cmd::devinfo::run(a),
         Cmd::Perf(a) => cmd::perf::run(a),

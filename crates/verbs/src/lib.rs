@@ -740,6 +740,14 @@ impl Mr {
         self.rkey
     }
     /// The address of the first byte (also its iova for owned buffers).
+    ///
+    /// For a region whose memory the verbs own ([`Pd::reg_mr`],
+    /// [`Pd::alloc_mr`], [`Pd::reg_buf`]) this is where that memory is in
+    /// this process, valid for reads and writes of [`Mr::len`] bytes for as
+    /// long as the `Mr` lives (sharing with peers on this host keeps the
+    /// address). Code that accesses it through raw pointers must never form
+    /// references over it: the engine and peers write it at any time, as an
+    /// RNIC's DMA does.
     pub fn addr(&self) -> u64 {
         self.addr
     }

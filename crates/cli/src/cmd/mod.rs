@@ -1,3 +1,4 @@
+pub mod coll;
 pub mod decode;
 pub mod devinfo;
 pub mod perf;

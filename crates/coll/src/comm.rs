@@ -1,43 +1,53 @@
-//! The communicator: N ranks, one pair of RC QPs between every two, and the
-//! chunk protocol every collective is built from.
+//! The communicator: N ranks, an RC QP between every two, and the chunk
+//! protocol every collective is built from.
 //!
 //! # The protocol
 //!
-//! Every rank owns a FIFO of `slots` chunk buffers of `chunk` bytes *per
-//! peer*, registered once when the communicator is made; the peer learns
-//! its address and rkey from the card swapped at start-up. To move a chunk
-//! to peer p a rank needs a *credit* (a free slot of p's FIFO for it):
+//! Every rank owns, *per peer*, a FIFO of `slots` chunk buffers of `chunk`
+//! bytes, a flag word per slot and a credit word, all registered once when
+//! the communicator is made; the peer learns where they are from the card
+//! swapped at start-up. To move a chunk to peer p a rank needs a free slot
+//! of p's FIFO for it (fewer than `slots` of its chunks unconsumed there):
 //!
-//! 1. it RDMA WRITEs the chunk into the next slot and p's receive
-//!    completes with the chunk's length as immediate data — over UDP one
-//!    RDMA WRITE with immediate carries both; over shared memory the data
-//!    goes as a plain RDMA WRITE on a *data QP* (carried out at once, by a
-//!    memory copy into p's pages) and a zero-length WRITE with immediate on
-//!    the *control QP* says it is there, once the first has completed;
-//! 2. p consumes the slot (reduces or copies it out) and SENDs the credit
-//!    back (a zero-length SEND on the control QP), as NCCL's IB transport
-//!    moves data with WRITE-with-immediate and control with Send/Recv.
+//! 1. it RDMA WRITEs the chunk into the slot, then RDMA ATOMIC WRITEs the
+//!    slot's flag — one 64-bit word, the chunk's sequence number and length
+//!    — on the same QP, so the flag lands after the data (RC executes a
+//!    QP's requests in order; the ATOMIC WRITE is one 8-byte store);
+//! 2. p sees the flag (an acquire load of its own memory), consumes the
+//!    slot (reduces or copies it out) and ATOMIC WRITEs the count of chunks
+//!    it has consumed into the sender's credit word.
 //!
-//! Chunks of one peer arrive, and are consumed, in order: a slot index is
-//! never sent, both ends count. Every receive a peer can cause is posted in
-//! advance (at most `slots` chunks and `slots` credits are in flight from
-//! one peer, and every receive is re-posted as it completes), so a peer is
-//! never RNR-NAKed. Sends, their completions and the memory they read are
+//! This is NCCL's IB transport in its shape — the receiver's clear-to-send
+//! travels as an RDMA WRITE into the sender's memory, which the sender
+//! polls — with the data's arrival also said by a WRITE instead of a WRITE
+//! with immediate: a WRITE lands in the peer's memory on both of softrdma's
+//! transports without the peer's engine (over shared memory it is a copy
+//! into the peer's pages when the post returns), where a WRITE with
+//! immediate or a SEND goes through the peer's engine and its receive
+//! queue (over shared memory through a ring, ~1 µs and a pass of the core
+//! each; measured: 13.6 µs per 8-byte AllReduce of two ranks that way,
+//! against the figures in `docs/PERFORMANCE.md` this way).
+//!
+//! Chunks of one peer arrive, and are consumed, in order; sequence numbers
+//! tell a new flag from the one the slot held before. Nothing a rank sends
+//! consumes a receive request, so no peer is ever RNR-NAKed, and nothing
+//! waits for a peer's engine thread. Sends and the memory they read are
 //! tracked per peer: a buffer that will be overwritten waits for the sends
 //! reading it ([`Comm::wait_sent`]).
 //!
-//! Waiting is busy polling of the completion queue, as NCCL's proxy does:
-//! a collective is latency-bound work with a peer that answers in
+//! Waiting is busy polling of memory (with the device's progress driven
+//! from the waiting thread over UDP, `Context::progress`), as NCCL's proxy
+//! polls: a collective is latency-bound work with a peer that answers in
 //! microseconds. When the job has more ranks on this host than the host has
-//! CPUs, a waiting rank yields the CPU after each empty poll (a spinning
+//! CPUs, a waiting rank yields the CPU after each empty look (a spinning
 //! rank would otherwise hold off the very rank it waits for).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use softrdma_verbs::{
     AccessFlags, Completion, ConnectOptions, Context, Cq, Mr, OpenOptions, Pd, Qp, QpCap,
-    QpEndpoint, QpInitAttr, QpType, RecvWr, RemoteRegion, SendFlags, SendOp, SendWr, Sge, WcOpcode,
+    QpEndpoint, QpInitAttr, QpType, RemoteRegion, SendFlags, SendOp, SendWr, Sge,
 };
 
 use crate::boot::{Bootstrap, Launch};
@@ -188,29 +198,24 @@ impl Src {
     }
 }
 
-/// One peer: its two QPs and both ends' FIFO bookkeeping.
+/// One peer: its QP and both ends' FIFO bookkeeping.
 struct Link {
-    ctl: Qp,
-    data: Qp,
-    /// Our slots in the peer's FIFO.
-    remote: RemoteRegion,
-    /// Through shared memory: data by the data QP, signal on the control QP.
+    qp: Qp,
+    /// Our slots in the peer's FIFO, and our flag and credit words there.
+    remote_fifo: RemoteRegion,
+    remote_flags: RemoteRegion,
+    /// Through shared memory (no engine to drive for it).
     shm: bool,
-    /// Free slots of the peer's FIFO we may write.
-    credits: usize,
-    /// The next of them.
-    next_slot: usize,
-    /// Lengths of the chunks that arrived from the peer, oldest first.
-    arrived: VecDeque<u32>,
-    /// The slot the oldest arrived chunk is in.
-    read_slot: usize,
-    /// Signalled sends posted on the control QP, and completed.
+    /// Chunks sent to the peer, and how many of them it has consumed (as
+    /// last read from our credit word).
+    sent: u64,
+    /// Chunks received from the peer and consumed.
+    consumed: u64,
+    /// Work requests posted on the QP, and retired (a signalled completion
+    /// retires it and every unsignalled request before it).
     posted: u64,
-    completed: u64,
+    retired: u64,
 }
-
-const WR_CHUNK: u64 = 1;
-const WR_CREDIT: u64 = 2;
 
 /// A communicator of `size` ranks.
 pub struct Comm {
@@ -218,21 +223,24 @@ pub struct Comm {
     size: usize,
     boot: Bootstrap,
     config: Config,
-    // Field order is drop order: QPs and regions before the CQs, PD and
+    // Field order is drop order: QPs and regions before the CQ, PD and
     // context they belong to.
     links: Vec<Option<Link>>,
     fifo: Mr,
+    flags: Mr,
+    /// The source words of ATOMIC WRITEs (see `put_word`).
+    word: Mr,
     pub(crate) scratch: Buffer,
     cq: Cq,
-    dcq: Cq,
     pd: Pd,
     ctx: Context,
     by_qpn: HashMap<u32, usize>,
     wc: Vec<Completion>,
-    /// Yield the CPU after an empty poll (more local ranks than CPUs).
+    /// Yield the CPU after an empty look (more local ranks than CPUs).
     yield_when_idle: bool,
+    /// Some peer is reached over UDP: waits drive the device's progress.
+    any_udp: bool,
     timeout: Duration,
-    data_wr: u64,
     /// Scratch sends: per slot of the scratch ring, the (peer, ticket) of
     /// the last send that read it.
     pub(crate) scratch_use: Vec<Option<(usize, u64)>>,
@@ -259,6 +267,24 @@ fn card_entries(b: &[u8]) -> Option<Vec<&[u8]>> {
     Some(out)
 }
 
+/// `len` rounded up to whole pages (at least one).
+fn pages(len: usize) -> usize {
+    len.max(1).div_ceil(softrdma_verbs::PAGE) * softrdma_verbs::PAGE
+}
+
+/// The 64-bit word at `p`, loaded with acquire ordering.
+///
+/// # Safety
+/// `p` is 8-byte aligned, inside a region that lives for the call.
+unsafe fn load(p: *const u8) -> u64 {
+    // SAFETY: aligned and live (the caller's contract); AtomicU64 has the
+    // layout of u64 and every bit pattern is valid. Peers store to the word
+    // (ATOMIC WRITE: one 8-byte store, by the engine or a peer process's
+    // atomic on shared pages) as hardware DMA would under a C program's
+    // volatile poll; no non-atomic reference to it exists.
+    unsafe { (*(p as *const std::sync::atomic::AtomicU64)).load(std::sync::atomic::Ordering::Acquire) }
+}
+
 impl Comm {
     /// Join the job the environment describes ([`Launch::from_env`]) with
     /// the default [`Config`] (or the environment's).
@@ -267,8 +293,8 @@ impl Comm {
     }
 
     /// Join the ranks of `launch`: meet them, open the device on the
-    /// address the rendezvous uses, connect a QP pair to every other rank,
-    /// and return once all are connected.
+    /// address the rendezvous uses, connect a QP to every other rank, and
+    /// return once all are connected.
     pub fn init(launch: Launch, config: Config) -> Result<Comm> {
         let mut boot = Bootstrap::join(launch)?;
         let (rank, size) = (boot.rank(), boot.size());
@@ -277,19 +303,21 @@ impl Comm {
         let ctx = Context::open(&dev, &OpenOptions::default())?;
         let pd = ctx.alloc_pd();
         let Config { chunk, slots } = config;
-        let peers = size.saturating_sub(1);
-        // Per peer: `slots` chunk signals and `slots` credits received at
-        // most, as many sends of each kind outstanding.
-        let qdepth = (2 * slots + 2) as u32;
-        let cq = ctx.create_cq(((peers.max(1)) as u32 * 2 * qdepth).max(64), None)?;
-        let dcq = ctx.create_cq((peers.max(1) as u32 * 4).max(16), None)?;
+        let peers = size.saturating_sub(1).max(1) as u32;
+        // Per chunk a data WRITE and a flag, per consumed chunk a credit.
+        let sq = (3 * slots + 4) as u32;
+        let cq = ctx.create_cq((peers * sq).max(64), None)?;
         let fifo = pd.alloc_mr((size * slots * chunk).max(4096), ACCESS)?;
+        // Whole pages, so that peers on this host reach them directly
+        // (shared memory shares whole pages only).
+        let flags = pd.alloc_mr(pages(size * (slots + 1) * 8), ACCESS)?;
+        let word = pd.alloc_mr(pages(size * sq as usize * 8), ACCESS)?;
         let scratch = Buffer {
             mr: pd.alloc_mr(slots * chunk, ACCESS)?,
         };
         let cap = QpCap {
-            max_send_wr: qdepth,
-            max_recv_wr: qdepth,
+            max_send_wr: sq,
+            max_recv_wr: 1,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: 0,
@@ -300,30 +328,26 @@ impl Comm {
             if p == rank {
                 qps.push(None);
                 card_entry(&mut card, &[]);
-                card_entry(&mut card, &[]);
                 continue;
             }
             let mut init = QpInitAttr::new(QpType::Rc, &cq);
             init.cap = cap;
-            let ctl = pd.create_qp(&init)?;
-            let mut init = QpInitAttr::new(QpType::Rc, &dcq);
-            init.cap = QpCap {
-                max_send_wr: 4,
-                max_recv_wr: 1,
-                ..cap
-            };
-            let data = pd.create_qp(&init)?;
-            let slots_for_p = RemoteRegion {
+            let qp = pd.create_qp(&init)?;
+            let fifo_for_p = RemoteRegion {
                 addr: fifo.iova() + (p * slots * chunk) as u64,
                 rkey: fifo.rkey(),
                 len: (slots * chunk) as u64,
             };
+            let flags_for_p = RemoteRegion {
+                addr: flags.iova() + (p * (slots + 1) * 8) as u64,
+                rkey: flags.rkey(),
+                len: ((slots + 1) * 8) as u64,
+            };
             card_entry(
                 &mut card,
-                &ctl.endpoint().with_regions([slots_for_p]).to_bytes(),
+                &qp.endpoint().with_regions([fifo_for_p, flags_for_p]).to_bytes(),
             );
-            card_entry(&mut card, &data.endpoint().to_bytes());
-            qps.push(Some((ctl, data)));
+            qps.push(Some(qp));
         }
         let cards = boot.allgather(&card)?;
         let opts = ConnectOptions {
@@ -335,50 +359,45 @@ impl Comm {
         let mut links = Vec::new();
         let mut by_qpn = HashMap::new();
         for (p, q) in qps.into_iter().enumerate() {
-            let Some((ctl, data)) = q else {
+            let Some(qp) = q else {
                 links.push(None);
                 continue;
             };
             let bad = || Error::Bootstrap(format!("rank {p} sent a malformed card"));
             let entries = card_entries(&cards[p]).ok_or_else(bad)?;
-            if entries.len() != 2 * size {
+            if entries.len() != size {
                 return Err(bad());
             }
-            let pctl = QpEndpoint::from_bytes(entries[2 * rank])?;
-            let pdata = QpEndpoint::from_bytes(entries[2 * rank + 1])?;
-            let remote = *pctl.regions.first().ok_or_else(bad)?;
-            if remote.len < (slots * chunk) as u64 {
+            let peer = QpEndpoint::from_bytes(entries[rank])?;
+            let [remote_fifo, remote_flags] = peer.regions[..] else {
+                return Err(bad());
+            };
+            if remote_fifo.len < (slots * chunk) as u64 || remote_flags.len < ((slots + 1) * 8) as u64 {
                 return Err(Error::Bootstrap(format!(
                     "rank {p} offers {} bytes of FIFO, this rank needs {} (SOFTRDMA_COLL_CHUNK/SLOTS differ between ranks?)",
-                    remote.len,
+                    remote_fifo.len,
                     slots * chunk
                 )));
             }
-            ctl.connect(&pctl, &opts)?;
-            data.connect(&pdata, &opts)?;
-            for _ in 0..qdepth {
-                ctl.post_recv(&RecvWr { wr_id: 0, sgl: &[] })?;
-            }
-            by_qpn.insert(ctl.qpn(), p);
+            qp.connect(&peer, &opts)?;
+            by_qpn.insert(qp.qpn(), p);
             links.push(Some(Link {
-                ctl,
-                data,
-                remote,
+                qp,
+                remote_fifo,
+                remote_flags,
                 shm: false,
-                credits: slots,
-                next_slot: 0,
-                arrived: VecDeque::new(),
-                read_slot: 0,
+                sent: 0,
+                consumed: 0,
                 posted: 0,
-                completed: 0,
+                retired: 0,
             }));
         }
-        // Every QP is connected (and its receives posted) before anyone
-        // sends.
+        // Every QP is connected before anyone writes.
         boot.barrier()?;
         for l in links.iter_mut().flatten() {
-            l.shm = l.ctl.transport() == "shm" && l.data.transport() == "shm";
+            l.shm = l.qp.transport() == "shm";
         }
+        let any_udp = links.iter().flatten().any(|l| !l.shm);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let local_ranks = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
             .or_else(|_| std::env::var("SLURM_NTASKS_PER_NODE"))
@@ -393,16 +412,17 @@ impl Comm {
             config,
             links,
             fifo,
+            flags,
+            word,
             scratch,
             cq,
-            dcq,
             pd,
             ctx,
             by_qpn,
             wc: vec![Completion::default(); 32],
             yield_when_idle: local_ranks > cpus,
+            any_udp,
             timeout,
-            data_wr: 0,
             scratch_use: vec![None; slots],
             algo: match std::env::var("SOFTRDMA_COLL_ALGO").as_deref() {
                 Ok("ring") => Some(crate::Algo::Ring),
@@ -461,10 +481,11 @@ impl Comm {
         }
     }
 
-    /// Allocate `len` bytes of registered memory for collectives.
+    /// Allocate `len` bytes of registered memory for collectives, rounded
+    /// up to whole pages (which peers on this host reach directly).
     pub fn alloc(&self, len: usize) -> Result<Buffer> {
         Ok(Buffer {
-            mr: self.pd.alloc_mr(len.max(1), ACCESS)?,
+            mr: self.pd.alloc_mr(pages(len), ACCESS)?,
         })
     }
 
@@ -480,8 +501,8 @@ impl Comm {
         self.boot.allgather(mine)
     }
 
-    fn link(&mut self, p: usize) -> Result<&mut Link> {
-        match self.links.get_mut(p) {
+    fn link(&self, p: usize) -> Result<&Link> {
+        match self.links.get(p) {
             Some(Some(l)) => Ok(l),
             _ => Err(Error::Invalid(format!(
                 "rank {} has no peer {p} (ranks 0..{}, not itself)",
@@ -490,55 +511,61 @@ impl Comm {
         }
     }
 
-    /// Poll the completion queue once; `Ok(false)` if it was empty.
-    fn progress(&mut self) -> Result<bool> {
-        let n = self.cq.poll(&mut self.wc)?;
-        for i in 0..n {
-            let c = self.wc[i];
-            let Some(&p) = self.by_qpn.get(&c.qp_num) else {
-                continue;
-            };
-            if !c.is_success() {
-                return Err(Error::Transfer {
-                    rank: self.rank,
-                    peer: p,
-                    completion: c,
-                });
-            }
-            let l = self.links[p].as_mut().expect("a link per known QPN");
-            match c.opcode {
-                WcOpcode::RecvRdmaWithImm => {
-                    l.arrived.push_back(c.imm_or_inv);
-                    l.ctl.post_recv(&RecvWr { wr_id: 0, sgl: &[] })?;
-                }
-                WcOpcode::Recv => {
-                    l.credits += 1;
-                    l.ctl.post_recv(&RecvWr { wr_id: 0, sgl: &[] })?;
-                }
-                _ => l.completed += 1,
-            }
-        }
-        Ok(n > 0)
+    /// Address of peer `p`'s flag word for `slot` in our memory (`slot ==
+    /// slots`: the credit word).
+    fn flag_ptr(&self, p: usize, slot: usize) -> *const u8 {
+        let i = p * (self.config.slots + 1) + slot;
+        (self.flags.addr() as usize + i * 8) as *const u8
     }
 
-    /// Poll until `done` holds, or fail after the timeout with `what`.
-    fn wait_for(&mut self, what: &dyn Fn(&Comm) -> bool, why: &str) -> Result<()> {
-        let mut since: Option<Instant> = None;
-        while !what(self) {
-            if self.progress()? {
-                since = None;
-                continue;
-            }
-            let now = Instant::now();
-            match since {
-                None => since = Some(now),
-                Some(s) if now - s > self.timeout => {
-                    return Err(Error::Stalled(format!(
-                        "rank {}: nothing happened for {:?} while waiting for {why}",
-                        self.rank, self.timeout
-                    )))
+    /// Reap completions; an error status fails the collective.
+    fn poll(&mut self) -> Result<()> {
+        loop {
+            let n = self.cq.poll(&mut self.wc)?;
+            for i in 0..n {
+                let c = self.wc[i];
+                let Some(&p) = self.by_qpn.get(&c.qp_num) else {
+                    continue;
+                };
+                if !c.is_success() {
+                    return Err(Error::Transfer {
+                        rank: self.rank,
+                        peer: p,
+                        completion: c,
+                    });
                 }
-                _ => {}
+                let l = self.links[p].as_mut().expect("a link per known QPN");
+                l.retired = l.retired.max(c.wr_id);
+            }
+            if n < self.wc.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Until `done` holds: reap completions, drive the device over UDP,
+    /// and fail after the timeout, naming `why`.
+    fn wait_for(&mut self, done: &dyn Fn(&Comm) -> bool, why: &str) -> Result<()> {
+        if done(self) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        loop {
+            self.poll()?;
+            if done(self) {
+                return Ok(());
+            }
+            if self.any_udp {
+                self.ctx.progress();
+            }
+            if done(self) {
+                return Ok(());
+            }
+            if start.elapsed() > self.timeout {
+                return Err(Error::Stalled(format!(
+                    "rank {}: waited {:?} for {why}",
+                    self.rank, self.timeout
+                )));
             }
             if self.yield_when_idle {
                 std::thread::yield_now();
@@ -546,7 +573,6 @@ impl Comm {
                 std::hint::spin_loop();
             }
         }
-        Ok(())
     }
 
     /// The largest chunk, in bytes.
@@ -554,143 +580,128 @@ impl Comm {
         self.config.chunk
     }
 
+    fn sq_depth(&self) -> u64 {
+        (3 * self.config.slots + 4) as u64
+    }
+
+    /// Wait for room in `p`'s send queue; the next request's id.
+    fn room(&mut self, p: usize) -> Result<u64> {
+        let sq = self.sq_depth();
+        self.wait_for(
+            &|c: &Comm| {
+                let l = c.links[p].as_ref().expect("checked");
+                l.posted - l.retired < sq - 1
+            },
+            "room in a send queue",
+        )?;
+        Ok(self.links[p].as_ref().expect("checked").posted + 1)
+    }
+
+    /// Post request `id` (from [`Comm::room`]) on `p`'s QP.
+    fn post(&mut self, p: usize, id: u64, op: SendOp, sge: Sge, signal: bool) -> Result<u64> {
+        let l = self.links[p].as_mut().expect("checked");
+        debug_assert_eq!(id, l.posted + 1);
+        l.qp.post_send(&SendWr {
+            wr_id: id,
+            op,
+            sgl: &[sge],
+            flags: if signal {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::default()
+            },
+            ud: None,
+        })?;
+        l.posted = id;
+        Ok(id)
+    }
+
+    /// ATOMIC WRITE `v` to the word at `remote_addr` of `p`. Its source is
+    /// request `id`'s own word of the staging region (per peer one per
+    /// send-queue entry: a word is rewritten only after the request that
+    /// read it retired, as `room` ensures).
+    fn put_word(&mut self, p: usize, remote_addr: u64, v: u64) -> Result<u64> {
+        let id = self.room(p)?;
+        let sq = self.sq_depth();
+        let rkey = self.link(p)?.remote_flags.rkey;
+        let at = self.word.addr() + (p as u64 * sq + id % sq) * 8;
+        // SAFETY: `at` is an aligned word of the staging region (size × sq
+        // words), live while `self` is; no request still in flight reads
+        // it (see above), only this thread writes it.
+        unsafe { (at as *mut u64).write(v) };
+        let sge = Sge {
+            addr: at,
+            length: 8,
+            lkey: self.word.lkey(),
+        };
+        self.post(p, id, SendOp::AtomicWrite { remote_addr, rkey }, sge, true)
+    }
+
     /// Send `len` ≤ chunk bytes at `src` to peer `p`'s FIFO (waiting for a
-    /// credit); returns the ticket [`Comm::wait_sent`] waits for.
+    /// free slot); returns the ticket [`Comm::wait_sent`] waits for.
     pub(crate) fn send_chunk(&mut self, p: usize, src: Src, len: usize) -> Result<u64> {
         debug_assert!(len <= self.config.chunk);
         let (chunk, slots) = (self.config.chunk, self.config.slots);
         self.link(p)?;
-        let qdepth = (2 * slots + 2) as u64;
+        let credit = self.flag_ptr(p, slots);
         self.wait_for(
             &|c: &Comm| {
                 let l = c.links[p].as_ref().expect("checked");
-                l.credits > 0 && l.posted - l.completed < qdepth - 1
+                // SAFETY: our credit word for `p`, aligned, in `flags`.
+                l.sent - unsafe { load(credit) } < slots as u64
             },
             "a free slot at a peer",
         )?;
-        let l = self.links[p].as_mut().expect("checked");
-        let dst = l.remote.addr + (l.next_slot * chunk) as u64;
-        let sge = [Sge {
-            addr: src.addr,
-            length: len as u32,
-            lkey: src.lkey,
-        }];
-        let sgl: &[Sge] = if len == 0 { &[] } else { &sge };
-        if l.shm && len > 0 {
-            // The data by the data QP (carried out at once as a copy into
-            // the peer's memory), and its completion awaited, so the signal
-            // below can never overtake it (two QPs are not ordered).
-            self.data_wr += 1;
-            let id = self.data_wr;
-            l.data.post_send(&SendWr {
-                wr_id: id,
-                op: SendOp::Write {
-                    remote_addr: dst,
-                    rkey: l.remote.rkey,
-                },
-                sgl,
-                flags: SendFlags::SIGNALED,
-                ud: None,
-            })?;
-            self.wait_data(id)?;
+        let l = self.links[p].as_ref().expect("checked");
+        let slot = (l.sent % slots as u64) as usize;
+        let dst = l.remote_fifo.addr + (slot * chunk) as u64;
+        let rkey = l.remote_fifo.rkey;
+        let flag_at = l.remote_flags.addr + (slot * 8) as u64;
+        let seq = l.sent + 1;
+        if len > 0 {
+            let sge = Sge {
+                addr: src.addr,
+                length: len as u32,
+                lkey: src.lkey,
+            };
+            let id = self.room(p)?;
+            self.post(p, id, SendOp::Write { remote_addr: dst, rkey }, sge, false)?;
         }
-        let l = self.links[p].as_mut().expect("checked");
-        l.ctl.post_send(&SendWr {
-            wr_id: WR_CHUNK,
-            op: SendOp::WriteWithImm {
-                remote_addr: dst,
-                rkey: l.remote.rkey,
-                imm: len as u32,
-            },
-            sgl: if l.shm { &[] } else { sgl },
-            flags: SendFlags::SIGNALED,
-            ud: None,
-        })?;
-        l.credits -= 1;
-        l.next_slot = (l.next_slot + 1) % slots;
-        l.posted += 1;
-        Ok(l.posted)
-    }
-
-    fn wait_data(&mut self, id: u64) -> Result<()> {
-        let start = Instant::now();
-        let mut wc = [Completion::default(); 4];
-        loop {
-            let n = self.dcq.poll(&mut wc)?;
-            for c in &wc[..n] {
-                if !c.is_success() {
-                    let peer = self
-                        .links
-                        .iter()
-                        .position(|l| l.as_ref().is_some_and(|l| l.data.qpn() == c.qp_num))
-                        .unwrap_or(usize::MAX);
-                    return Err(Error::Transfer {
-                        rank: self.rank,
-                        peer,
-                        completion: *c,
-                    });
-                }
-                if c.wr_id == id {
-                    return Ok(());
-                }
-            }
-            if n == 0 {
-                // Not carried out at once (the peer's memory was not
-                // reachable): it goes the wire's way; keep the control
-                // completions moving meanwhile.
-                self.progress()?;
-                if start.elapsed() > self.timeout {
-                    return Err(Error::Stalled(format!(
-                        "rank {}: an RDMA WRITE did not complete within {:?}",
-                        self.rank, self.timeout
-                    )));
-                }
-            }
-        }
+        let t = self.put_word(p, flag_at, ((seq as u32 as u64) << 32) | len as u64)?;
+        self.links[p].as_mut().expect("checked").sent = seq;
+        Ok(t)
     }
 
     /// Wait for the next chunk from peer `p`: its address in the FIFO and
     /// length. The slot stays ours until [`Comm::release`].
     pub(crate) fn recv_chunk(&mut self, p: usize) -> Result<(*const u8, usize)> {
-        self.link(p)?;
-        self.wait_for(
-            &|c: &Comm| !c.links[p].as_ref().expect("checked").arrived.is_empty(),
-            "a chunk from a peer",
-        )?;
         let (chunk, slots) = (self.config.chunk, self.config.slots);
-        let l = self.links[p].as_ref().expect("checked");
-        let len = *l.arrived.front().expect("waited for") as usize;
+        let l = self.link(p)?;
+        let slot = (l.consumed % slots as u64) as usize;
+        let want = (l.consumed + 1) as u32;
+        let flag = self.flag_ptr(p, slot);
+        // SAFETY: the flag word of `p`'s slot, aligned, in `flags`.
+        let seen = |_: &Comm| (unsafe { load(flag) } >> 32) as u32 == want;
+        self.wait_for(&seen, "a chunk from a peer")?;
+        // SAFETY: as above.
+        let len = (unsafe { load(flag) } & 0xffff_ffff) as usize;
         if len > chunk {
             return Err(Error::Protocol(format!(
                 "rank {p} announced a chunk of {len} bytes (slots hold {chunk})"
             )));
         }
-        let off = (p * slots + l.read_slot) * chunk;
+        let off = (p * slots + slot) * chunk;
         Ok(((self.fifo.addr() as usize + off) as *const u8, len))
     }
 
     /// Give the oldest chunk's slot back to peer `p` (a credit).
     pub(crate) fn release(&mut self, p: usize) -> Result<()> {
         let slots = self.config.slots;
-        let qdepth = (2 * slots + 2) as u64;
-        self.wait_for(
-            &|c: &Comm| {
-                let l = c.links[p].as_ref().expect("a link");
-                l.posted - l.completed < qdepth - 1
-            },
-            "room in a send queue",
-        )?;
         let l = self.link(p)?;
-        l.arrived.pop_front();
-        l.read_slot = (l.read_slot + 1) % slots;
-        l.ctl.post_send(&SendWr {
-            wr_id: WR_CREDIT,
-            op: SendOp::Send,
-            sgl: &[],
-            flags: SendFlags::SIGNALED,
-            ud: None,
-        })?;
-        l.posted += 1;
+        let consumed = l.consumed + 1;
+        let at = l.remote_flags.addr + (slots * 8) as u64;
+        self.put_word(p, at, consumed)?;
+        self.links[p].as_mut().expect("checked").consumed = consumed;
         Ok(())
     }
 
@@ -699,7 +710,7 @@ impl Comm {
     pub(crate) fn wait_sent(&mut self, p: usize, ticket: u64) -> Result<()> {
         self.link(p)?;
         self.wait_for(
-            &|c: &Comm| c.links[p].as_ref().expect("checked").completed >= ticket,
+            &|c: &Comm| c.links[p].as_ref().expect("checked").retired >= ticket,
             "a send's completion",
         )
     }

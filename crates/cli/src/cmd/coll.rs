@@ -749,6 +749,10 @@ fn run_ranks(
     out("#".into());
     out(String::new());
     comm.barrier()?;
+    if std::env::var_os("SOFTRDMA_COLL_DEBUG").is_some() {
+        let (st, _) = comm.context().stats();
+        eprintln!("rank {r}: {:?} {:?}", comm.context().shm_stats(), st);
+    }
     Ok(if errors == 0 {
         ExitCode::SUCCESS
     } else {

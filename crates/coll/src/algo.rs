@@ -82,10 +82,13 @@ impl Algo {
 }
 
 /// Per-transport figures of the AllReduce cost model: per-step latency α
-/// (ns), bytes per ns on the wire β, bytes per ns reduced γ (one core,
-/// f32 sum) and copied μ. Measured on the 2-core development host
-/// (`docs/PERFORMANCE.md`, "Collectives"): one chunk's signal and credit,
-/// `perf write_bw`, and the reduction kernels' own benchmark.
+/// (ns), bytes per ns each way on the wire β (both directions at once),
+/// and bytes per ns one core reduces (γ, f32 sum of two inputs into a
+/// third) and copies (μ). Measured on the 2-core development host
+/// (`docs/PERFORMANCE.md`, "Collectives": the 8-byte AllReduce, the
+/// bandwidth of large ones, and the reduction kernels' own benchmark).
+/// A step's wire time and its reduction overlap (chunks pipeline), so a
+/// step costs the larger of the two.
 struct Model {
     alpha_ns: f64,
     beta: f64,
@@ -94,14 +97,14 @@ struct Model {
 }
 
 const MODEL_SHM: Model = Model {
-    alpha_ns: 2_000.0,
+    alpha_ns: 1_000.0,
     beta: 20.0,
     gamma: 6.0,
     mu: 20.0,
 };
 const MODEL_UDP: Model = Model {
     alpha_ns: 10_000.0,
-    beta: 2.0,
+    beta: 1.6,
     gamma: 6.0,
     mu: 20.0,
 };
@@ -135,13 +138,19 @@ impl Comm {
         };
         let s = bytes as f64;
         let nf = n as f64;
+        // Ring: 2(n−1) steps of s/n bytes; each rank reduces (n−1)/n of
+        // the data and copies as much.
         let ring = 2.0 * (nf - 1.0) * m.alpha_ns
-            + 2.0 * (nf - 1.0) / nf * s / m.beta
-            + (nf - 1.0) / nf * s / m.gamma
-            + (nf - 1.0) / nf * s / m.mu;
+            + f64::max(
+                2.0 * (nf - 1.0) / nf * s / m.beta,
+                (nf - 1.0) / nf * s * (1.0 / m.gamma + 1.0 / m.mu),
+            );
+        // Recursive doubling: log2(p2) steps of the whole buffer, each
+        // reduced and copied to scratch; two more when n is not a power of
+        // two.
         let p2 = 1usize << (usize::BITS - 1 - n.leading_zeros());
         let steps = p2.trailing_zeros() as f64;
-        let mut rd = steps * (m.alpha_ns + s / m.beta + s / m.gamma + s / m.mu);
+        let mut rd = steps * (m.alpha_ns + f64::max(s / m.beta, s * (1.0 / m.gamma + 1.0 / m.mu)));
         if p2 != n {
             rd += 2.0 * (m.alpha_ns + s / m.beta) + s / m.gamma;
         }
@@ -156,15 +165,6 @@ impl Comm {
         let n = self.size();
         let r = self.rank();
         ((r + n - 1) % n, (r + 1) % n)
-    }
-
-    /// Over UDP the engine reads a send's memory when it transmits: wait
-    /// for every send, so the caller may reuse its buffers on return.
-    fn end(&mut self) -> Result<()> {
-        if self.transport() != "shm" {
-            self.quiesce()?;
-        }
-        Ok(())
     }
 
     /// Send `bytes` at `src` to `p` in chunks, one receive from `from`

@@ -240,6 +240,9 @@ pub struct Comm {
     yield_when_idle: bool,
     /// Some peer is reached over UDP: waits drive the device's progress.
     any_udp: bool,
+    /// A send over UDP read the caller's memory (not our scratch) since
+    /// the last [`Comm::quiesce`].
+    user_sends: bool,
     timeout: Duration,
     /// Scratch sends: per slot of the scratch ring, the (peer, ticket) of
     /// the last send that read it.
@@ -282,7 +285,9 @@ unsafe fn load(p: *const u8) -> u64 {
     // (ATOMIC WRITE: one 8-byte store, by the engine or a peer process's
     // atomic on shared pages) as hardware DMA would under a C program's
     // volatile poll; no non-atomic reference to it exists.
-    unsafe { (*(p as *const std::sync::atomic::AtomicU64)).load(std::sync::atomic::Ordering::Acquire) }
+    unsafe {
+        (*(p as *const std::sync::atomic::AtomicU64)).load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 impl Comm {
@@ -345,7 +350,9 @@ impl Comm {
             };
             card_entry(
                 &mut card,
-                &qp.endpoint().with_regions([fifo_for_p, flags_for_p]).to_bytes(),
+                &qp.endpoint()
+                    .with_regions([fifo_for_p, flags_for_p])
+                    .to_bytes(),
             );
             qps.push(Some(qp));
         }
@@ -372,7 +379,9 @@ impl Comm {
             let [remote_fifo, remote_flags] = peer.regions[..] else {
                 return Err(bad());
             };
-            if remote_fifo.len < (slots * chunk) as u64 || remote_flags.len < ((slots + 1) * 8) as u64 {
+            if remote_fifo.len < (slots * chunk) as u64
+                || remote_flags.len < ((slots + 1) * 8) as u64
+            {
                 return Err(Error::Bootstrap(format!(
                     "rank {p} offers {} bytes of FIFO, this rank needs {} (SOFTRDMA_COLL_CHUNK/SLOTS differ between ranks?)",
                     remote_fifo.len,
@@ -422,6 +431,7 @@ impl Comm {
             wc: vec![Completion::default(); 32],
             yield_when_idle: local_ranks > cpus,
             any_udp,
+            user_sends: false,
             timeout,
             scratch_use: vec![None; slots],
             algo: match std::env::var("SOFTRDMA_COLL_ALGO").as_deref() {
@@ -659,13 +669,26 @@ impl Comm {
         let flag_at = l.remote_flags.addr + (slot * 8) as u64;
         let seq = l.sent + 1;
         if len > 0 {
+            let scratch = self.scratch.mr.addr();
+            if !l.shm && (src.addr < scratch || src.addr >= scratch + self.scratch.len() as u64) {
+                self.user_sends = true;
+            }
             let sge = Sge {
                 addr: src.addr,
                 length: len as u32,
                 lkey: src.lkey,
             };
             let id = self.room(p)?;
-            self.post(p, id, SendOp::Write { remote_addr: dst, rkey }, sge, false)?;
+            self.post(
+                p,
+                id,
+                SendOp::Write {
+                    remote_addr: dst,
+                    rkey,
+                },
+                sge,
+                false,
+            )?;
         }
         let t = self.put_word(p, flag_at, ((seq as u32 as u64) << 32) | len as u64)?;
         self.links[p].as_mut().expect("checked").sent = seq;
@@ -721,6 +744,19 @@ impl Comm {
             self.wait_sent(p, t)?;
         }
         Ok(Src::of(&self.scratch, i * self.config.chunk))
+    }
+
+    /// Over UDP the engine reads a send's memory when it transmits (and
+    /// again if it retransmits): before a collective returns, wait for the
+    /// sends that read the caller's memory, so the caller may reuse it.
+    /// (Over shared memory a WRITE's copy is done when its post returns;
+    /// sends from our scratch are waited for when the slot is reused.)
+    pub(crate) fn end(&mut self) -> Result<()> {
+        if self.user_sends {
+            self.quiesce()?;
+            self.user_sends = false;
+        }
+        Ok(())
     }
 
     /// Wait for every send this rank posted to complete.

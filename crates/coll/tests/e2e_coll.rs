@@ -391,6 +391,10 @@ fn netns_ranks(n: usize) {
         ip(&[
             "-n", &hub, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &ns,
         ]);
+        // Jumbo frames, as RoCE fabrics run: the device's 4096-byte path
+        // MTU does not fit a 1500-byte veth.
+        ip(&["-n", &hub, "link", "set", &port, "mtu", "9000"]);
+        ip(&["-n", &ns, "link", "set", "eth0", "mtu", "9000"]);
         ip(&["-n", &hub, "link", "set", &port, "master", "br0", "up"]);
         ip(&[
             "-n",

@@ -110,7 +110,7 @@ const MODEL_UDP: Model = Model {
 };
 
 fn copy(dst: *mut u8, src: *const u8, n: usize) {
-    if dst as *const u8 != src && n > 0 {
+    if !std::ptr::eq(dst, src) && n > 0 {
         // SAFETY: callers pass ranges they bounds-checked against live
         // registered buffers (or a FIFO slot of `n` ≤ chunk bytes); the two
         // are distinct places (checked) of distinct chunks, so they do not
@@ -518,8 +518,11 @@ impl Comm {
             let s = send.check(bytes, "send")?;
             copy(d.ptr(), s.ptr(), bytes);
         }
+        if n == 1 {
+            return Ok(());
+        }
         let mut off = 0;
-        while n > 1 {
+        loop {
             let len = chunk.min(bytes - off);
             if pos > 0 {
                 let slot = self.recv_exact(prev, len)?;

@@ -261,6 +261,15 @@ fn reduced(dt: DataType, op: ReduceOp, ranks: usize, rep: usize, first: usize, o
     unsafe { softrdma_coll::reduce::finish(dt, op, out.as_mut_ptr(), n, ranks) };
 }
 
+/// A case's element counts: the count column, and the send and receive
+/// buffers' elements.
+#[derive(Clone, Copy)]
+struct Sizes {
+    count: usize,
+    send_n: usize,
+    recv_n: usize,
+}
+
 struct Bufs {
     send: Buffer,
     recv: Buffer,
@@ -278,8 +287,6 @@ fn run_once(
     comm: &mut Comm,
     c: &Case,
     b: &Bufs,
-    send_n: usize,
-    recv_n: usize,
     count: usize,
     in_place: bool,
 ) -> softrdma_coll::Result<()> {
@@ -300,7 +307,6 @@ fn run_once(
     } else {
         recv
     };
-    let _ = (send_n, recv_n);
     match c.coll {
         Coll::AllReduce => comm.all_reduce(send, recv, count, c.dt, c.op),
         Coll::AllGather => comm.all_gather(send, recv, count, c.dt),
@@ -317,12 +323,15 @@ fn init_data(
     comm: &Comm,
     c: &Case,
     b: &Bufs,
-    count: usize,
-    send_n: usize,
-    recv_n: usize,
+    z: Sizes,
     in_place: bool,
     rep: usize,
 ) -> softrdma_coll::Result<()> {
+    let Sizes {
+        count,
+        send_n,
+        recv_n,
+    } = z;
     let ws = c.dt.size();
     let r = comm.rank();
     let mut v = vec![0u8; send_n * ws];
@@ -424,20 +433,19 @@ fn bench(
     a: &Args,
     c: &Case,
     b: &Bufs,
-    count: usize,
-    send_n: usize,
-    recv_n: usize,
+    z: Sizes,
     in_place: bool,
 ) -> softrdma_coll::Result<(f64, Option<u64>)> {
+    let Sizes { count, recv_n, .. } = z;
     if a.check > 0 {
-        init_data(comm, c, b, count, send_n, recv_n, in_place, 99)?;
+        init_data(comm, c, b, z, in_place, 99)?;
     }
-    run_once(comm, c, b, send_n, recv_n, count, in_place)?;
+    run_once(comm, c, b, count, in_place)?;
     comm.barrier()?;
     let iters = (a.iters * a.agg_iters.max(1)).max(1);
     let t0 = Instant::now();
     for _ in 0..iters {
-        run_once(comm, c, b, send_n, recv_n, count, in_place)?;
+        run_once(comm, c, b, count, in_place)?;
     }
     let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
     let all = gather_f64(comm, us)?;
@@ -452,8 +460,8 @@ fn bench(
     if a.check > 0 {
         let mut total = 0.0;
         for rep in 0..a.check as usize {
-            init_data(comm, c, b, count, send_n, recv_n, in_place, rep)?;
-            run_once(comm, c, b, send_n, recv_n, count, in_place)?;
+            init_data(comm, c, b, z, in_place, rep)?;
+            run_once(comm, c, b, count, in_place)?;
             let w = if checked {
                 check(comm, c, b, count, recv_n, in_place, rep)?
             } else {
@@ -680,9 +688,9 @@ fn run_ranks(
                     // Warm-up: every size from the smallest, doubling.
                     let mut s = minb.max(1);
                     while s <= maxb {
-                        let (count, send_n, recv_n) = coll.counts(s, ws, n);
+                        let (count, _, _) = coll.counts(s, ws, n);
                         for _ in 0..a.warmup {
-                            run_once(&mut comm, &c, &bufs, send_n, recv_n, count, false)?;
+                            run_once(&mut comm, &c, &bufs, count, false)?;
                         }
                         s *= 2;
                     }
@@ -699,8 +707,18 @@ fn run_ranks(
                             format!("{:6}", if coll.has_root() { root as i64 } else { -1 })
                         );
                         for in_place in [false, true] {
-                            let (us, wrong) =
-                                bench(&mut comm, a, &c, &bufs, count, send_n, recv_n, in_place)?;
+                            let (us, wrong) = bench(
+                                &mut comm,
+                                a,
+                                &c,
+                                &bufs,
+                                Sizes {
+                                    count,
+                                    send_n,
+                                    recv_n,
+                                },
+                                in_place,
+                            )?;
                             let algbw = bytes as f64 / 1e9 / (us / 1e6);
                             let busbw = algbw * coll.bus_factor(n);
                             bw_sum += busbw;

@@ -248,6 +248,30 @@ impl Comm {
         let (left, right) = self.ring_peers();
         let es = dt.size();
         let ce = self.chunk() / es;
+        // Over shared memory the all-gather half writes each final chunk
+        // straight into the right neighbour's receive buffer (a copy out of
+        // the slot saved per chunk); the neighbours swap where first.
+        let bytes = count * es;
+        let theirs = if self.all_shm() {
+            Some(self.swap_places(left, d, bytes, right)?)
+        } else {
+            None
+        };
+        if let Some(t) = theirs {
+            if t.len != bytes as u64 {
+                return Err(Error::Protocol(format!(
+                    "rank {right} reduces {} bytes, this rank {bytes} (do the ranks call the same collective with the same count?)",
+                    t.len
+                )));
+            }
+        }
+        let place = |o: usize, len: usize| {
+            theirs.map(|t| softrdma_verbs::RemoteRegion {
+                addr: t.addr + o as u64,
+                rkey: t.rkey,
+                len: len as u64,
+            })
+        };
         let mut base = 0;
         while base < count {
             let cs = ce.min((count - base).div_ceil(n));
@@ -273,8 +297,15 @@ impl Comm {
             };
             let copy_in = |c: &mut Comm, k: usize| -> Result<()> {
                 let (o, len) = range(k);
-                let slot = c.recv_exact(left, len)?;
-                copy(d.ptr().wrapping_add(o), slot, len);
+                let (slot, got, placed) = c.recv_chunk_any(left)?;
+                if got != len {
+                    return Err(Error::Protocol(format!(
+                        "rank {left} sent a chunk of {got} bytes where {len} were due"
+                    )));
+                }
+                if !placed {
+                    copy(d.ptr().wrapping_add(o), slot, len);
+                }
                 c.release(left)
             };
             // Reduce-scatter.
@@ -290,12 +321,12 @@ impl Comm {
             reduce_in(self, k, true)?;
             // All-gather.
             let (o, len) = range(k);
-            self.send_chunk(right, d.add(o), len)?;
+            self.send_chunk_to(right, d.add(o), len, place(o, len))?;
             for t in 1..n - 1 {
                 let k = (r + 1 + n - t) % n;
                 copy_in(self, k)?;
                 let (o, len) = range(k);
-                self.send_chunk(right, d.add(o), len)?;
+                self.send_chunk_to(right, d.add(o), len, place(o, len))?;
             }
             copy_in(self, (r + 2) % n)?;
             base += n * cs;

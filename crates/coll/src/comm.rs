@@ -178,6 +178,8 @@ impl Buffer {
 pub(crate) struct Src {
     pub addr: u64,
     pub lkey: u32,
+    /// The region's rkey (its iova is its address: `Comm::alloc`).
+    pub rkey: u32,
 }
 
 impl Src {
@@ -185,6 +187,7 @@ impl Src {
         Src {
             addr: b.mr.addr() + offset as u64,
             lkey: b.mr.lkey(),
+            rkey: b.mr.rkey(),
         }
     }
     pub fn ptr(self) -> *mut u8 {
@@ -193,10 +196,14 @@ impl Src {
     pub fn add(self, bytes: usize) -> Src {
         Src {
             addr: self.addr + bytes as u64,
-            lkey: self.lkey,
+            ..self
         }
     }
 }
+
+/// The flag's length bit saying the chunk was written straight to its
+/// place in the receiver's buffer (not into the slot).
+const PLACED: u64 = 1 << 31;
 
 /// One peer: its QP and both ends' FIFO bookkeeping.
 struct Link {
@@ -240,6 +247,8 @@ pub struct Comm {
     yield_when_idle: bool,
     /// Some peer is reached over UDP: waits drive the device's progress.
     any_udp: bool,
+    /// Every rank reaches every peer through shared memory.
+    all_shm: bool,
     /// A send over UDP read the caller's memory (not our scratch) since
     /// the last [`Comm::quiesce`].
     user_sends: bool,
@@ -407,6 +416,14 @@ impl Comm {
             l.shm = l.qp.transport() == "shm";
         }
         let any_udp = links.iter().flatten().any(|l| !l.shm);
+        // Whether every rank reaches every peer through shared memory: what
+        // schedules that write into the peers' own buffers need all ranks
+        // to agree on.
+        let all_shm = size > 1
+            && boot
+                .allgather(&[u8::from(!any_udp)])?
+                .iter()
+                .all(|v| v.first() == Some(&1));
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let local_ranks = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
             .or_else(|_| std::env::var("SLURM_NTASKS_PER_NODE"))
@@ -431,6 +448,7 @@ impl Comm {
             wc: vec![Completion::default(); 32],
             yield_when_idle: local_ranks > cpus,
             any_udp,
+            all_shm,
             user_sends: false,
             timeout,
             scratch_use: vec![None; slots],
@@ -650,7 +668,20 @@ impl Comm {
     /// Send `len` ≤ chunk bytes at `src` to peer `p`'s FIFO (waiting for a
     /// free slot); returns the ticket [`Comm::wait_sent`] waits for.
     pub(crate) fn send_chunk(&mut self, p: usize, src: Src, len: usize) -> Result<u64> {
+        self.send_chunk_to(p, src, len, None)
+    }
+
+    /// [`Comm::send_chunk`], the data going to `to` in the peer's memory
+    /// (a place it told us of) instead of its slot; the flag says so.
+    pub(crate) fn send_chunk_to(
+        &mut self,
+        p: usize,
+        src: Src,
+        len: usize,
+        to: Option<RemoteRegion>,
+    ) -> Result<u64> {
         debug_assert!(len <= self.config.chunk);
+        debug_assert!(to.is_none_or(|t| t.len >= len as u64));
         let (chunk, slots) = (self.config.chunk, self.config.slots);
         self.link(p)?;
         let credit = self.flag_ptr(p, slots);
@@ -664,8 +695,14 @@ impl Comm {
         )?;
         let l = self.links[p].as_ref().expect("checked");
         let slot = (l.sent % slots as u64) as usize;
-        let dst = l.remote_fifo.addr + (slot * chunk) as u64;
-        let rkey = l.remote_fifo.rkey;
+        let (dst, rkey) = match to {
+            Some(t) => (t.addr, t.rkey),
+            None => (
+                l.remote_fifo.addr + (slot * chunk) as u64,
+                l.remote_fifo.rkey,
+            ),
+        };
+        let placed = if to.is_some() { PLACED } else { 0 };
         let flag_at = l.remote_flags.addr + (slot * 8) as u64;
         let seq = l.sent + 1;
         if len > 0 {
@@ -690,7 +727,11 @@ impl Comm {
                 false,
             )?;
         }
-        let t = self.put_word(p, flag_at, ((seq as u32 as u64) << 32) | len as u64)?;
+        let t = self.put_word(
+            p,
+            flag_at,
+            ((seq as u32 as u64) << 32) | placed | len as u64,
+        )?;
         self.links[p].as_mut().expect("checked").sent = seq;
         Ok(t)
     }
@@ -698,6 +739,17 @@ impl Comm {
     /// Wait for the next chunk from peer `p`: its address in the FIFO and
     /// length. The slot stays ours until [`Comm::release`].
     pub(crate) fn recv_chunk(&mut self, p: usize) -> Result<(*const u8, usize)> {
+        match self.recv_chunk_any(p)? {
+            (ptr, len, false) => Ok((ptr, len)),
+            (_, _, true) => Err(Error::Protocol(format!(
+                "rank {p} wrote a chunk straight into this rank's buffer where it was due in a slot (do the ranks call the same collective?)"
+            ))),
+        }
+    }
+
+    /// [`Comm::recv_chunk`], also for chunks written straight to their
+    /// place (the third value; the pointer is then the slot's, unused).
+    pub(crate) fn recv_chunk_any(&mut self, p: usize) -> Result<(*const u8, usize, bool)> {
         let (chunk, slots) = (self.config.chunk, self.config.slots);
         let l = self.link(p)?;
         let slot = (l.consumed % slots as u64) as usize;
@@ -707,14 +759,16 @@ impl Comm {
         let seen = |_: &Comm| (unsafe { load(flag) } >> 32) as u32 == want;
         self.wait_for(&seen, "a chunk from a peer")?;
         // SAFETY: as above.
-        let len = (unsafe { load(flag) } & 0xffff_ffff) as usize;
+        let word = unsafe { load(flag) };
+        let placed = word & PLACED != 0;
+        let len = (word & (PLACED - 1)) as usize;
         if len > chunk {
             return Err(Error::Protocol(format!(
                 "rank {p} announced a chunk of {len} bytes (slots hold {chunk})"
             )));
         }
         let off = (p * slots + slot) * chunk;
-        Ok(((self.fifo.addr() as usize + off) as *const u8, len))
+        Ok(((self.fifo.addr() as usize + off) as *const u8, len, placed))
     }
 
     /// Give the oldest chunk's slot back to peer `p` (a credit).
@@ -736,6 +790,47 @@ impl Comm {
             &|c: &Comm| c.links[p].as_ref().expect("checked").retired >= ticket,
             "a send's completion",
         )
+    }
+
+    /// Whether every rank reaches every peer through shared memory (the
+    /// same answer on every rank).
+    pub(crate) fn all_shm(&self) -> bool {
+        self.all_shm
+    }
+
+    /// Tell `to` where `mine` is (a place of ours it may write), and learn
+    /// `from`'s: a 20-byte chunk each way, sent from scratch slot 0.
+    pub(crate) fn swap_places(
+        &mut self,
+        to: usize,
+        mine: Src,
+        len: usize,
+        from: usize,
+    ) -> Result<RemoteRegion> {
+        let tmp = self.scratch_slot(0)?;
+        let mut rec = [0u8; 20];
+        rec[..8].copy_from_slice(&mine.addr.to_le_bytes());
+        rec[8..12].copy_from_slice(&mine.rkey.to_le_bytes());
+        rec[12..].copy_from_slice(&(len as u64).to_le_bytes());
+        // SAFETY: scratch slot 0 is a chunk (≥ 4 KiB) of our scratch
+        // buffer, no longer read by any send (just waited for).
+        unsafe { std::ptr::copy_nonoverlapping(rec.as_ptr(), tmp.ptr(), rec.len()) };
+        let t = self.send_chunk(to, tmp, rec.len())?;
+        self.scratch_use[0] = Some((to, t));
+        let (slot, got) = self.recv_chunk(from)?;
+        if got != rec.len() {
+            return Err(Error::Protocol(format!(
+                "rank {from} sent {got} bytes where its buffer's place was due"
+            )));
+        }
+        // SAFETY: the slot holds the 20 bytes the peer wrote (checked).
+        unsafe { std::ptr::copy_nonoverlapping(slot, rec.as_mut_ptr(), rec.len()) };
+        self.release(from)?;
+        Ok(RemoteRegion {
+            addr: u64::from_le_bytes(rec[..8].try_into().expect("8 bytes")),
+            rkey: u32::from_le_bytes(rec[8..12].try_into().expect("4 bytes")),
+            len: u64::from_le_bytes(rec[12..].try_into().expect("8 bytes")),
+        })
     }
 
     /// Wait until the scratch slot `i` is no longer read by a send.

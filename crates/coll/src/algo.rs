@@ -109,6 +109,31 @@ const MODEL_UDP: Model = Model {
     mu: 20.0,
 };
 
+/// `count` elements of `es` bytes, times `blocks`, or an error if that
+/// does not fit in memory.
+fn nbytes(count: usize, es: usize, blocks: usize) -> Result<usize> {
+    count
+        .checked_mul(es)
+        .and_then(|b| b.checked_mul(blocks))
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| Error::Invalid(format!("{count} elements of {es} bytes × {blocks}")))
+}
+
+/// The send place (`slen` bytes at `s`) and the receive place (`dlen` at
+/// `d`) are disjoint, or `s` is exactly at `exact` (the in-place
+/// arrangement): any other overlap is refused (the copies and reductions
+/// need their inputs whole).
+fn disjoint_or_at(s: Src, slen: usize, d: Src, dlen: usize, exact: u64) -> Result<()> {
+    let overlap =
+        slen > 0 && dlen > 0 && s.addr < d.addr + dlen as u64 && d.addr < s.addr + slen as u64;
+    if overlap && s.addr != exact {
+        return Err(Error::Invalid(
+            "the send and receive places overlap without being the in-place arrangement".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn copy(dst: *mut u8, src: *const u8, n: usize) {
     if !std::ptr::eq(dst, src) && n > 0 {
         // SAFETY: callers pass ranges they bounds-checked against live
@@ -219,9 +244,10 @@ impl Comm {
         dt: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let bytes = count * dt.size();
+        let bytes = nbytes(count, dt.size(), 1)?;
         let s = send.check(bytes, "send")?;
         let d = recv.check(bytes, "receive")?;
+        disjoint_or_at(s, bytes, d, bytes, d.addr)?;
         let n = self.size();
         if n == 1 {
             copy(d.ptr(), s.ptr(), bytes);
@@ -433,9 +459,10 @@ impl Comm {
         dt: DataType,
     ) -> Result<()> {
         let (n, r) = (self.size(), self.rank());
-        let bytes = count * dt.size();
+        let bytes = nbytes(count, dt.size(), 1)?;
         let s = send.check(bytes, "send")?;
-        let d = recv.check(bytes * n, "receive")?;
+        let d = recv.check(nbytes(count, dt.size(), n)?, "receive")?;
+        disjoint_or_at(s, bytes, d, bytes * n, d.addr + (r * bytes) as u64)?;
         copy(d.ptr().wrapping_add(r * bytes), s.ptr(), bytes);
         if n == 1 {
             return Ok(());
@@ -476,9 +503,16 @@ impl Comm {
     ) -> Result<()> {
         let (n, r) = (self.size(), self.rank());
         let es = dt.size();
-        let bytes = count * es;
-        let s = send.check(bytes * n, "send")?;
+        let bytes = nbytes(count, es, 1)?;
+        let s = send.check(nbytes(count, es, n)?, "send")?;
         let d = recv.check(bytes, "receive")?;
+        disjoint_or_at(
+            s,
+            bytes * n,
+            d,
+            bytes,
+            d.addr.wrapping_sub((r * bytes) as u64),
+        )?;
         if n == 1 {
             copy(d.ptr(), s.ptr(), bytes);
             // SAFETY: `d` spans `count` elements (checked).
@@ -539,7 +573,7 @@ impl Comm {
     ) -> Result<()> {
         let (n, r) = (self.size(), self.rank());
         self.check_root(root)?;
-        let bytes = count * dt.size();
+        let bytes = nbytes(count, dt.size(), 1)?;
         let d = recv.check(bytes, "receive")?;
         let pos = (r + n - root) % n;
         let next = (pos + 1 < n).then_some((r + 1) % n);
@@ -547,6 +581,7 @@ impl Comm {
         let chunk = self.chunk();
         if pos == 0 {
             let s = send.check(bytes, "send")?;
+            disjoint_or_at(s, bytes, d, bytes, d.addr)?;
             copy(d.ptr(), s.ptr(), bytes);
         }
         if n == 1 {
@@ -585,14 +620,16 @@ impl Comm {
         let (n, r) = (self.size(), self.rank());
         self.check_root(root)?;
         let es = dt.size();
-        let bytes = count * es;
+        let bytes = nbytes(count, es, 1)?;
         let s = send.check(bytes, "send")?;
         // The chain runs root+1 → root+2 → … → root.
         let pos = (r + n - root - 1) % n;
         let prev = (r + n - 1) % n;
         let next = (r + 1) % n;
         let d = if r == root {
-            Some(recv.check(bytes, "receive")?)
+            let d = recv.check(bytes, "receive")?;
+            disjoint_or_at(s, bytes, d, bytes, d.addr)?;
+            Some(d)
         } else {
             None
         };
@@ -654,8 +691,8 @@ impl Comm {
         dt: DataType,
     ) -> Result<()> {
         let (n, r) = (self.size(), self.rank());
-        let bytes = count * dt.size();
-        let s = send.check(bytes * n, "send")?;
+        let bytes = nbytes(count, dt.size(), 1)?;
+        let s = send.check(nbytes(count, dt.size(), n)?, "send")?;
         let d = recv.check(bytes * n, "receive")?;
         let staged = self.stage_if_overlapping(s, d, bytes * n)?;
         let s = staged.as_ref().map_or(s, |b| Src::of(b, 0));
@@ -687,7 +724,7 @@ impl Comm {
         count: usize,
         dt: DataType,
     ) -> Result<()> {
-        let bytes = count * dt.size();
+        let bytes = nbytes(count, dt.size(), 1)?;
         let s = send.check(bytes, "send")?;
         let d = recv.check(bytes, "receive")?;
         self.check_root(to)?;

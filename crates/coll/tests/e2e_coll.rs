@@ -432,3 +432,44 @@ fn ranks_in_network_namespaces() {
     netns_ranks(2);
     netns_ranks(5);
 }
+
+/// Misuse gets an error naming it, and nothing is touched.
+#[test]
+fn misuse_is_refused_with_a_reason() {
+    let launch = softrdma_coll::Launch {
+        rank: 0,
+        size: 1,
+        rendezvous: softrdma_coll::Rendezvous::Local(format!("test-misuse-{}", std::process::id())),
+        launcher: "none",
+        timeout: Duration::from_secs(5),
+    };
+    let mut comm = Comm::init(launch, softrdma_coll::Config::default()).unwrap();
+    let b = comm.alloc(4096).unwrap();
+    let f = DataType::Float;
+    let err = |r: softrdma_coll::Result<()>| r.unwrap_err().to_string();
+    // Overlapping, but not the in-place arrangement.
+    let e = err(comm.all_reduce(b.at(0), b.at(4), 16, f, ReduceOp::Sum));
+    assert!(
+        e.contains("overlap without being the in-place arrangement"),
+        "{e}"
+    );
+    let e = err(comm.reduce(b.at(8), b.at(0), 16, f, ReduceOp::Max, 0));
+    assert!(e.contains("overlap"), "{e}");
+    // Too small a buffer.
+    let e = err(comm.all_reduce(b.at(0), b.at(0), 2000, f, ReduceOp::Sum));
+    assert!(
+        e.contains("the send buffer needs bytes 0..8000 of a buffer of 4096"),
+        "{e}"
+    );
+    // Counts that overflow.
+    let e = err(comm.all_gather(b.at(0), b.at(0), usize::MAX / 2, f));
+    assert!(e.contains("elements of 4 bytes"), "{e}");
+    // A root that is no rank.
+    let e = err(comm.broadcast(b.at(0), b.at(0), 4, f, 3));
+    assert!(e.contains("rank 3 of a communicator of 1"), "{e}");
+    // In place and disjoint are fine.
+    comm.all_reduce(b.at(0), b.at(0), 16, f, ReduceOp::Sum)
+        .unwrap();
+    comm.all_reduce(b.at(0), b.at(64), 16, f, ReduceOp::Sum)
+        .unwrap();
+}

@@ -216,8 +216,10 @@ struct Link {
     /// Chunks sent to the peer, and how many of them it has consumed (as
     /// last read from our credit word).
     sent: u64,
-    /// Chunks received from the peer and consumed.
+    /// Chunks received from the peer and consumed, and the count last
+    /// written to its credit word.
     consumed: u64,
+    credited: u64,
     /// Work requests posted on the QP, and retired (a signalled completion
     /// retires it and every unsignalled request before it).
     posted: u64,
@@ -406,6 +408,7 @@ impl Comm {
                 shm: false,
                 sent: 0,
                 consumed: 0,
+                credited: 0,
                 posted: 0,
                 retired: 0,
             }));
@@ -685,14 +688,15 @@ impl Comm {
         let (chunk, slots) = (self.config.chunk, self.config.slots);
         self.link(p)?;
         let credit = self.flag_ptr(p, slots);
-        self.wait_for(
-            &|c: &Comm| {
-                let l = c.links[p].as_ref().expect("checked");
-                // SAFETY: our credit word for `p`, aligned, in `flags`.
-                l.sent - unsafe { load(credit) } < slots as u64
-            },
-            "a free slot at a peer",
-        )?;
+        let free = |c: &Comm| {
+            let l = c.links[p].as_ref().expect("checked");
+            // SAFETY: our credit word for `p`, aligned, in `flags`.
+            l.sent - unsafe { load(credit) } < slots as u64
+        };
+        if !free(self) {
+            self.flush_credits()?;
+            self.wait_for(&free, "a free slot at a peer")?;
+        }
         let l = self.links[p].as_ref().expect("checked");
         let slot = (l.sent % slots as u64) as usize;
         let (dst, rkey) = match to {
@@ -757,7 +761,10 @@ impl Comm {
         let flag = self.flag_ptr(p, slot);
         // SAFETY: the flag word of `p`'s slot, aligned, in `flags`.
         let seen = |_: &Comm| (unsafe { load(flag) } >> 32) as u32 == want;
-        self.wait_for(&seen, "a chunk from a peer")?;
+        if !seen(self) {
+            self.flush_credits()?;
+            self.wait_for(&seen, "a chunk from a peer")?;
+        }
         // SAFETY: as above.
         let word = unsafe { load(flag) };
         let placed = word & PLACED != 0;
@@ -772,13 +779,46 @@ impl Comm {
     }
 
     /// Give the oldest chunk's slot back to peer `p` (a credit).
+    ///
+    /// Credits go back in batches of half the slots, and all that are owed
+    /// whenever this rank is about to wait ([`Comm::flush_credits`]): a
+    /// rank that waits holds back no slot, so the batching can delay a peer
+    /// but never block it, and the credit's write leaves while this rank
+    /// would idle anyway rather than on the path of every call.
     pub(crate) fn release(&mut self, p: usize) -> Result<()> {
+        let batch = (self.config.slots / 2).max(1) as u64;
+        let l = self
+            .links
+            .get_mut(p)
+            .and_then(|l| l.as_mut())
+            .ok_or_else(|| Error::Invalid(format!("no peer {p}")))?;
+        l.consumed += 1;
+        if l.consumed - l.credited >= batch {
+            self.credit(p)?;
+        }
+        Ok(())
+    }
+
+    /// Write peer `p`'s credit word with what we have consumed.
+    fn credit(&mut self, p: usize) -> Result<()> {
         let slots = self.config.slots;
         let l = self.link(p)?;
-        let consumed = l.consumed + 1;
-        let at = l.remote_flags.addr + (slots * 8) as u64;
+        let (consumed, at) = (l.consumed, l.remote_flags.addr + (slots * 8) as u64);
         self.put_word(p, at, consumed)?;
-        self.links[p].as_mut().expect("checked").consumed = consumed;
+        self.links[p].as_mut().expect("checked").credited = consumed;
+        Ok(())
+    }
+
+    /// Return every credit owed (before a wait that may last).
+    fn flush_credits(&mut self) -> Result<()> {
+        for p in 0..self.size {
+            if self.links[p]
+                .as_ref()
+                .is_some_and(|l| l.consumed > l.credited)
+            {
+                self.credit(p)?;
+            }
+        }
         Ok(())
     }
 

@@ -615,57 +615,66 @@ impl Comm {
         (3 * self.config.slots + 4) as u64
     }
 
-    /// Wait for room in `p`'s send queue; the next request's id.
-    fn room(&mut self, p: usize) -> Result<u64> {
+    /// Wait for room for `n` requests in `p`'s send queue; the next
+    /// request's id.
+    fn room(&mut self, p: usize, n: u64) -> Result<u64> {
         let sq = self.sq_depth();
         self.wait_for(
             &|c: &Comm| {
                 let l = c.links[p].as_ref().expect("checked");
-                l.posted - l.retired < sq - 1
+                l.posted - l.retired + n < sq
             },
             "room in a send queue",
         )?;
         Ok(self.links[p].as_ref().expect("checked").posted + 1)
     }
 
-    /// Post request `id` (from [`Comm::room`]) on `p`'s QP.
-    fn post(&mut self, p: usize, id: u64, op: SendOp, sge: Sge, signal: bool) -> Result<u64> {
+    /// Post `wrs` (ids following on from `posted`, from [`Comm::room`]) on
+    /// `p`'s QP in one call: what they put on the wire leaves together.
+    fn post_list(&mut self, p: usize, wrs: &[SendWr<'_>]) -> Result<u64> {
         let l = self.links[p].as_mut().expect("checked");
-        debug_assert_eq!(id, l.posted + 1);
-        l.qp.post_send(&SendWr {
-            wr_id: id,
-            op,
-            sgl: &[sge],
-            flags: if signal {
-                SendFlags::SIGNALED
-            } else {
-                SendFlags::default()
-            },
-            ud: None,
-        })?;
-        l.posted = id;
-        Ok(id)
+        debug_assert!(wrs
+            .iter()
+            .enumerate()
+            .all(|(i, w)| w.wr_id == l.posted + 1 + i as u64));
+        l.qp.post_send_list(wrs).map_err(|(_, e)| e)?;
+        l.posted += wrs.len() as u64;
+        Ok(l.posted)
     }
 
-    /// ATOMIC WRITE `v` to the word at `remote_addr` of `p`. Its source is
-    /// request `id`'s own word of the staging region (per peer one per
-    /// send-queue entry: a word is rewritten only after the request that
-    /// read it retired, as `room` ensures).
-    fn put_word(&mut self, p: usize, remote_addr: u64, v: u64) -> Result<u64> {
-        let id = self.room(p)?;
+    /// The staging word of request `id` to `p`, holding `v`: the source of
+    /// an ATOMIC WRITE (per peer one word per send-queue entry, so a word
+    /// is rewritten only after the request that read it retired, as
+    /// [`Comm::room`] ensures).
+    fn stage_word(&mut self, p: usize, id: u64, v: u64) -> Sge {
         let sq = self.sq_depth();
-        let rkey = self.link(p)?.remote_flags.rkey;
         let at = self.word.addr() + (p as u64 * sq + id % sq) * 8;
         // SAFETY: `at` is an aligned word of the staging region (size × sq
         // words), live while `self` is; no request still in flight reads
         // it (see above), only this thread writes it.
         unsafe { (at as *mut u64).write(v) };
-        let sge = Sge {
+        Sge {
             addr: at,
             length: 8,
             lkey: self.word.lkey(),
-        };
-        self.post(p, id, SendOp::AtomicWrite { remote_addr, rkey }, sge, true)
+        }
+    }
+
+    /// ATOMIC WRITE `v` to the word at `remote_addr` of `p` (signalled).
+    fn put_word(&mut self, p: usize, remote_addr: u64, v: u64) -> Result<u64> {
+        let id = self.room(p, 1)?;
+        let rkey = self.link(p)?.remote_flags.rkey;
+        let sge = [self.stage_word(p, id, v)];
+        self.post_list(
+            p,
+            &[SendWr {
+                wr_id: id,
+                op: SendOp::AtomicWrite { remote_addr, rkey },
+                sgl: &sge,
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            }],
+        )
     }
 
     /// Send `len` ≤ chunk bytes at `src` to peer `p`'s FIFO (waiting for a
@@ -709,33 +718,72 @@ impl Comm {
         let placed = if to.is_some() { PLACED } else { 0 };
         let flag_at = l.remote_flags.addr + (slot * 8) as u64;
         let seq = l.sent + 1;
-        if len > 0 {
+        let flag = ((seq as u32 as u64) << 32) | placed | len as u64;
+        let t = if len > 0 {
             let scratch = self.scratch.mr.addr();
             if !l.shm && (src.addr < scratch || src.addr >= scratch + self.scratch.len() as u64) {
                 self.user_sends = true;
             }
-            let sge = Sge {
+            // The data and its flag in one post, and the credits owed to
+            // the same peer with them: over UDP they leave in one pass of
+            // the engine.
+            let (owed, consumed) = {
+                let l = self.link(p)?;
+                (l.consumed > l.credited, l.consumed)
+            };
+            let id = self.room(p, 2 + u64::from(owed))?;
+            let data = [Sge {
                 addr: src.addr,
                 length: len as u32,
                 lkey: src.lkey,
-            };
-            let id = self.room(p)?;
-            self.post(
-                p,
-                id,
-                SendOp::Write {
-                    remote_addr: dst,
-                    rkey,
+            }];
+            let word = [self.stage_word(p, id + 1, flag)];
+            let credit_word = [self.stage_word(p, id + 2, consumed)];
+            let l = self.link(p)?;
+            let flag_rkey = l.remote_flags.rkey;
+            let credit_at = l.remote_flags.addr + (slots * 8) as u64;
+            let wrs = [
+                SendWr {
+                    wr_id: id,
+                    op: SendOp::Write {
+                        remote_addr: dst,
+                        rkey,
+                    },
+                    sgl: &data,
+                    flags: SendFlags::default(),
+                    ud: None,
                 },
-                sge,
-                false,
-            )?;
-        }
-        let t = self.put_word(
-            p,
-            flag_at,
-            ((seq as u32 as u64) << 32) | placed | len as u64,
-        )?;
+                SendWr {
+                    wr_id: id + 1,
+                    op: SendOp::AtomicWrite {
+                        remote_addr: flag_at,
+                        rkey: flag_rkey,
+                    },
+                    sgl: &word,
+                    flags: SendFlags::SIGNALED,
+                    ud: None,
+                },
+                SendWr {
+                    wr_id: id + 2,
+                    op: SendOp::AtomicWrite {
+                        remote_addr: credit_at,
+                        rkey: flag_rkey,
+                    },
+                    sgl: &credit_word,
+                    flags: SendFlags::SIGNALED,
+                    ud: None,
+                },
+            ];
+            let t = self.post_list(p, &wrs[..2 + usize::from(owed)])?;
+            if owed {
+                self.links[p].as_mut().expect("checked").credited = consumed;
+            }
+            // The chunk's ticket is its flag's request (the credit after it
+            // reads only its staging word).
+            t.min(id + 1)
+        } else {
+            self.put_word(p, flag_at, flag)?
+        };
         self.links[p].as_mut().expect("checked").sent = seq;
         Ok(t)
     }

@@ -1662,41 +1662,79 @@ impl Qp {
         self.join_ud(wr);
         let mut st = self.eng.lock();
         let mut host = [Sge::default(); softrdma_core::MAX_SGE];
-        let wr = if wr.flags.contains(SendFlags::INLINE) {
-            // The core copies inline data from the SGE's address as it
-            // stands (verbs: no key is checked). Safe callers name region
-            // memory in its iova space, so translate each SGE to the host
-            // address the core will read, after checking it lies in a
-            // region of this QP's PD.
-            if wr.sgl.len() > host.len() {
-                return Err(CoreError::TooManySge {
-                    got: wr.sgl.len(),
-                    max: host.len() as u32,
-                }
-                .into());
-            }
-            for (h, s) in host.iter_mut().zip(wr.sgl) {
-                let addr = st
-                    .ep
-                    .mrs()
-                    .check_local(self.pd, s.lkey, s.addr, s.length as u64, AccessFlags::EMPTY)
-                    .map_err(|_| {
-                        CoreError::InvalidArgument(
-                            "inline SGE is not inside a memory region of the QP's PD",
-                        )
-                    })?;
-                *h = Sge { addr, ..*s };
-            }
-            SendWr {
-                sgl: &host[..wr.sgl.len()],
-                ..*wr
-            }
-        } else {
-            *wr
-        };
+        let wr = self.host_sges(&st, wr, &mut host)?;
         let done = st.post_send(self.qpn, &wr)?;
         self.eng.posted_send(&mut st, done);
         Ok(())
+    }
+
+    /// Post several send work requests in order, as `ibv_post_send` posts
+    /// a chain: each is checked as [`Qp::post_send`] checks it, posting
+    /// stops at the first refused (its index and why, `ibv_post_send`'s
+    /// `bad_wr`; the ones before it stay posted), and what was posted goes
+    /// out in one pass of the engine (a WRITE and the flag behind it leave
+    /// in one system call).
+    pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, Error)> {
+        for wr in wrs {
+            self.join_ud(wr);
+        }
+        let mut st = self.eng.lock();
+        let mut all_done = true;
+        let mut res = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            let mut host = [Sge::default(); softrdma_core::MAX_SGE];
+            let posted = self
+                .host_sges(&st, wr, &mut host)
+                .and_then(|w| st.post_send(self.qpn, &w).map_err(Error::from));
+            match posted {
+                Ok(done) => all_done &= done,
+                Err(e) => {
+                    res = Err((i, e));
+                    break;
+                }
+            }
+        }
+        self.eng.posted_send(&mut st, all_done);
+        res
+    }
+
+    /// `wr` with its SGEs as the core reads them: inline SGEs translated to
+    /// the host addresses of their region memory (the core copies inline
+    /// data from the address as it stands, verbs checking no key; safe
+    /// callers name region memory in its iova space, so each is checked to
+    /// lie in a region of this QP's PD first).
+    fn host_sges<'w>(
+        &self,
+        st: &engine::State,
+        wr: &SendWr<'w>,
+        host: &'w mut [Sge; softrdma_core::MAX_SGE],
+    ) -> Result<SendWr<'w>> {
+        if !wr.flags.contains(SendFlags::INLINE) {
+            return Ok(*wr);
+        }
+        if wr.sgl.len() > host.len() {
+            return Err(CoreError::TooManySge {
+                got: wr.sgl.len(),
+                max: host.len() as u32,
+            }
+            .into());
+        }
+        for (h, s) in host.iter_mut().zip(wr.sgl) {
+            let addr = st
+                .ep
+                .mrs()
+                .check_local(self.pd, s.lkey, s.addr, s.length as u64, AccessFlags::EMPTY)
+                .map_err(|_| {
+                    CoreError::InvalidArgument(
+                        "inline SGE is not inside a memory region of the QP's PD",
+                    )
+                })?;
+            *h = Sge { addr, ..*s };
+        }
+        Ok(SendWr {
+            sgl: &host[..wr.sgl.len()],
+            ..*wr
+        })
     }
 
     /// Bind a memory window to `len` bytes of `mr` at `offset` with the

@@ -339,3 +339,98 @@ fn ibta_encodings() {
     assert_eq!(rnr_timer_code(Duration::from_millis(500)), 0);
     assert_eq!(rnr_timer_code(Duration::from_millis(600)), 0);
 }
+
+/// `Qp::post_send_list` posts a chain as `ibv_post_send` does: in order,
+/// stopping at the first refused request (its index and why), the ones
+/// before it posted and carried out.
+#[test]
+fn a_list_of_sends_posts_in_order_up_to_the_first_refused() {
+    two_processes(
+        "a_list_of_sends_posts_in_order_up_to_the_first_refused",
+        |mut oob| {
+            let ctx = open(V4);
+            let pd = ctx.alloc_pd();
+            let mr = pd.alloc_mr(4096, ALL_REMOTE).unwrap();
+            let mut tcp = listen_for_peer(&mut oob);
+            let (_qp, _cq, _) = rc(&ctx, &pd, &mut tcp, &[mr.remote()]);
+            oob.expect("done");
+            let mut got = [0u8; 16];
+            mr.read(0, &mut got);
+            oob.send(&got);
+        },
+        |mut oob| {
+            let mut tcp = dial_peer(&mut oob);
+            let ctx = open(V4);
+            let pd = ctx.alloc_pd();
+            let mine = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+            mine.write(0, &[1, 2, 3, 4, 5, 6, 7, 8]);
+            mine.write(8, &42u64.to_le_bytes());
+            let (qp, cq, peer) = rc(&ctx, &pd, &mut tcp, &[]);
+            let r = peer.regions[0];
+            let data = [mine.slice(0..8).unwrap()];
+            let word = [mine.slice(8..16).unwrap()];
+            let bad = [Sge {
+                lkey: mine.lkey() ^ 0x55,
+                ..data[0]
+            }];
+            fn wr<'a>(id: u64, op: SendOp, sgl: &'a [Sge]) -> SendWr<'a> {
+                SendWr {
+                    wr_id: id,
+                    op,
+                    sgl,
+                    flags: SendFlags::SIGNALED,
+                    ud: None,
+                }
+            }
+            let list = [
+                wr(
+                    1,
+                    SendOp::Write {
+                        remote_addr: r.addr,
+                        rkey: r.rkey,
+                    },
+                    &data,
+                ),
+                wr(
+                    2,
+                    SendOp::AtomicWrite {
+                        remote_addr: r.addr + 8,
+                        rkey: r.rkey,
+                    },
+                    &word,
+                ),
+                wr(
+                    3,
+                    SendOp::Write {
+                        remote_addr: r.addr,
+                        rkey: r.rkey,
+                    },
+                    &bad,
+                ),
+                wr(
+                    4,
+                    SendOp::Write {
+                        remote_addr: r.addr,
+                        rkey: r.rkey,
+                    },
+                    &data,
+                ),
+            ];
+            let (i, e) = qp.post_send_list(&list).unwrap_err();
+            assert_eq!(i, 2, "the third request is refused: {e}");
+            assert!(e.to_string().contains("lkey"), "{e}");
+            cq.wait(1, W).unwrap();
+            cq.wait(2, W).unwrap();
+            let mut rest = [Completion::default(); 4];
+            assert_eq!(
+                cq.poll(&mut rest).unwrap(),
+                0,
+                "nothing after the refused one"
+            );
+            oob.signal("done");
+            let got = oob.recv();
+            assert_eq!(&got[..8], &[1, 2, 3, 4, 5, 6, 7, 8]);
+            assert_eq!(u64::from_le_bytes(got[8..16].try_into().unwrap()), 42);
+        },
+    );
+}

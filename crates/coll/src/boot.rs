@@ -521,3 +521,118 @@ fn local_device_ip(conn: Option<IpAddr>) -> IpAddr {
     }
     conn.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn launch(vars: &[(&str, &str)]) -> Result<Launch> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Launch::from_vars(|k| m.get(k).cloned())
+    }
+
+    fn local_name(l: &Launch) -> &str {
+        match &l.rendezvous {
+            Rendezvous::Local(n) => n,
+            other => panic!("expected a local rendezvous, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn mpirun_on_one_host_meets_on_a_socket_named_by_its_job() {
+        let l = launch(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("OMPI_MCA_ess_base_jobid", "1951989761"),
+        ])
+        .unwrap();
+        assert_eq!((l.rank, l.size, l.launcher), (1, 4, "mpirun"));
+        assert!(
+            local_name(&l).ends_with("/ompi/1951989761"),
+            "{}",
+            local_name(&l)
+        );
+    }
+
+    #[test]
+    fn several_hosts_need_master_addr() {
+        let vars = [
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("OMPI_MCA_ess_base_jobid", "7"),
+        ];
+        let e = launch(&vars).unwrap_err().to_string();
+        assert!(e.contains("set MASTER_ADDR and MASTER_PORT"), "{e}");
+        let mut with = vars.to_vec();
+        with.extend([("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")]);
+        let l = launch(&with).unwrap();
+        assert!(matches!(l.rendezvous, Rendezvous::Tcp(a) if a.port() == 29500));
+    }
+
+    #[test]
+    fn slurm_and_torchrun() {
+        let l = launch(&[
+            ("SLURM_PROCID", "2"),
+            ("SLURM_NTASKS", "3"),
+            ("SLURM_NNODES", "1"),
+            ("SLURM_JOB_ID", "42"),
+            ("SLURM_STEP_ID", "0"),
+        ])
+        .unwrap();
+        assert_eq!((l.rank, l.size, l.launcher), (2, 3, "slurm"));
+        assert!(local_name(&l).ends_with("/slurm/42.0"));
+        let l = launch(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29501"),
+        ])
+        .unwrap();
+        assert_eq!((l.rank, l.size, l.launcher), (0, 2, "torchrun"));
+        assert!(matches!(l.rendezvous, Rendezvous::Tcp(_)));
+        // Open MPI's variables win over Slurm's (mpirun inside an
+        // allocation inherits the daemon's SLURM_*).
+        let l = launch(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_MCA_ess_base_jobid", "9"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "1"),
+        ])
+        .unwrap();
+        assert_eq!(l.launcher, "mpirun");
+    }
+
+    #[test]
+    fn no_launcher_is_one_rank_and_bad_values_are_named() {
+        let l = launch(&[]).unwrap();
+        assert_eq!((l.rank, l.size, l.launcher), (0, 1, "none"));
+        let e = launch(&[("RANK", "x"), ("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("RANK=\"x\" is not a non-negative integer"),
+            "{e}"
+        );
+        let e = launch(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("rank 2 of a job of 2 ranks"), "{e}");
+        let e = launch(&[("SOFTRDMA_COLL_TIMEOUT", "-1")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SOFTRDMA_COLL_TIMEOUT"), "{e}");
+    }
+}

@@ -156,7 +156,8 @@ impl Comm {
         if n <= 1 {
             return Algo::Ring;
         }
-        let m = if self.transport() == "shm" {
+        // What every rank agreed on at start-up, so all choose alike.
+        let m = if self.all_shm() {
             &MODEL_SHM
         } else {
             &MODEL_UDP
@@ -388,9 +389,19 @@ impl Comm {
         };
         let reduce_slot = |c: &mut Comm, from: usize, off: usize, len: usize| -> Result<()> {
             let slot = c.recv_exact(from, len)?;
+            let mine = d.ptr().wrapping_add(off);
+            // The lower rank's operand first on both partners, so they
+            // compute bit for bit the same (a float min of ±0 or a NaN's
+            // payload depends on the order).
+            let (a, b) = if r < from {
+                (mine.cast_const(), slot)
+            } else {
+                (slot, mine.cast_const())
+            };
             // SAFETY: `d` spans `bytes` (checked at entry), [off, off+len)
-            // inside; the slot holds `len` peer-written bytes.
-            unsafe { reduce::reduce_into(dt, op, d.ptr().add(off), slot, len / es) };
+            // inside, and the output is exactly one of the inputs; the slot
+            // holds `len` peer-written bytes.
+            unsafe { reduce::reduce3(dt, op, mine, a, b, len / es) };
             c.release(from)
         };
         let chunks = |b: usize| {
@@ -736,7 +747,9 @@ impl Comm {
                     "rank {r} sends to {to} and receives from {from}: to itself both or neither"
                 )));
             }
-            copy(d.ptr(), s.ptr(), bytes);
+            // To itself: the places may overlap (a memmove).
+            // SAFETY: both lie inside live buffers (checked above).
+            unsafe { std::ptr::copy(s.ptr(), d.ptr(), bytes) };
             return Ok(());
         }
         let staged = self.stage_if_overlapping(s, d, bytes)?;

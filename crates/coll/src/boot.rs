@@ -31,6 +31,13 @@ use crate::{Error, Result};
 /// error, not a hang.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a collective waits for a peer before failing
+/// (`SOFTRDMA_COLL_OP_TIMEOUT` in seconds overrides it): long, because a
+/// rank may reach a collective minutes after its peers (a checkpoint, an
+/// evaluation) — NCCL waits for ever — yet bounded, so a peer that died
+/// without its QP failing (UDP, nothing outstanding) ends in an error.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(600);
+
 const MAGIC: &[u8; 8] = b"SRCOLL01";
 /// The largest card a rank may send (a card is a few hundred bytes per
 /// peer): bounds what rank 0 allocates for a malformed or foreign peer.
@@ -62,6 +69,8 @@ pub struct Launch {
     pub launcher: &'static str,
     /// How long to wait for the other ranks and for each bootstrap message.
     pub timeout: Duration,
+    /// How long a collective waits for a peer.
+    pub op_timeout: Duration,
 }
 
 impl Launch {
@@ -80,20 +89,23 @@ impl Launch {
                 }),
             }
         };
-        let timeout = match var("SOFTRDMA_COLL_TIMEOUT") {
-            None => DEFAULT_TIMEOUT,
-            Some(v) => v
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|s| *s > 0.0 && s.is_finite())
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| {
-                    Error::Bootstrap(format!(
-                        "SOFTRDMA_COLL_TIMEOUT={v:?} is not a positive number of seconds"
-                    ))
-                })?,
+        let secs = |k: &str, default: Duration| -> Result<Duration> {
+            match var(k) {
+                None => Ok(default),
+                Some(v) => v
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| *s > 0.0)
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                    .filter(|d| Instant::now().checked_add(*d).is_some())
+                    .ok_or_else(|| {
+                        Error::Bootstrap(format!("{k}={v:?} is not a usable number of seconds"))
+                    }),
+            }
         };
+        let timeout = secs("SOFTRDMA_COLL_TIMEOUT", DEFAULT_TIMEOUT)?;
+        let op_timeout = secs("SOFTRDMA_COLL_OP_TIMEOUT", DEFAULT_OP_TIMEOUT)?;
         let uid = {
             // SAFETY: getuid cannot fail and touches no memory.
             unsafe { libc::getuid() }
@@ -136,9 +148,16 @@ impl Launch {
         }
         let rendezvous = match (var("MASTER_ADDR"), var("MASTER_PORT")) {
             (Some(a), Some(p)) => {
-                let port: u16 = p.trim().parse().map_err(|_| {
+                let mut port: u16 = p.trim().parse().map_err(|_| {
                     Error::Bootstrap(format!("MASTER_PORT={p:?} is not a port number"))
                 })?;
+                if launcher == "torchrun" {
+                    // torchrun's agent hosts its own TCP store on
+                    // MASTER_PORT of rank 0's host: meet on the next one.
+                    port = port.checked_add(1).ok_or_else(|| {
+                        Error::Bootstrap("MASTER_PORT 65535 leaves no port after it".into())
+                    })?;
+                }
                 let addr = (a.trim(), port)
                     .to_socket_addrs()
                     .map_err(|e| Error::Bootstrap(format!("MASTER_ADDR={a:?}: {e}")))?
@@ -163,6 +182,7 @@ impl Launch {
             rendezvous,
             launcher,
             timeout,
+            op_timeout,
         })
     }
 }
@@ -265,7 +285,11 @@ impl Bootstrap {
             timeout,
             ..
         } = launch;
-        let deadline = Instant::now() + timeout;
+        let deadline_err =
+            || Error::Bootstrap(format!("a timeout of {timeout:?} overflows the clock"));
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .ok_or_else(deadline_err)?;
         let mut streams: Vec<Option<Stream>> = (0..size).map(|_| None).collect();
         if size == 1 {
             return Ok(Bootstrap {
@@ -301,16 +325,13 @@ impl Bootstrap {
                     })?)
                 }
             };
-            local_ip = match &l {
-                L::Tcp(t) => {
-                    let ip = t.local_addr().map_err(|e| io_err("listener", e))?.ip();
-                    if ip.is_unspecified() {
-                        local_device_ip(None)
-                    } else {
-                        local_device_ip(Some(ip))
-                    }
-                }
-                L::Unix(_) => local_device_ip(None),
+            // Rank 0's address: the listener's if it has one, else the one
+            // the first rank to join reached it on (an address of this host
+            // the others route to).
+            let mut ip0 = match &l {
+                L::Tcp(t) => Some(t.local_addr().map_err(|e| io_err("listener", e))?.ip())
+                    .filter(|ip| !ip.is_unspecified()),
+                L::Unix(_) => Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
             };
             let fd = match &l {
                 L::Tcp(t) => t.as_raw_fd(),
@@ -327,7 +348,13 @@ impl Bootstrap {
                     L::Tcp(t) => Stream::Tcp(t.accept().map_err(|e| io_err("accept", e))?.0),
                     L::Unix(u) => Stream::Unix(u.accept().map_err(|e| io_err("accept", e))?.0),
                 };
-                s.set_timeout(timeout).map_err(|e| io_err("socket", e))?;
+                // A rank writes its hello as soon as it connects: a client
+                // that says nothing within a few seconds is not one (the
+                // bound keeps strangers from holding rank 0 for the whole
+                // timeout).
+                let left = deadline.saturating_duration_since(Instant::now());
+                s.set_timeout(left.clamp(Duration::from_millis(1), Duration::from_secs(5)))
+                    .map_err(|e| io_err("socket", e))?;
                 let mut hello = [0u8; 16];
                 if s.read_exact(&mut hello).is_err() || &hello[..8] != MAGIC {
                     // Not one of ours (a port scanner, a stale client).
@@ -335,19 +362,30 @@ impl Bootstrap {
                 }
                 let r = u32::from_le_bytes(hello[8..12].try_into().expect("4 bytes")) as usize;
                 let n = u32::from_le_bytes(hello[12..16].try_into().expect("4 bytes")) as usize;
-                if n != size {
-                    return Err(Error::Bootstrap(format!(
-                        "rank {r} says the job has {n} ranks, rank 0 says {size}"
-                    )));
+                if n != size || r == 0 || r >= size || streams[r].is_some() {
+                    // Another job on the same rendezvous, or a stale rank:
+                    // turned away, so it cannot end this job.
+                    eprintln!(
+                        "softrdma-coll: rank 0: turned away a rank {r} of a job of {n} ranks \
+                         (this job has {size}; {})",
+                        if streams.get(r).is_some_and(|x| x.is_some()) {
+                            "that rank joined already"
+                        } else {
+                            "another job on this rendezvous?"
+                        }
+                    );
+                    continue;
                 }
-                if r == 0 || r >= size || streams[r].is_some() {
-                    return Err(Error::Bootstrap(format!(
-                        "a second rank {r} joined (two jobs on one rendezvous?)"
-                    )));
+                s.set_timeout(timeout).map_err(|e| io_err("socket", e))?;
+                if ip0.is_none() {
+                    if let Stream::Tcp(t) = &s {
+                        ip0 = t.local_addr().ok().map(|a| a.ip());
+                    }
                 }
                 streams[r] = Some(s);
                 joined += 1;
             }
+            local_ip = local_device_ip(ip0);
         } else {
             let mut s = loop {
                 let attempt = match &rendezvous {

@@ -97,19 +97,31 @@ impl Config {
         if let Some(n) = get("SOFTRDMA_COLL_SLOTS")? {
             c.slots = n;
         }
-        if c.chunk < 4096 || c.chunk > (1 << 30) || c.chunk % 64 != 0 {
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Whether the sizes work: chunks of whole pages (so every slot is
+    /// shared with peers on this host, and a chunk holds whole elements of
+    /// every type) from 4 KiB to 1 GiB, and 2 to 64 slots (two at least,
+    /// so that no schedule waits for a credit only its waiter could give).
+    pub fn validate(&self) -> Result<()> {
+        if self.chunk < 4096
+            || self.chunk > (1 << 30)
+            || !self.chunk.is_multiple_of(softrdma_verbs::PAGE)
+        {
             return Err(Error::Invalid(format!(
-                "chunk of {} bytes: 4 KiB to 1 GiB, a multiple of 64",
-                c.chunk
+                "chunk of {} bytes: 4 KiB to 1 GiB, whole 4 KiB pages",
+                self.chunk
             )));
         }
-        if !(2..=64).contains(&c.slots) {
+        if !(2..=64).contains(&self.slots) {
             return Err(Error::Invalid(format!(
                 "{} slots per peer: 2 to 64",
-                c.slots
+                self.slots
             )));
         }
-        Ok(c)
+        Ok(())
     }
 }
 
@@ -121,6 +133,11 @@ impl Config {
 /// peers write into registered memory at any time.
 pub struct Buffer {
     mr: Mr,
+    /// Not `Sync`: collectives write a buffer through a shared reference
+    /// (a [`crate::View`]), so no other thread may hold one meanwhile (two
+    /// threads' raw copies of the same bytes would race). It may move to
+    /// another thread.
+    _not_sync: std::marker::PhantomData<std::cell::Cell<()>>,
 }
 
 impl Buffer {
@@ -312,9 +329,11 @@ impl Comm {
     /// address the rendezvous uses, connect a QP to every other rank, and
     /// return once all are connected.
     pub fn init(launch: Launch, config: Config) -> Result<Comm> {
+        config.validate()?;
+        let op_timeout = launch.op_timeout;
         let mut boot = Bootstrap::join(launch)?;
         let (rank, size) = (boot.rank(), boot.size());
-        let timeout = boot.timeout();
+        let timeout = op_timeout;
         let dev = softrdma_verbs::by_addr(boot.local_ip())?;
         let ctx = Context::open(&dev, &OpenOptions::default())?;
         let pd = ctx.alloc_pd();
@@ -330,6 +349,7 @@ impl Comm {
         let word = pd.alloc_mr(pages(size * sq as usize * 8), ACCESS)?;
         let scratch = Buffer {
             mr: pd.alloc_mr(slots * chunk, ACCESS)?,
+            _not_sync: std::marker::PhantomData,
         };
         let cap = QpCap {
             max_send_wr: sq,
@@ -422,11 +442,28 @@ impl Comm {
         // Whether every rank reaches every peer through shared memory: what
         // schedules that write into the peers' own buffers need all ranks
         // to agree on.
-        let all_shm = size > 1
-            && boot
-                .allgather(&[u8::from(!any_udp)])?
-                .iter()
-                .all(|v| v.first() == Some(&1));
+        let algo = match std::env::var("SOFTRDMA_COLL_ALGO").as_deref() {
+            Ok("ring") => Some(crate::Algo::Ring),
+            Ok("rd") => Some(crate::Algo::RecursiveDoubling),
+            Ok("auto") | Err(_) => None,
+            Ok(v) => {
+                return Err(Error::Invalid(format!(
+                    "SOFTRDMA_COLL_ALGO={v:?}: ring, rd or auto"
+                )))
+            }
+        };
+        let code = match algo {
+            None => 0,
+            Some(crate::Algo::Ring) => 1,
+            Some(crate::Algo::RecursiveDoubling) => 2,
+        };
+        let all = boot.allgather(&[u8::from(!any_udp), code])?;
+        let all_shm = size > 1 && all.iter().all(|v| v.first() == Some(&1));
+        if let Some(p) = all.iter().position(|v| v.get(1) != Some(&code)) {
+            return Err(Error::Invalid(format!(
+                "rank {p} chose another AllReduce algorithm (SOFTRDMA_COLL_ALGO) than rank {rank}: every rank must set the same"
+            )));
+        }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let local_ranks = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
             .or_else(|_| std::env::var("SLURM_NTASKS_PER_NODE"))
@@ -455,20 +492,13 @@ impl Comm {
             user_sends: false,
             timeout,
             scratch_use: vec![None; slots],
-            algo: match std::env::var("SOFTRDMA_COLL_ALGO").as_deref() {
-                Ok("ring") => Some(crate::Algo::Ring),
-                Ok("rd") => Some(crate::Algo::RecursiveDoubling),
-                Ok("auto") | Err(_) => None,
-                Ok(v) => {
-                    return Err(Error::Invalid(format!(
-                        "SOFTRDMA_COLL_ALGO={v:?}: ring, rd or auto"
-                    )))
-                }
-            },
+            algo,
         })
     }
 
     /// Force an AllReduce algorithm (`None`: choose by size, the default).
+    /// Every rank must force the same before its next AllReduce (the
+    /// ranks of one call must run one schedule).
     pub fn set_all_reduce_algo(&mut self, a: Option<crate::Algo>) {
         self.algo = a;
     }
@@ -517,6 +547,7 @@ impl Comm {
     pub fn alloc(&self, len: usize) -> Result<Buffer> {
         Ok(Buffer {
             mr: self.pd.alloc_mr(pages(len), ACCESS)?,
+            _not_sync: std::marker::PhantomData,
         })
     }
 
@@ -637,7 +668,11 @@ impl Comm {
             .iter()
             .enumerate()
             .all(|(i, w)| w.wr_id == l.posted + 1 + i as u64));
-        l.qp.post_send_list(wrs).map_err(|(_, e)| e)?;
+        if let Err((i, e)) = l.qp.post_send_list(wrs) {
+            // The ones before the refused one are posted.
+            l.posted += i as u64;
+            return Err(e.into());
+        }
         l.posted += wrs.len() as u64;
         Ok(l.posted)
     }
@@ -721,7 +756,10 @@ impl Comm {
         let flag = ((seq as u32 as u64) << 32) | placed | len as u64;
         let t = if len > 0 {
             let scratch = self.scratch.mr.addr();
-            if !l.shm && (src.addr < scratch || src.addr >= scratch + self.scratch.len() as u64) {
+            if src.addr < scratch || src.addr >= scratch + self.scratch.len() as u64 {
+                // Over shared memory the copy is normally done at post
+                // (then the wait in `end` is one poll), but the verbs may
+                // send it the wire's way instead.
                 self.user_sends = true;
             }
             // The data and its flag in one post, and the credits owed to
@@ -929,11 +967,12 @@ impl Comm {
         Ok(Src::of(&self.scratch, i * self.config.chunk))
     }
 
-    /// Over UDP the engine reads a send's memory when it transmits (and
-    /// again if it retransmits): before a collective returns, wait for the
-    /// sends that read the caller's memory, so the caller may reuse it.
-    /// (Over shared memory a WRITE's copy is done when its post returns;
-    /// sends from our scratch are waited for when the slot is reused.)
+    /// The engine reads a send's memory when it transmits (and again if it
+    /// retransmits): before a collective returns, wait for the sends that
+    /// read the caller's memory, so the caller may reuse it. (Over shared
+    /// memory a WRITE's copy is normally done when its post returns, and
+    /// this is one poll; sends from our scratch are waited for when the
+    /// slot is reused.)
     pub(crate) fn end(&mut self) -> Result<()> {
         if self.user_sends {
             self.quiesce()?;

@@ -442,6 +442,7 @@ fn misuse_is_refused_with_a_reason() {
         rendezvous: softrdma_coll::Rendezvous::Local(format!("test-misuse-{}", std::process::id())),
         launcher: "none",
         timeout: Duration::from_secs(5),
+        op_timeout: Duration::from_secs(5),
     };
     let mut comm = Comm::init(launch, softrdma_coll::Config::default()).unwrap();
     let b = comm.alloc(4096).unwrap();

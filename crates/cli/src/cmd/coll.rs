@@ -509,7 +509,19 @@ fn spawn_local(np: usize) -> Result<(Launch, Vec<Child>), Box<dyn std::error::Er
     }
     let mut kids = Vec::new();
     for r in 1..np {
-        let child = Command::new(&exe)
+        let mut cmd = Command::new(&exe);
+        // A launcher's own variables (this process may be one of its
+        // ranks) would take precedence over ours in the children.
+        for k in [
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "SLURM_PROCID",
+            "SLURM_NTASKS",
+        ] {
+            cmd.env_remove(k);
+        }
+        let child = cmd
             .args(&args)
             .env("RANK", r.to_string())
             .env("WORLD_SIZE", np.to_string())
@@ -523,14 +535,20 @@ fn spawn_local(np: usize) -> Result<(Launch, Vec<Child>), Box<dyn std::error::Er
         kids.push(child);
     }
     std::env::set_var("LOCAL_WORLD_SIZE", np.to_string());
-    let timeout = Launch::from_vars(|_| None)?.timeout;
+    // The timeouts as the environment sets them, no launcher's variables.
+    let base = Launch::from_vars(|k| {
+        k.starts_with("SOFTRDMA_COLL_")
+            .then(|| std::env::var(k).ok())
+            .flatten()
+    })?;
     Ok((
         Launch {
             rank: 0,
             size: np,
             rendezvous: Rendezvous::Listener(l),
             launcher: "softrdma",
-            timeout,
+            timeout: base.timeout,
+            op_timeout: base.op_timeout,
         },
         kids,
     ))

@@ -12,11 +12,12 @@
 //! Every schedule alternates a send with a receive per chunk, so with at
 //! least two FIFO slots per peer no rank can wait for a credit that only a
 //! rank waiting on it could return. Memory a send reads is rewritten only
-//! once the send is known to be done: by causality in the ring (a chunk
-//! comes back only through the peer that took ours), by waiting for the
-//! send's completion otherwise, and at the end of every collective over
-//! UDP (the engine reads a send's source when it transmits; a memory copy
-//! over shared memory is done when the post returns).
+//! once the send has completed (the engine reads a send's source when it
+//! transmits and again if it retransmits): sends that must not wait go
+//! from scratch copies whose reuse waits for their completion; the ring's
+//! all-gather waits for the reduce-scatter's sends before overwriting what
+//! they read (done long before: one poll); and every collective waits for
+//! the sends of the caller's memory before it returns.
 
 use crate::comm::{Buffer, Comm, Src};
 use crate::reduce::{self, DataType, ReduceOp};
@@ -337,16 +338,21 @@ impl Comm {
             };
             // Reduce-scatter.
             let (o, len) = range(r);
-            self.send_chunk(right, s.add(o), len)?;
+            let mut rs_sent = self.send_chunk(right, s.add(o), len)?;
             for step in 1..n - 1 {
                 let k = (r + n - step) % n;
                 reduce_in(self, k, false)?;
                 let (o, len) = range(k);
-                self.send_chunk(right, d.add(o), len)?;
+                rs_sent = self.send_chunk(right, d.add(o), len)?;
             }
             let k = (r + 1) % n;
             reduce_in(self, k, true)?;
-            // All-gather.
+            // All-gather. It overwrites chunks the reduce-scatter sent from
+            // (the receive buffer, or the send buffer in place): the right
+            // neighbour has them, but the engine may still read them to
+            // retransmit, so those sends are waited for first (long done
+            // by now: one poll).
+            self.wait_sent(right, rs_sent)?;
             let (o, len) = range(k);
             self.send_chunk_to(right, d.add(o), len, place(o, len))?;
             for t in 1..n - 1 {

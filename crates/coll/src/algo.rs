@@ -135,6 +135,15 @@ fn disjoint_or_at(s: Src, slen: usize, d: Src, dlen: usize, exact: u64) -> Resul
     Ok(())
 }
 
+/// The chunks of `bytes` bytes, `(offset, length)`, `chunk` bytes each but
+/// the last: at least one (of length 0 for no bytes), so that every rank
+/// sends and receives the same sequence whatever the count.
+fn chunks(bytes: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..bytes.max(1))
+        .step_by(chunk)
+        .map(move |o| (o, chunk.min(bytes - o)))
+}
+
 fn copy(dst: *mut u8, src: *const u8, n: usize) {
     if !std::ptr::eq(dst, src) && n > 0 {
         // SAFETY: callers pass ranges they bounds-checked against live
@@ -206,9 +215,7 @@ impl Comm {
         mut on_recv: impl FnMut(&mut Comm, usize, *const u8, usize) -> Result<()>,
     ) -> Result<()> {
         let chunk = self.chunk();
-        let mut off = 0;
-        loop {
-            let len = chunk.min(bytes - off);
+        for (off, len) in chunks(bytes, chunk) {
             self.send_chunk(to, src.add(off), len)?;
             let (slot, got) = self.recv_chunk(from)?;
             if got != len {
@@ -218,11 +225,8 @@ impl Comm {
             }
             on_recv(self, off, slot, len)?;
             self.release(from)?;
-            off += len;
-            if off >= bytes {
-                return Ok(());
-            }
         }
+        Ok(())
     }
 
     fn recv_exact(&mut self, from: usize, len: usize) -> Result<*const u8> {
@@ -410,11 +414,7 @@ impl Comm {
             unsafe { reduce::reduce3(dt, op, mine, a, b, len / es) };
             c.release(from)
         };
-        let chunks = |b: usize| {
-            (0..b.max(1))
-                .step_by(chunk)
-                .map(move |o| (o, chunk.min(b - o)))
-        };
+        let chunks = |b: usize| chunks(b, chunk);
         if r < 2 * rem {
             if r % 2 == 0 {
                 for (o, len) in chunks(bytes) {
@@ -486,9 +486,7 @@ impl Comm {
         }
         let (left, right) = self.ring_peers();
         let chunk = self.chunk();
-        let mut off = 0;
-        loop {
-            let len = chunk.min(bytes - off);
+        for (off, len) in chunks(bytes, chunk) {
             self.send_chunk(right, d.add(r * bytes + off), len)?;
             for t in 1..n {
                 let k = (r + n - t) % n;
@@ -498,10 +496,6 @@ impl Comm {
                 if t < n - 1 {
                     self.send_chunk(right, d.add(k * bytes + off), len)?;
                 }
-            }
-            off += len;
-            if off >= bytes {
-                break;
             }
         }
         self.end()
@@ -539,10 +533,8 @@ impl Comm {
         let (left, right) = self.ring_peers();
         let chunk = self.chunk();
         let slots = self.config().slots;
-        let mut off = 0;
         let mut i = 0;
-        loop {
-            let len = chunk.min(bytes - off);
+        for (off, len) in chunks(bytes, chunk) {
             let k0 = (r + n - 1) % n;
             self.send_chunk(right, s.add(k0 * bytes + off), len)?;
             for step in 1..n {
@@ -569,10 +561,6 @@ impl Comm {
                     }
                     self.release(left)?;
                 }
-            }
-            off += len;
-            if off >= bytes {
-                break;
             }
         }
         self.end()
@@ -604,9 +592,7 @@ impl Comm {
         if n == 1 {
             return Ok(());
         }
-        let mut off = 0;
-        loop {
-            let len = chunk.min(bytes - off);
+        for (off, len) in chunks(bytes, chunk) {
             if pos > 0 {
                 let slot = self.recv_exact(prev, len)?;
                 copy(d.ptr().wrapping_add(off), slot, len);
@@ -614,10 +600,6 @@ impl Comm {
             }
             if let Some(nx) = next {
                 self.send_chunk(nx, d.add(off), len)?;
-            }
-            off += len;
-            if off >= bytes {
-                break;
             }
         }
         self.end()
@@ -659,10 +641,8 @@ impl Comm {
         }
         let chunk = self.chunk();
         let slots = self.config().slots;
-        let mut off = 0;
         let mut i = 0;
-        loop {
-            let len = chunk.min(bytes - off);
+        for (off, len) in chunks(bytes, chunk) {
             let mine = s.ptr().wrapping_add(off);
             if pos == 0 {
                 self.send_chunk(next, s.add(off), len)?;
@@ -688,10 +668,6 @@ impl Comm {
                     let t = self.send_chunk(next, tmp, len)?;
                     self.scratch_use[si] = Some((next, t));
                 }
-            }
-            off += len;
-            if off >= bytes {
-                break;
             }
         }
         self.end()

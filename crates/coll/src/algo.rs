@@ -415,10 +415,11 @@ impl Comm {
             c.release(from)
         };
         let chunks = |b: usize| chunks(b, chunk);
+        let mut folded = 0;
         if r < 2 * rem {
             if r % 2 == 0 {
                 for (o, len) in chunks(bytes) {
-                    self.send_chunk(r + 1, d.add(o), len)?;
+                    folded = self.send_chunk(r + 1, d.add(o), len)?;
                 }
             } else {
                 for (o, len) in chunks(bytes) {
@@ -455,6 +456,9 @@ impl Comm {
                     self.send_chunk(r - 1, d.add(o), len)?;
                 }
             } else {
+                // The result overwrites what the fold sent from (a
+                // retransmission may still read it): its sends first.
+                self.wait_sent(r + 1, folded)?;
                 for (o, len) in chunks(bytes) {
                     let slot = self.recv_exact(r + 1, len)?;
                     copy(d.ptr().wrapping_add(o), slot, len);

@@ -139,6 +139,10 @@ fn remote_violation_is_an_error_completion() {
             let mr = pd.alloc_mr(4096, AccessFlags::REMOTE_READ).unwrap();
             let mut tcp = listen_for_peer(&mut oob);
             let (_qp, _cq, _) = rc(&ctx, &pd, &mut tcp, &[mr.remote()]);
+            // Only now may the peer's WRITE come: a fatal NAK sends this
+            // QP to ERR, and one that came while it was still between RTR
+            // and RTS would fail the RTS transition instead.
+            oob.signal("connected");
             oob.expect("done");
         },
         |mut oob| {
@@ -147,6 +151,7 @@ fn remote_violation_is_an_error_completion() {
             let pd = ctx.alloc_pd();
             let mine = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
             let (qp, cq, peer) = rc(&ctx, &pd, &mut tcp, &[]);
+            oob.expect("connected");
             let r = peer.regions[0];
             qp.write(9, mine.slice(0..64).unwrap(), r.slice(0..64).unwrap())
                 .unwrap();

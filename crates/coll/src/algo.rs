@@ -217,26 +217,33 @@ impl Comm {
         let chunk = self.chunk();
         for (off, len) in chunks(bytes, chunk) {
             self.send_chunk(to, src.add(off), len)?;
-            let (slot, got) = self.recv_chunk(from)?;
-            if got != len {
-                return Err(Error::Protocol(format!(
-                    "rank {from} sent a chunk of {got} bytes where {len} were due (do the ranks call the same collective with the same count?)"
-                )));
-            }
+            let slot = self.recv_exact(from, len)?;
             on_recv(self, off, slot, len)?;
             self.release(from)?;
         }
         Ok(())
     }
 
+    /// The next chunk from `from` (in its slot), which must be `len` bytes.
     fn recv_exact(&mut self, from: usize, len: usize) -> Result<*const u8> {
-        let (slot, got) = self.recv_chunk(from)?;
+        match self.recv_exact_any(from, len)? {
+            (slot, false) => Ok(slot),
+            (_, true) => Err(Error::Protocol(format!(
+                "rank {from} wrote a chunk straight into this rank's buffer where it was due in a slot (do the ranks call the same collective?)"
+            ))),
+        }
+    }
+
+    /// [`Comm::recv_exact`], also for a chunk written straight to its place
+    /// (the second value).
+    fn recv_exact_any(&mut self, from: usize, len: usize) -> Result<(*const u8, bool)> {
+        let (slot, got, placed) = self.recv_chunk_any(from)?;
         if got != len {
             return Err(Error::Protocol(format!(
                 "rank {from} sent a chunk of {got} bytes where {len} were due (do the ranks call the same collective with the same count?)"
             )));
         }
-        Ok(slot)
+        Ok((slot, placed))
     }
 
     /// `ncclAllReduce`: every rank's `recv` becomes the element-wise `op`
@@ -329,12 +336,7 @@ impl Comm {
             };
             let copy_in = |c: &mut Comm, k: usize| -> Result<()> {
                 let (o, len) = range(k);
-                let (slot, got, placed) = c.recv_chunk_any(left)?;
-                if got != len {
-                    return Err(Error::Protocol(format!(
-                        "rank {left} sent a chunk of {got} bytes where {len} were due"
-                    )));
-                }
+                let (slot, placed) = c.recv_exact_any(left, len)?;
                 if !placed {
                     copy(d.ptr().wrapping_add(o), slot, len);
                 }
@@ -430,19 +432,15 @@ impl Comm {
         if let Some(nr) = newrank {
             let real = |x: usize| if x < rem { 2 * x + 1 } else { x + rem };
             let mut mask = 1;
-            let mut i = 0;
             while mask < p2 {
                 let partner = real(nr ^ mask);
                 for (o, len) in chunks(bytes) {
                     // Our chunk goes from a scratch copy, so the reduction
                     // can overwrite it at once (the wire may not have read
                     // it yet).
-                    let slot_i = i % self.config().slots;
-                    i += 1;
-                    let tmp = self.scratch_slot(slot_i)?;
+                    let tmp = self.next_scratch()?;
                     copy(tmp.ptr(), d.ptr().wrapping_add(o), len);
-                    let t = self.send_chunk(partner, tmp, len)?;
-                    self.scratch_use[slot_i] = Some((partner, t));
+                    self.send_scratch(partner, tmp, len)?;
                     reduce_slot(self, partner, o, len)?;
                 }
                 mask <<= 1;
@@ -536,8 +534,6 @@ impl Comm {
         }
         let (left, right) = self.ring_peers();
         let chunk = self.chunk();
-        let slots = self.config().slots;
-        let mut i = 0;
         for (off, len) in chunks(bytes, chunk) {
             let k0 = (r + n - 1) % n;
             self.send_chunk(right, s.add(k0 * bytes + off), len)?;
@@ -546,15 +542,12 @@ impl Comm {
                 let slot = self.recv_exact(left, len)?;
                 let mine = s.ptr().wrapping_add(k * bytes + off);
                 if step < n - 1 {
-                    let si = i % slots;
-                    i += 1;
-                    let tmp = self.scratch_slot(si)?;
+                    let tmp = self.next_scratch()?;
                     // SAFETY: `mine` is inside `send` (checked), the slot
                     // and the scratch slot hold `len` ≤ chunk bytes.
                     unsafe { reduce::reduce3(dt, op, tmp.ptr(), slot, mine, len / es) };
                     self.release(left)?;
-                    let t = self.send_chunk(right, tmp, len)?;
-                    self.scratch_use[si] = Some((right, t));
+                    self.send_scratch(right, tmp, len)?;
                 } else {
                     let out = d.ptr().wrapping_add(off);
                     // SAFETY: `out` is inside `recv` (checked); it may be
@@ -644,8 +637,6 @@ impl Comm {
             return Ok(());
         }
         let chunk = self.chunk();
-        let slots = self.config().slots;
-        let mut i = 0;
         for (off, len) in chunks(bytes, chunk) {
             let mine = s.ptr().wrapping_add(off);
             if pos == 0 {
@@ -663,14 +654,11 @@ impl Comm {
                     }
                     self.release(prev)?;
                 } else {
-                    let si = i % slots;
-                    i += 1;
-                    let tmp = self.scratch_slot(si)?;
+                    let tmp = self.next_scratch()?;
                     // SAFETY: as above; the scratch slot holds a chunk.
                     unsafe { reduce::reduce3(dt, op, tmp.ptr(), slot, mine, len / es) };
                     self.release(prev)?;
-                    let t = self.send_chunk(next, tmp, len)?;
-                    self.scratch_use[si] = Some((next, t));
+                    self.send_scratch(next, tmp, len)?;
                 }
             }
         }

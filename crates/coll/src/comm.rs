@@ -218,9 +218,41 @@ impl Src {
     }
 }
 
+/// A signalled ATOMIC WRITE of the word `sgl` names to `remote_addr`.
+fn atomic_write<'a>(id: u64, remote_addr: u64, rkey: u32, sgl: &'a [Sge; 1]) -> SendWr<'a> {
+    SendWr {
+        wr_id: id,
+        op: SendOp::AtomicWrite { remote_addr, rkey },
+        sgl,
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    }
+}
+
+/// A slot of the scratch ring ([`Comm::next_scratch`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Scratch {
+    slot: usize,
+    src: Src,
+}
+
+impl Scratch {
+    pub fn ptr(self) -> *mut u8 {
+        self.src.ptr()
+    }
+}
+
 /// The flag's length bit saying the chunk was written straight to its
 /// place in the receiver's buffer (not into the slot).
 const PLACED: u64 = 1 << 31;
+
+impl Link {
+    /// Where our credit word is in the peer's memory (after our `slots`
+    /// flag words).
+    fn credit_word(&self, slots: usize) -> u64 {
+        self.remote_flags.addr + (slots * 8) as u64
+    }
+}
 
 /// One peer: its QP and both ends' FIFO bookkeeping.
 struct Link {
@@ -273,8 +305,9 @@ pub struct Comm {
     user_sends: bool,
     timeout: Duration,
     /// Scratch sends: per slot of the scratch ring, the (peer, ticket) of
-    /// the last send that read it.
-    pub(crate) scratch_use: Vec<Option<(usize, u64)>>,
+    /// the last send that read it, and the slot to hand out next.
+    scratch_use: Vec<Option<(usize, u64)>>,
+    scratch_next: usize,
     /// The AllReduce algorithm forced (`SOFTRDMA_COLL_ALGO`,
     /// [`Comm::set_all_reduce_algo`]), else chosen per call.
     pub(crate) algo: Option<crate::Algo>,
@@ -492,6 +525,7 @@ impl Comm {
             user_sends: false,
             timeout,
             scratch_use: vec![None; slots],
+            scratch_next: 0,
             algo,
         })
     }
@@ -700,16 +734,7 @@ impl Comm {
         let id = self.room(p, 1)?;
         let rkey = self.link(p)?.remote_flags.rkey;
         let sge = [self.stage_word(p, id, v)];
-        self.post_list(
-            p,
-            &[SendWr {
-                wr_id: id,
-                op: SendOp::AtomicWrite { remote_addr, rkey },
-                sgl: &sge,
-                flags: SendFlags::SIGNALED,
-                ud: None,
-            }],
-        )
+        self.post_list(p, &[atomic_write(id, remote_addr, rkey, &sge)])
     }
 
     /// Send `len` ≤ chunk bytes at `src` to peer `p`'s FIFO (waiting for a
@@ -779,7 +804,7 @@ impl Comm {
             let credit_word = [self.stage_word(p, id + 2, consumed)];
             let l = self.link(p)?;
             let flag_rkey = l.remote_flags.rkey;
-            let credit_at = l.remote_flags.addr + (slots * 8) as u64;
+            let credit_at = l.credit_word(slots);
             let wrs = [
                 SendWr {
                     wr_id: id,
@@ -791,34 +816,16 @@ impl Comm {
                     flags: SendFlags::default(),
                     ud: None,
                 },
-                SendWr {
-                    wr_id: id + 1,
-                    op: SendOp::AtomicWrite {
-                        remote_addr: flag_at,
-                        rkey: flag_rkey,
-                    },
-                    sgl: &word,
-                    flags: SendFlags::SIGNALED,
-                    ud: None,
-                },
-                SendWr {
-                    wr_id: id + 2,
-                    op: SendOp::AtomicWrite {
-                        remote_addr: credit_at,
-                        rkey: flag_rkey,
-                    },
-                    sgl: &credit_word,
-                    flags: SendFlags::SIGNALED,
-                    ud: None,
-                },
+                atomic_write(id + 1, flag_at, flag_rkey, &word),
+                atomic_write(id + 2, credit_at, flag_rkey, &credit_word),
             ];
-            let t = self.post_list(p, &wrs[..2 + usize::from(owed)])?;
+            self.post_list(p, &wrs[..2 + usize::from(owed)])?;
             if owed {
                 self.links[p].as_mut().expect("checked").credited = consumed;
             }
             // The chunk's ticket is its flag's request (the credit after it
             // reads only its staging word).
-            t.min(id + 1)
+            id + 1
         } else {
             self.put_word(p, flag_at, flag)?
         };
@@ -873,11 +880,8 @@ impl Comm {
     /// would idle anyway rather than on the path of every call.
     pub(crate) fn release(&mut self, p: usize) -> Result<()> {
         let batch = (self.config.slots / 2).max(1) as u64;
-        let l = self
-            .links
-            .get_mut(p)
-            .and_then(|l| l.as_mut())
-            .ok_or_else(|| Error::Invalid(format!("no peer {p}")))?;
+        self.link(p)?;
+        let l = self.links[p].as_mut().expect("checked");
         l.consumed += 1;
         if l.consumed - l.credited >= batch {
             self.credit(p)?;
@@ -889,7 +893,7 @@ impl Comm {
     fn credit(&mut self, p: usize) -> Result<()> {
         let slots = self.config.slots;
         let l = self.link(p)?;
-        let (consumed, at) = (l.consumed, l.remote_flags.addr + (slots * 8) as u64);
+        let (consumed, at) = (l.consumed, l.credit_word(slots));
         self.put_word(p, at, consumed)?;
         self.links[p].as_mut().expect("checked").credited = consumed;
         Ok(())
@@ -925,7 +929,7 @@ impl Comm {
     }
 
     /// Tell `to` where `mine` is (a place of ours it may write), and learn
-    /// `from`'s: a 20-byte chunk each way, sent from scratch slot 0.
+    /// `from`'s: a 20-byte chunk each way, sent from a scratch slot.
     pub(crate) fn swap_places(
         &mut self,
         to: usize,
@@ -933,16 +937,15 @@ impl Comm {
         len: usize,
         from: usize,
     ) -> Result<RemoteRegion> {
-        let tmp = self.scratch_slot(0)?;
+        let tmp = self.next_scratch()?;
         let mut rec = [0u8; 20];
         rec[..8].copy_from_slice(&mine.addr.to_le_bytes());
         rec[8..12].copy_from_slice(&mine.rkey.to_le_bytes());
         rec[12..].copy_from_slice(&(len as u64).to_le_bytes());
-        // SAFETY: scratch slot 0 is a chunk (≥ 4 KiB) of our scratch
-        // buffer, no longer read by any send (just waited for).
+        // SAFETY: a scratch slot is a chunk (≥ 4 KiB) of our scratch
+        // buffer, no longer read by any send (`next_scratch` waited).
         unsafe { std::ptr::copy_nonoverlapping(rec.as_ptr(), tmp.ptr(), rec.len()) };
-        let t = self.send_chunk(to, tmp, rec.len())?;
-        self.scratch_use[0] = Some((to, t));
+        self.send_scratch(to, tmp, rec.len())?;
         let (slot, got) = self.recv_chunk(from)?;
         if got != rec.len() {
             return Err(Error::Protocol(format!(
@@ -959,12 +962,27 @@ impl Comm {
         })
     }
 
-    /// Wait until the scratch slot `i` is no longer read by a send.
-    pub(crate) fn scratch_slot(&mut self, i: usize) -> Result<Src> {
+    /// The next slot of the scratch ring (one chunk), once no send reads
+    /// it any more: for data a send must not read from where it will be
+    /// overwritten. Send it with [`Comm::send_scratch`].
+    pub(crate) fn next_scratch(&mut self) -> Result<Scratch> {
+        let i = self.scratch_next;
+        self.scratch_next = (i + 1) % self.scratch_use.len();
         if let Some((p, t)) = self.scratch_use[i].take() {
             self.wait_sent(p, t)?;
         }
-        Ok(Src::of(&self.scratch, i * self.config.chunk))
+        Ok(Scratch {
+            slot: i,
+            src: Src::of(&self.scratch, i * self.config.chunk),
+        })
+    }
+
+    /// Send `len` bytes of scratch slot `s` to `p`; the slot is not handed
+    /// out again before this send has completed.
+    pub(crate) fn send_scratch(&mut self, p: usize, s: Scratch, len: usize) -> Result<u64> {
+        let t = self.send_chunk(p, s.src, len)?;
+        self.scratch_use[s.slot] = Some((p, t));
+        Ok(t)
     }
 
     /// The engine reads a send's memory when it transmits (and again if it

@@ -717,12 +717,12 @@ fn run_ranks(
                         let (count, send_n, recv_n) = coll.counts(s, ws, n);
                         let bytes = send_n.max(recv_n) * ws;
                         let mut row = format!(
-                            "{:12}  {:12}  {:>8}  {:>6}  {:>6}",
+                            "{:12}  {:12}  {:>8}  {:>6}  {:6}",
                             bytes,
                             count,
                             dt.name(),
                             if coll.has_op() { op.name() } else { "none" },
-                            format!("{:6}", if coll.has_root() { root as i64 } else { -1 })
+                            if coll.has_root() { root as i64 } else { -1 }
                         );
                         for in_place in [false, true] {
                             let (us, wrong) = bench(

@@ -760,7 +760,11 @@ impl Comm {
         let free = |c: &Comm| {
             let l = c.links[p].as_ref().expect("checked");
             // SAFETY: our credit word for `p`, aligned, in `flags`.
-            l.sent - unsafe { load(credit) } < slots as u64
+            let consumed = unsafe { load(credit) };
+            // The peer writes this word: a count beyond what we sent is its
+            // own mistake (it frees slots it still holds), not a reason to
+            // panic or to wrap into "no slot free for ever".
+            l.sent.saturating_sub(consumed) < slots as u64
         };
         if !free(self) {
             self.flush_credits()?;

@@ -435,6 +435,18 @@ impl Side {
             // so the scheduler's gates and rotation are hit; B: the defaults.
             max_inflight_per_dest: [8 << 10, 4 << 20][i],
             sched_quantum: [512, 16 << 10][i],
+            // A runs DCQCN (its CNP and timer paths see the fuzzed wire),
+            // B none.
+            cc: [
+                softrdma_core::cc::CcConfig::Dcqcn(softrdma_core::cc::dcqcn::Params::paper()),
+                softrdma_core::cc::CcConfig::None,
+            ][i],
+            line_rate: 100_000_000_000,
+            // Both offer and accept selective repeat, so fuzzed packets
+            // reach the held-packet paths; A's pool is tiny, so a full
+            // pool is hit too.
+            selective_repeat: true,
+            reorder_slots: [4, 1024][i],
         });
         let pds = [ep.alloc_pd(), ep.alloc_pd()];
         let cqs = CQ_DEPTH.map(|d| ep.create_cq(d).expect("cq"));

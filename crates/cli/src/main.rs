@@ -28,6 +28,8 @@ enum Cmd {
     Perf(cmd::perf::Args),
     /// rdma-core's ibv_rc/uc/ud_pingpong: same flags, exchange and output.
     Pingpong(cmd::pingpong::Args),
+    /// Packet-level RoCE fabric simulator running the real transport.
+    Sim(cmd::sim::Args),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         Cmd::Devinfo(a) => cmd::devinfo::run(a),
         Cmd::Perf(a) => cmd::perf::run(a),
         Cmd::Pingpong(a) => cmd::pingpong::run(a),
+        Cmd::Sim(a) => cmd::sim::run(a),
     };
     match r {
         Ok(code) => code,

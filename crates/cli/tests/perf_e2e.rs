@@ -7,47 +7,9 @@
 //! Iteration counts are small: these tests are about correctness, and the
 //! tables' figures are never asserted.
 
-use std::net::TcpListener;
 mod common;
-use common::own_address;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-const LIMIT: Duration = Duration::from_secs(90);
-
-fn spawn(args: &[&str]) -> Child {
-    spawn_env(args, &[])
-}
-
-fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_softrdma"))
-        .arg("perf")
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run softrdma perf")
-}
-
-/// Wait for `c` with a deadline; kill it (ours, by pid) if it overstays.
-fn finish(mut c: Child, what: &str) -> Output {
-    let start = Instant::now();
-    while c.try_wait().expect("try_wait").is_none() {
-        if start.elapsed() > LIMIT {
-            let _ = c.kill();
-            let o = c.wait_with_output().expect("output");
-            panic!(
-                "perf {what} still running after {LIMIT:?}; killed.\n{}\n{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    c.wait_with_output().expect("output")
-}
+use common::{finish, free_port, own_address, spawn, spawn_env};
+use std::process::{Command, Stdio};
 
 /// Run `perf ARGS --loopback --check`; it must succeed and say every byte
 /// was verified. Returns stdout.
@@ -171,12 +133,7 @@ fn lossy_link_still_delivers_every_byte() {
 #[test]
 fn server_and_client_as_separate_commands() {
     for test in ["write_bw", "read_bw", "send_bw"] {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-            .to_string();
+        let port = free_port();
         let common = [test, "-p", &port, "-n", "200", "-s", "4000", "--check"];
         let server = spawn(&common);
         let mut ca = common.to_vec();

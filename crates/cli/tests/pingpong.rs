@@ -9,7 +9,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 mod common;
-use common::own_address;
+use common::{finish, own_address, spawn_tool};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,38 +29,12 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Wait for `c` with a deadline; kill it (ours, by pid) if it overstays.
-fn finish(mut c: Child, who: &str) -> Output {
-    let start = Instant::now();
-    while c.try_wait().expect("try_wait").is_none() {
-        if start.elapsed() > LIMIT {
-            let _ = c.kill();
-            let out = c.wait_with_output().expect("output");
-            panic!(
-                "{who} still running after {LIMIT:?}; killed. stdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    c.wait_with_output().expect("output")
-}
-
 fn spawn(args: &[String]) -> Child {
     spawn_env(args, &[])
 }
 
 fn spawn_env(args: &[String], env: &[(&str, &str)]) -> Child {
-    softrdma()
-        .arg("pingpong")
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run softrdma pingpong")
+    spawn_tool("pingpong", args, env)
 }
 
 fn text(o: &Output) -> (String, String) {

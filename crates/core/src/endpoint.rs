@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use softrdma_wire::opcode::{Flags, Transport};
 use softrdma_wire::{Packet, PacketRepr};
 
+use crate::cc::CcConfig;
 use crate::cq::{Armed, Cq, CqId, Pushed};
 use crate::mr::{KeySource, Memory, MrTable, MwBind, MwId, MwType, PdId, Rereg, Span};
 use crate::qp::attr::{AccessFlags, AttrLimits, AttrMask, Mtu, QpAttr};
@@ -71,6 +72,19 @@ pub struct EndpointConfig {
     /// fewer list rotations); a smaller one interleaves QPs more finely, so
     /// a short message waits less behind long ones.
     pub sched_quantum: u32,
+    /// Congestion control of every RC/UC QP created (`set_qp_cc` changes
+    /// one), and the line rate its reaction point starts at and returns to.
+    pub cc: CcConfig,
+    pub line_rate: u64,
+    /// Offer selective repeat on every RC QP, and accept it from peers that
+    /// offer it (see `qp::reorder`; negotiated per QP and direction in the
+    /// first packets, so a peer that speaks only go-back-N — rxe, an RNIC —
+    /// sees go-back-N).
+    pub selective_repeat: bool,
+    /// Out-of-order request packets the endpoint holds at most, over all
+    /// its QPs (each buffer about 4 KiB, allocated as the high-water mark
+    /// grows). Beyond it an out-of-order packet is dropped and resent.
+    pub reorder_slots: u32,
 }
 
 impl Default for EndpointConfig {
@@ -96,6 +110,12 @@ impl Default for EndpointConfig {
             // enough that 100 busy QPs delay a small message by 1.6 MB of
             // wire time, not a whole message each.
             sched_quantum: 16 << 10,
+            cc: CcConfig::None,
+            line_rate: 100_000_000_000,
+            selective_repeat: true,
+            // Four windows of 256 packets: a few QPs repairing losses at
+            // once, 4.3 MB at most.
+            reorder_slots: 1024,
         }
     }
 }
@@ -179,6 +199,10 @@ pub(crate) struct Shared {
     /// QPs whose state changed since [`Endpoint::take_state_changes`] last
     /// ran, kept only once someone asked for them.
     pub state_changes: Option<Vec<u32>>,
+    /// Selective repeat is offered and accepted (`EndpointConfig`).
+    pub sr: bool,
+    /// Out-of-order requests held, for every QP.
+    pub reorder: crate::qp::reorder::ReorderPool,
 }
 
 impl Shared {
@@ -295,6 +319,8 @@ impl Endpoint {
                 max_events: cfg.max_events,
                 fatal: Vec::new(),
                 state_changes: None,
+                sr: cfg.selective_repeat,
+                reorder: crate::qp::reorder::ReorderPool::new(cfg.reorder_slots as usize),
             },
             qps: Vec::new(),
             next_pd: 1,
@@ -309,6 +335,18 @@ impl Endpoint {
 
     pub fn stats(&self) -> &Stats {
         &self.shared.stats
+    }
+
+    /// Offer and accept selective repeat on QPs that reach RTS from now on
+    /// (`EndpointConfig::selective_repeat`).
+    pub fn set_selective_repeat(&mut self, on: bool) {
+        self.cfg.selective_repeat = on;
+        self.shared.sr = on;
+    }
+
+    /// Out-of-order requests selective repeat holds now, over all QPs.
+    pub fn held_packets(&self) -> usize {
+        self.shared.reorder.in_use()
     }
 
     pub fn alloc_pd(&mut self) -> PdId {
@@ -681,6 +719,10 @@ impl Endpoint {
         self.cq_mut(init.recv_cq)?.users += 1;
         self.qps[slot] = Some(qp);
         self.sched.on_create(slot);
+        if init.qp_type != QpType::Ud && self.cfg.cc != CcConfig::None {
+            self.sched
+                .set_cc(slot, &self.cfg.cc, self.cfg.line_rate.max(1));
+        }
         Ok(qpn)
     }
 
@@ -1043,7 +1085,18 @@ impl Endpoint {
         };
         let info = pkt.info();
         if info.transport == Transport::Cnp {
-            return; // congestion control is not wired in yet
+            // For the reaction point of the QP it names, if it came from
+            // that QP's peer.
+            st.cnps_received += 1;
+            if let Some(s) = self.slot(repr.bth.dest_qp) {
+                let qp = self.qps[s].as_ref().expect("slot checked");
+                if qp.qp_type != QpType::Ud && qp.attr.av.dgid == meta.sgid {
+                    self.sched.on_cnp(s, now);
+                    self.sched.sync(s, qp, now, None);
+                    self.sched.settle_timers(&self.qps);
+                }
+            }
+            return;
         }
         if repr.bth.pkey & 0x7fff != 0x7fff {
             st.malformed += 1;
@@ -1080,6 +1133,11 @@ impl Endpoint {
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
         ) {
             qp.handle_request(meta, &pkt, &repr, &mut self.shared, mem);
+            if meta.traffic_class & 3 == 3 && qp.qp_type != QpType::Ud {
+                // ECN-CE: the notification point owes the sender a CNP.
+                self.shared.stats.ce_received += 1;
+                self.sched.on_ce(s, now);
+            }
         } else {
             self.shared.stats.dropped_no_qp += 1;
             return;
@@ -1133,6 +1191,41 @@ impl Endpoint {
             self.sched.sync(s, qp, now, None);
         }
         self.sched.settle_timers(&self.qps);
+    }
+
+    /// Run congestion control `cc` on an RC/UC QP, its reaction point
+    /// starting at `line_rate` bits/s (replacing any controller it had).
+    pub fn set_qp_cc(&mut self, qpn: u32, cc: &CcConfig, line_rate: u64) -> Result<(), Error> {
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        if line_rate == 0 {
+            return Err(Error::InvalidArgument(
+                "a line rate of 0 bits/s never sends",
+            ));
+        }
+        self.sched.set_cc(s, cc, line_rate);
+        self.sync(s);
+        Ok(())
+    }
+
+    /// In-band telemetry for a QP's controller: the INT records a switch
+    /// fabric stamped on its data and the receiver echoed in an ACK (the
+    /// simulator delivers these; on the wire nothing stamps INT).
+    pub fn on_int(
+        &mut self,
+        qpn: u32,
+        now: Nanos,
+        hops: &[crate::cc::IntHop],
+    ) -> Result<(), Error> {
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        self.sched.on_int(s, now, hops);
+        self.sync(s);
+        Ok(())
+    }
+
+    /// A QP's congestion controller, if it runs one.
+    pub fn qp_cc(&self, qpn: u32) -> Result<Option<&crate::cc::Controller>, Error> {
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        Ok(self.sched.cc(s))
     }
 
     /// Pace a QP's requests at `bits_per_sec` (of [`Transmit::wire_len`]

@@ -30,6 +30,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cc;
 pub mod cq;
 pub mod endpoint;
 pub mod error;

@@ -52,6 +52,7 @@ use std::collections::BTreeMap;
 
 use softrdma_wire::Psn;
 
+use crate::cc::{CcConfig, Controller};
 use crate::endpoint::Shared;
 use crate::gate::{psn_cost, TxGate};
 use crate::qp::state::{QpState, QpType};
@@ -66,6 +67,26 @@ const NIL: u32 = u32::MAX;
 /// The largest cost of one PSN (at MTU 4096): how much free budget one
 /// woken waiter is assumed to use.
 const MAX_PSN_COST: u64 = 4096 + crate::gate::PACKET_OVERHEAD;
+
+/// Put a controller's rate and window into its QP's gate, where changed
+/// (a new window resets the gate's loss back-off, so only when it moved).
+fn apply_cc(gate: &mut TxGate, cc: &Controller) {
+    let rate = cc.rate();
+    if gate.rate() != rate {
+        gate.set_rate(rate);
+    }
+    if let Some(w) = cc.window() {
+        let w = w.clamp(1, crate::qp::MAX_UNACKED_PSNS);
+        if gate.max_psns() != w {
+            gate.set_window(w, None);
+        }
+    }
+    if let Some(b) = cc.window_bytes() {
+        if gate.max_bytes() != Some(b) {
+            gate.set_window(crate::qp::MAX_UNACKED_PSNS, Some(b));
+        }
+    }
+}
 
 /// Where a slot is filed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +134,15 @@ struct Slot {
     /// Its last packet was a request sent ahead of a queued ACK: the ACK
     /// goes next.
     passed_ack: bool,
+    /// Congestion control's reaction point, if the QP runs one.
+    cc: Option<Controller>,
+    /// Notification point: at most one CNP per this interval, the last one
+    /// sent, and whether one is owed.
+    cnp_interval: Option<Nanos>,
+    cnp_last: Option<Nanos>,
+    cnp_owed: bool,
+    /// The PSN being timed for an RTT sample, and when it left.
+    probe: Option<(Psn, Nanos)>,
 }
 
 impl Default for Slot {
@@ -130,6 +160,11 @@ impl Default for Slot {
             pace_at: None,
             passed_ack: false,
             gate: TxGate::default(),
+            cc: None,
+            cnp_interval: None,
+            cnp_last: None,
+            cnp_owed: false,
+            probe: None,
         }
     }
 }
@@ -290,6 +325,54 @@ impl Sched {
         &mut self.slots[s].gate
     }
 
+    /// Run `cfg` on slot `s` (sending at `line_rate` bits/s): its reaction
+    /// point starts at line rate, and its notification point answers ECN-CE.
+    pub fn set_cc(&mut self, s: usize, cfg: &CcConfig, line_rate: u64) {
+        let slot = &mut self.slots[s];
+        slot.cc = cfg.build(line_rate);
+        slot.cnp_interval = cfg.cnp_interval();
+        slot.cnp_owed = false;
+        let rate = slot.cc.as_ref().and_then(|c| c.rate());
+        slot.gate.set_rate(rate);
+    }
+
+    pub fn cc(&self, s: usize) -> Option<&Controller> {
+        self.slots[s].cc.as_ref()
+    }
+
+    /// A data packet for slot `s` arrived marked ECN-CE at `now`: owe its
+    /// sender a CNP unless one went within the interval. Returns whether
+    /// one is now owed.
+    pub fn on_ce(&mut self, s: usize, now: Nanos) -> bool {
+        let slot = &mut self.slots[s];
+        let Some(iv) = slot.cnp_interval else {
+            return false;
+        };
+        if slot.cnp_owed || slot.cnp_last.is_some_and(|t| now < t.saturating_add(iv)) {
+            return false;
+        }
+        slot.cnp_owed = true;
+        true
+    }
+
+    /// INT records for slot `s` arrived in an ACK.
+    pub fn on_int(&mut self, s: usize, now: Nanos, hops: &[crate::cc::IntHop]) {
+        let slot = &mut self.slots[s];
+        if let Some(cc) = slot.cc.as_mut() {
+            cc.on_int(now, hops);
+            apply_cc(&mut slot.gate, cc);
+        }
+    }
+
+    /// A CNP for slot `s` arrived: its reaction point cuts the rate.
+    pub fn on_cnp(&mut self, s: usize, now: Nanos) {
+        let slot = &mut self.slots[s];
+        if let Some(cc) = slot.cc.as_mut() {
+            cc.on_cnp(now);
+            apply_cc(&mut slot.gate, cc);
+        }
+    }
+
     /// Unacknowledged bytes towards `gid` across its QPs.
     pub fn dest_inflight(&self, gid: &[u8; 16]) -> u64 {
         self.by_gid
@@ -320,12 +403,32 @@ impl Sched {
             }
         }
         if let Some((before, stats)) = fb {
-            let gate = &mut self.slots[s].gate;
+            let slot = &mut self.slots[s];
             if stats.timeouts > before.timeouts {
-                gate.on_timeout();
-                stats.window_backoffs += 1;
+                // The loss back-off keeps a go-back-N resend from refilling
+                // the queue that overflowed. Selective repeat resends one
+                // packet on a timeout, so it refills nothing; and halving
+                // on random loss only starves it of the packets behind a
+                // gap that reveal the gap (docs/CONGESTION.md). Congestion
+                // control, when on, still hears of the timeout.
+                if !qp.selective_repeat() {
+                    slot.gate.on_timeout();
+                    stats.window_backoffs += 1;
+                }
+                slot.probe = None; // Karn: nothing resent is timed
+                if let Some(cc) = slot.cc.as_mut() {
+                    cc.on_timeout(now);
+                    apply_cc(&mut slot.gate, cc);
+                }
             } else if qp.comp.psn.after(before.una) {
-                gate.on_acked(before.una.distance_to(qp.comp.psn));
+                slot.gate.on_acked(before.una.distance_to(qp.comp.psn));
+                if let (Some((p, sent)), Some(cc)) = (slot.probe, slot.cc.as_mut()) {
+                    if qp.comp.psn.after(p) {
+                        slot.probe = None;
+                        cc.on_rtt(now, now.saturating_sub(sent), qp.mtu());
+                        apply_cc(&mut slot.gate, cc);
+                    }
+                }
             }
         }
         let charge = inflight_bytes(qp);
@@ -350,7 +453,7 @@ impl Sched {
         if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Err) {
             return Want::Nothing;
         }
-        if qp.resp.has_output() {
+        if qp.resp.has_output() || self.slots[s].cnp_owed {
             return Want::Send;
         }
         match qp.request_ready(self.limit(s, qp)) {
@@ -541,10 +644,15 @@ impl Sched {
     /// The earliest deadline of slot `s`'s QP: its completer's timers and
     /// its pacing time.
     fn deadline(&self, s: usize, qp: &Qp) -> Option<Nanos> {
-        match (qp.next_timeout(), self.slots[s].pace_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let slot = &self.slots[s];
+        [
+            qp.next_timeout(),
+            slot.pace_at,
+            slot.cc.as_ref().and_then(|c| c.next_timer()),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Give slot `s` a heap entry at or before its deadline. A deadline that
@@ -623,6 +731,13 @@ impl Sched {
             if self.slots[s].pace_at.is_some_and(|p| p <= now) {
                 self.slots[s].pace_at = None;
             }
+            let slot = &mut self.slots[s];
+            if let Some(cc) = slot.cc.as_mut() {
+                if cc.next_timer().is_some_and(|t| t <= now) {
+                    cc.on_timer(now);
+                    apply_cc(&mut slot.gate, cc);
+                }
+            }
             self.sync(s, qp, now, Some((before, &mut shared.stats)));
         }
         self.settle_timers(qps);
@@ -678,7 +793,17 @@ impl Sched {
             }
             let qp = qps[s].as_mut().expect("a ready slot holds a QP");
             let mut t = None;
-            if !matches!(qp.state, QpState::Reset | QpState::Init | QpState::Err) {
+            if self.slots[s].cnp_owed {
+                // The notification point's CNP goes ahead of everything: it
+                // is what slows the sender filling the marked queue.
+                self.slots[s].cnp_owed = false;
+                if !matches!(qp.state, QpState::Reset | QpState::Init | QpState::Err) {
+                    self.slots[s].cnp_last = Some(now);
+                    shared.stats.cnps_sent += 1;
+                    t = Some(qp.emit_cnp(buf));
+                }
+            }
+            if t.is_none() && !matches!(qp.state, QpState::Reset | QpState::Init | QpState::Err) {
                 // Responses go first (they open the peer's window), except
                 // that one request may pass a lone queued ACK: in a
                 // ping-pong the responder's ACK and its reply leave
@@ -695,10 +820,39 @@ impl Sched {
                 }
                 if t.is_none() && self.slots[s].gate.rate_open(now) {
                     let limit = self.limit(s, qp);
+                    let hwm = qp.req.hwm;
+                    // An RTT sample is wanted: the next packet asks for its
+                    // ACK, so the sample is one round trip, not the time to
+                    // send the rest of the window.
+                    let probe = self.slots[s].probe.is_none()
+                        && self.slots[s].cc.as_ref().is_some_and(|c| c.wants_rtt());
+                    // Swift may shrink its window below what is in flight, and
+                    // HPCC reads the INT that ACKs echo: with either, every
+                    // packet asks for its ACK (else a shrunk window waits for
+                    // the retransmission timer, and HPCC hears once per 64
+                    // packets).
+                    let every = self.slots[s]
+                        .cc
+                        .as_ref()
+                        .is_some_and(|c| c.acks_every_packet());
+                    qp.req.ask_ack = probe || every;
                     t = qp.poll_request(now, buf, shared, limit);
+                    qp.req.ask_ack = false;
+                    if probe && t.is_some() {
+                        // Time a new PSN (not a resend: Karn).
+                        let psn = Psn::new(u32::from_be_bytes([0, buf[9], buf[10], buf[11]]));
+                        if !psn.before(hwm) {
+                            self.slots[s].probe = Some((psn, now));
+                        }
+                    }
                     if let Some(t) = &t {
-                        self.slots[s].gate.on_sent(now, t.wire_len());
-                        self.slots[s].passed_ack = pass;
+                        let slot = &mut self.slots[s];
+                        slot.gate.on_sent(now, t.wire_len());
+                        slot.passed_ack = pass;
+                        if let Some(cc) = slot.cc.as_mut() {
+                            cc.on_send(now, t.wire_len() as u32);
+                            apply_cc(&mut slot.gate, cc);
+                        }
                     }
                 }
                 if t.is_none() && pass {

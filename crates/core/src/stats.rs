@@ -50,4 +50,18 @@ pub struct Stats {
     /// One-sided work requests an [`Offload`](crate::endpoint::Offload)
     /// carried out at post (shared memory) instead of sending them.
     pub offloaded: u64,
+    /// Data packets received marked ECN-CE (congestion experienced).
+    pub ce_received: u64,
+    /// CNPs sent by QPs' notification points, and received.
+    pub cnps_sent: u64,
+    pub cnps_received: u64,
+    /// Selective repeat: requests that arrived ahead of the expected PSN
+    /// and were held until the gap before them filled, and those that
+    /// could not be held (outside the window, or the endpoint's pool of
+    /// held packets full) and were dropped for the requester to resend.
+    pub held_out_of_order: u64,
+    pub hold_dropped: u64,
+    /// Selective repeat: resends whose answer did not come within the
+    /// measured retransmission timeout, sent again.
+    pub resend_timeouts: u64,
 }

@@ -170,6 +170,8 @@ fn a_paced_qp_stays_paced_when_another_fills_the_destination_budget() {
             key_source: KeySource::seeded(1 + id as u64),
             qpn_base: h.ep.config().qpn_base,
             max_inflight_per_dest: 8 << 10,
+            // The trace below is of go-back-N's packets (no offer bit).
+            selective_repeat: false,
             ..Default::default()
         });
         sim.add_node(h);

@@ -84,6 +84,8 @@ struct Scenario {
     duplicate: f64,
     corrupt: f64,
     flows: Vec<Flow>,
+    /// Both endpoints offer and accept selective repeat.
+    sr: bool,
 }
 
 const MAX_INLINE: u32 = 128;
@@ -149,9 +151,10 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         0.0..=0.05f64,
         0.0..=0.02f64,
         prop::collection::vec(flow(), 1..=4),
+        any::<bool>(),
     )
         .prop_map(
-            |(seed, pace, loss, reorder, duplicate, corrupt, flows)| Scenario {
+            |(seed, pace, loss, reorder, duplicate, corrupt, flows, sr)| Scenario {
                 seed,
                 pace,
                 loss,
@@ -159,6 +162,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 duplicate,
                 corrupt,
                 flows,
+                sr,
             },
         )
 }
@@ -212,6 +216,7 @@ fn check(s: &Scenario, must_succeed: bool) {
     for node in 0..2 {
         let mut h = Host::new(node, need(s), s.seed ^ node as u64);
         h.pace = s.pace.map(|n| (n, US));
+        h.ep.set_selective_repeat(s.sr);
         sim.add_node(h);
     }
     sim.set_default_link(
@@ -404,15 +409,17 @@ fn check(s: &Scenario, must_succeed: bool) {
 
     let (s0, s1) = (sim.node(0).ep.stats(), sim.node(1).ep.stats());
     eprintln!(
-        "seed {:#x} pace {:?} loss {:.3}: {} packets, {} retransmitted, {} timeouts, {} seq NAKs, {} duplicates",
+        "seed {:#x} pace {:?} loss {:.3} sr {}: {} packets, {} retransmitted, {} timeouts, {} seq NAKs, {} duplicates, {} held",
         s.seed,
         s.pace,
         s.loss,
+        s.sr,
         s0.tx_packets + s1.tx_packets,
         s0.retransmits + s1.retransmits,
         s0.timeouts + s1.timeouts,
         s0.seq_naks_sent + s1.seq_naks_sent,
         s0.duplicates + s1.duplicates,
+        s0.held_out_of_order + s1.held_out_of_order,
     );
     for (fi, f) in s.flows.iter().enumerate() {
         let (qa, qb) = ends[fi];
@@ -604,6 +611,7 @@ fn fixed_scenarios() {
                     }],
                 },
             ],
+            sr: false,
         },
         // The worst loss, many small odd messages on four QPs.
         Scenario {
@@ -625,12 +633,15 @@ fn fixed_scenarios() {
                         .collect(),
                 })
                 .collect(),
+            sr: false,
         },
     ];
     // At these settings a budget of 7 retries is never spent, whatever the
     // losses: a failure here is a spurious exhaustion (one retry per lost
     // READ response, say), not bad luck.
     for s in &scenarios {
-        check(s, true);
+        for sr in [false, true] {
+            check(&Scenario { sr, ..s.clone() }, true);
+        }
     }
 }

@@ -144,6 +144,8 @@ proptest! {
             let to = 1 - from;
             let meta = RxMeta { sgid: gid_of(*from), dgid: gid_of(to), traffic_class: 0, hop_limit: 64 };
             let h = sim.node_mut(to);
+            // The oracle learns the live regions, as every support call does.
+            h.sync();
             h.ep.handle_packet(now, &meta, &p, &mut h.mem);
             // Whatever it triggered goes out and is handled too.
             now += 10_000;
@@ -157,6 +159,7 @@ proptest! {
         }
         let meta = RxMeta { sgid: gid_of(0), dgid: gid_of(1), traffic_class: 0, hop_limit: 64 };
         let h = sim.node_mut(1);
+        h.sync();
         h.ep.handle_packet(now, &meta, &j, &mut h.mem);
         // Every QP is in a state IBA allows for it, and the endpoints still
         // answer commands.

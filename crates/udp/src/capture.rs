@@ -34,6 +34,9 @@ pub(crate) struct Capture {
     gather: Vec<u8>,
     frame: Vec<u8>,
     pub(crate) errors: u64,
+    /// The traffic class (DSCP and ECN) our socket sends with, written into
+    /// the IP header of every sent datagram recorded.
+    pub(crate) tx_tclass: u8,
 }
 
 impl Capture {
@@ -45,6 +48,7 @@ impl Capture {
             gather: Vec::with_capacity(SNAPLEN as usize),
             frame: Vec::with_capacity(SNAPLEN as usize),
             errors: 0,
+            tx_tclass: 0,
         })
     }
 
@@ -66,6 +70,20 @@ impl Capture {
         fill(&mut self.gather);
         self.frame.clear();
         build_frame(src, dst, ident, &self.gather, &mut self.frame);
+        if self.tx_tclass != 0 {
+            let hdr = &mut self.frame[ETH_LEN..];
+            if src.is_ipv4() {
+                if let Ok((mut r, _)) = Ipv4Repr::parse(hdr) {
+                    r.tos = self.tx_tclass;
+                    r.checksum = 0;
+                    r.checksum = r.compute_checksum();
+                    r.emit(hdr);
+                }
+            } else if let Ok(mut r) = Ipv6Repr::parse(hdr) {
+                r.traffic_class = self.tx_tclass;
+                r.emit(hdr);
+            }
+        }
         if self.w.write_frame(Self::now(), &self.frame).is_err() {
             self.errors += 1;
         }

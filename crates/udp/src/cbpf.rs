@@ -14,8 +14,8 @@
 //!   carrying the group's secret to the index written in the probe.
 //! * The **probe filter** sits on every member socket and drops steering
 //!   probes carrying the secret (everything else passes). The kernel counts
-//!   the drop on the socket that was picked (`sk_drops`, shown in the
-//!   `drops` column of `/proc/net/udp`), which is how a prober learns which
+//!   the drop on the socket that was picked (`sk_drops`, which `sock_diag`
+//!   lists as `SK_MEMINFO_DROPS`), which is how a prober learns which
 //!   socket sits at which index without the cooperation of its owner. Its
 //!   data start at the UDP header.
 

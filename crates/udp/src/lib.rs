@@ -42,9 +42,9 @@ mod cbpf;
 mod check;
 mod fault;
 mod icrc;
+mod listing;
 pub mod policy;
 mod port;
-mod procnet;
 pub mod rundir;
 mod rx;
 mod socket;
@@ -169,9 +169,10 @@ pub struct PortStats {
     pub rx_truncated: u64,
     /// Received datagrams for another process's QPN slot (shared mode).
     pub rx_wrong_slot: u64,
-    /// Datagrams the kernel dropped on the receive socket (a full buffer;
-    /// also the steering probes of group changes, one per change at most),
-    /// as `SO_RXQ_OVFL` last reported.
+    /// Datagrams the kernel dropped on the receive socket since this port
+    /// joined its group (a full buffer; also the steering probes of later
+    /// group changes and repairs, one per change at most), as `SO_RXQ_OVFL`
+    /// last reported. The join's own probe is not counted.
     pub rx_kernel_drops: u64,
     /// Steering tables this port repaired after a member died, and repairs
     /// that failed.

@@ -30,8 +30,6 @@ struct Held {
     /// Send socket and source port.
     via: (u16, u16),
     buf: Vec<u8>,
-    /// Value of `Port::flushes` when it was held.
-    since: u64,
 }
 
 /// One UDP socket bound to `(local, port)`: sends RoCEv2 packets with their
@@ -52,13 +50,16 @@ pub struct Port {
     slot: u8,
     steering: Steering,
     joined: Option<Joined>,
+    /// The socket's drop count when the join was done: the join's own
+    /// steering probe (one per index of the group) is dropped by this
+    /// socket's filter and counted by the kernel as a receive drop.
+    drops_at_join: u64,
     batch: usize,
     txq: TxQueue,
     rx: Receiver,
     gro: bool,
     fault: Option<Injector>,
     held: VecDeque<Held>,
-    flushes: u64,
     /// A `Tx` was handed out and has not been dropped.
     tx_live: bool,
     capture: Option<Capture>,
@@ -153,6 +154,18 @@ impl Port {
             (EXCLUSIVE_SLOT, Steering::Exclusive { why: None }, None)
         };
         let fd = sock.as_raw_fd();
+        let drops_at_join = match joined {
+            Some(_) => {
+                let inode = crate::listing::inode_of(fd)?;
+                let mut table = crate::listing::Table::new(addr);
+                table
+                    .read()?
+                    .iter()
+                    .find(|r| r.inode == inode)
+                    .map_or(0, |r| r.drops)
+            }
+            None => 0,
+        };
         let gso = opts.gso && sys::getsockopt_int(fd, libc::SOL_UDP, sys::UDP_SEGMENT).is_ok();
         // In a shared group GRO is safe while every UDP flow carries one
         // destination QP (see `recv`, which turns it off if not).
@@ -166,7 +179,11 @@ impl Port {
             cfg.port,
         );
         let capture = match &cfg.pcap {
-            Some(p) => Some(Capture::create(p)?),
+            Some(p) => {
+                let mut c = Capture::create(p)?;
+                c.tx_tclass = opts.traffic_class;
+                Some(c)
+            }
             None => None,
         };
         Ok(Port {
@@ -176,6 +193,7 @@ impl Port {
             slot,
             steering,
             joined,
+            drops_at_join,
             batch: cfg.batch,
             txq: TxQueue::new(cfg.batch + 2 + MAX_HELD, gso),
             // Room for GRO entries even with GRO off, so that turning it on
@@ -184,7 +202,6 @@ impl Port {
             gro,
             fault: cfg.fault.map(Injector::new),
             held: VecDeque::with_capacity(MAX_HELD),
-            flushes: 0,
             tx_live: false,
             capture,
             stats: PortStats::default(),
@@ -246,6 +263,7 @@ impl Port {
         s.peers_demoted = self.rx.policy.demoted;
         s.pcap_errors = self.capture.as_ref().map_or(0, |c| c.errors);
         s.steer_repairs = self.joined.as_ref().map_or(0, |j| j.repairs);
+        s.rx_kernel_drops = s.rx_kernel_drops.saturating_sub(self.drops_at_join);
         s.tx_source_ports = self.pool.bound as u64;
         s.tx_source_port_failures = self.pool.bind_failures;
         s
@@ -393,12 +411,7 @@ impl Port {
                         self.stats.fault_dups += 1;
                     }
                     if hold {
-                        self.held.push_back(Held {
-                            dst,
-                            via,
-                            buf,
-                            since: self.flushes,
-                        });
+                        self.held.push_back(Held { dst, via, buf });
                         self.stats.fault_reorders += 1;
                         return Ok(());
                     }
@@ -422,14 +435,20 @@ impl Port {
         Ok(())
     }
 
-    /// Send what is queued, and held datagrams that have waited through a
-    /// whole flush already.
+    /// Send what is queued, then the datagrams the fault injector held
+    /// back. A held datagram goes out after those queued behind it in its
+    /// batch, never later: reordering moves a packet behind others sent
+    /// with it, as a network's parallel paths do, and never holds it
+    /// across an idle time. (Held until the next send, a lone packet — a
+    /// resend, a NAK — was delayed until whatever the peer next sent,
+    /// often a retransmission timeout later: a loss in all but name.)
     fn flush_queue(&mut self) -> io::Result<()> {
-        while self.held.front().is_some_and(|h| h.since < self.flushes) && self.txq.room() > 0 {
-            let h = self.held.pop_front().expect("checked");
+        while self.txq.room() > 0 {
+            let Some(h) = self.held.pop_front() else {
+                break;
+            };
             self.txq.push_owned(h.dst, h.via, h.buf);
         }
-        self.flushes += 1;
         if self.txq.len() == 0 {
             return Ok(());
         }

@@ -20,8 +20,8 @@
 //!   measured: every member has a socket filter that drops steering probes
 //!   carrying the group's secret; a probe for index `i` sent to `addr:4791`
 //!   is steered by the program to the socket at `i`, dropped there, and the
-//!   kernel's drop counter of exactly that socket goes up in
-//!   `/proc/net/udp` (see [`crate::procnet`]). One probe per index gives the
+//!   kernel's drop counter of exactly that socket goes up in the socket
+//!   listing any user may read (`sock_diag`, see [`crate::listing`]). One probe per index gives the
 //!   whole array, with no help from the other processes, alive or stuck.
 //! * **State.** `<runtime dir>/<addr>-<port>.steer` lists the members
 //!   (slot, socket inode, pid) and the secret; `<addr>-<port>.lock` is
@@ -36,7 +36,7 @@
 //!   the table. The moved member's datagrams then go to the dead slot's old
 //!   index or are hashed to some member. The first datagram a member gets
 //!   for a slot the state says another live member owns is the evidence: it
-//!   compares the group in `/proc/net/udp` with the state, and if they
+//!   compares the group the kernel lists with the state, and if they
 //!   differ repairs the table (measure, attach, write) under the lock. Until
 //!   then the moved member's datagrams are lost (RC retransmits them); no
 //!   member is ever handed another's datagrams (each checks the slot).
@@ -50,7 +50,7 @@
 //! checked by [`crate::rundir`].
 
 use crate::cbpf;
-use crate::procnet::{self, Table};
+use crate::listing::{self, Table};
 use crate::rundir;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::collections::HashSet;
@@ -201,7 +201,7 @@ fn measure(addr: SocketAddr, secret: [u8; 8], table: &mut Table) -> io::Result<V
     // (about 20 ms in all) before the index counts as unmeasurable.
     const READS: usize = 200;
     let probe_sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    let mut before: Vec<procnet::Row> = table.read()?.to_vec();
+    let mut before: Vec<listing::Row> = table.read()?.to_vec();
     let members: HashSet<u64> = before.iter().map(|r| r.inode).collect();
     let n = before.len();
     let mut out = vec![None; n];
@@ -336,7 +336,7 @@ pub(crate) fn join(sock: &Socket, addr: SocketAddr, dir: &Path) -> Result<Joined
             io::Error::new(e.kind(), format!("binding {addr}: {e}"))
         })
     })?;
-    let inode = procnet::inode_of(fd).map_err(failed)?;
+    let inode = listing::inode_of(fd).map_err(failed)?;
     // Every other member must be one the state describes: a member that
     // is not (another softrdma version, another program) would fight over
     // the group's program, so sharing with it is refused, not hijacked.
@@ -453,7 +453,7 @@ impl Joined {
 
     /// A datagram for `slot` (not ours) arrived on `sock`. If the state says
     /// another member owns it, the table may be stale: if the group in
-    /// /proc/net/udp differs from the state, measure and re-steer. Returns
+    /// the kernel's listing differs from the state, measure and re-steer. Returns
     /// whether the table was repaired.
     pub(crate) fn misdelivered(&mut self, sock: &Socket, slot: u8) -> io::Result<bool> {
         if rundir::version(&self.state_path) != self.view.version {
@@ -493,7 +493,7 @@ impl Joined {
         Ok(true)
     }
 
-    /// Whether the members in /proc/net/udp are not those of the view.
+    /// Whether the members the kernel lists are not those of the view.
     fn group_differs(&mut self) -> io::Result<bool> {
         let rows = self.table.read()?;
         let now: HashSet<u64> = rows.iter().map(|r| r.inode).collect();

@@ -1,5 +1,5 @@
 //! The system calls of the UDP data path, and the only place besides
-//! [`crate::steer`], [`crate::cbpf`] and [`crate::procnet`] where this crate
+//! [`crate::steer`], [`crate::cbpf`] and [`crate::listing`] where this crate
 //! uses `unsafe`.
 //!
 //! Everything here is a thin, typed wrapper: socket options as integers,

@@ -161,6 +161,86 @@ pub struct OpenOptions {
     /// The transport (None: as `SOFTRDMA_TRANSPORT` says, see
     /// [`transport_from_env`]).
     pub transport: Option<Transport>,
+    /// Congestion control of this context's RC/UC QPs (None: as
+    /// `SOFTRDMA_CC` says, see [`cc_from_env`]). With one, everything sent
+    /// is ECN-capable (ECT(0)), marked packets are answered with CNPs, and
+    /// the QPs' rates follow the algorithm.
+    pub cc: Option<softrdma_core::cc::CcConfig>,
+    /// Offer and accept selective repeat on this context's RC QPs (None:
+    /// as `SOFTRDMA_SR` says, see [`sr_from_env`]; on by default). It is
+    /// negotiated per QP, so a peer that does not answer the offer (rxe,
+    /// an RNIC) gets go-back-N either way.
+    pub selective_repeat: Option<bool>,
+}
+
+/// Whether `SOFTRDMA_SR` lets this process offer selective repeat: `1`
+/// (or unset) yes, `0` no — go-back-N only, as IBA and rxe do.
+pub fn sr_from_env() -> Result<bool> {
+    match std::env::var("SOFTRDMA_SR") {
+        Err(std::env::VarError::NotPresent) => Ok(true),
+        Ok(v) if v.is_empty() || v == "1" => Ok(true),
+        Ok(v) if v == "0" => Ok(false),
+        Ok(v) => Err(Error::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "SOFTRDMA_SR={v:?}: expected 1 (selective repeat, the default) or 0 (go-back-N)"
+            ),
+        ))),
+        Err(e) => Err(Error::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("SOFTRDMA_SR: {e}"),
+        ))),
+    }
+}
+
+/// The line rate congestion control starts at and returns to: what
+/// `SOFTRDMA_CC_LINE_RATE` says (bits/s, `G`/`M` suffixes), else 100 Gb/s.
+pub const DEFAULT_CC_LINE_RATE: u64 = 100_000_000_000;
+
+/// The congestion control `SOFTRDMA_CC` names: `none` (or unset), `dcqcn`,
+/// `dcqcn-nvidia`, `timely`, `timely-patched`, `swift`, `hpcc`.
+pub fn cc_from_env() -> Result<softrdma_core::cc::CcConfig> {
+    use softrdma_core::cc::CcConfig;
+    match std::env::var("SOFTRDMA_CC") {
+        Err(std::env::VarError::NotPresent) => Ok(CcConfig::None),
+        Ok(v) if v.is_empty() => Ok(CcConfig::None),
+        Ok(v) => CcConfig::from_name(&v).ok_or_else(|| {
+            Error::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("SOFTRDMA_CC={v:?}: expected none, dcqcn, dcqcn-nvidia, timely, timely-patched, swift or hpcc"),
+            ))
+        }),
+        Err(e) => Err(Error::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("SOFTRDMA_CC: {e}"),
+        ))),
+    }
+}
+
+fn cc_line_rate_from_env() -> Result<u64> {
+    let Ok(v) = std::env::var("SOFTRDMA_CC_LINE_RATE") else {
+        return Ok(DEFAULT_CC_LINE_RATE);
+    };
+    let bad = || {
+        Error::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("SOFTRDMA_CC_LINE_RATE={v:?}: bits/s, e.g. 25G, 400M or 10000000000"),
+        ))
+    };
+    let t = v.trim();
+    let (num, mult) = match t.strip_suffix(['G', 'g']) {
+        Some(n) => (n, 1e9),
+        None => match t.strip_suffix(['M', 'm']) {
+            Some(n) => (n, 1e6),
+            None => (t, 1.0),
+        },
+    };
+    let r: f64 = num.parse().map_err(|_| bad())?;
+    let bps = r * mult;
+    if !(1e6..=1e13).contains(&bps) {
+        return Err(bad());
+    }
+    Ok(bps as u64)
 }
 
 /// `struct ibv_device_attr`, the parts tools print.
@@ -363,14 +443,29 @@ impl Context {
     /// generator (which memory keys come from) is unavailable.
     pub fn open(dev: &DeviceInfo, opts: &OpenOptions) -> Result<Context> {
         let transport = opts.transport.map_or_else(transport_from_env, Ok)?;
-        let port = softrdma_udp::Port::open(softrdma_udp::PortConfig {
-            local: dev.addr,
-            port: softrdma_wire::ROCEV2_UDP_PORT,
-            batch: 32,
-            shared: true,
-            fault: opts.fault,
-            pcap: opts.pcap.clone(),
-        })?;
+        let cc = opts.cc.map_or_else(cc_from_env, Ok)?;
+        let selective_repeat = opts.selective_repeat.map_or_else(sr_from_env, Ok)?;
+        let line_rate = cc_line_rate_from_env()?;
+        let port = softrdma_udp::Port::open_with(
+            softrdma_udp::PortConfig {
+                local: dev.addr,
+                port: softrdma_wire::ROCEV2_UDP_PORT,
+                batch: 32,
+                shared: true,
+                fault: opts.fault,
+                pcap: opts.pcap.clone(),
+            },
+            softrdma_udp::PortOptions {
+                // ECN-capable transport (ECT(0)) when congestion control can
+                // answer a mark: congested queues mark instead of dropping.
+                traffic_class: if cc == softrdma_core::cc::CcConfig::None {
+                    0
+                } else {
+                    0b10
+                },
+                ..Default::default()
+            },
+        )?;
         let slot = port.slot() as u32;
         let port_mtu = opts.port_mtu.unwrap_or(Mtu::B4096);
         // Keys come from the OS CSPRNG: refuse to open without it rather
@@ -391,6 +486,9 @@ impl Context {
             max_qp: DEFAULT_LIMITS.max_qp,
             qpn_base: (slot << 16) | 0x100,
             port_mtu,
+            cc,
+            line_rate,
+            selective_repeat,
             ..Default::default()
         };
         let ep = softrdma_core::Endpoint::new(cfg);

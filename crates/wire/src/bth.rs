@@ -26,6 +26,15 @@ pub mod field {
     pub const PSN: usize = 9;
 }
 
+/// softrdma's selective-repeat capability, bit 0 of BTH byte 4 (one of the
+/// six reserved bits after FECN and BECN). IBA has a sender transmit the
+/// reserved bits as 0 and a receiver ignore them, and the ICRC masks the
+/// whole byte, so a peer that knows nothing of it (rxe, an RNIC) accepts
+/// the packet unchanged. A requester sets it while it offers selective
+/// repeat; a softrdma responder that accepts sets it on its responses
+/// (docs/CONGESTION.md, "Selective repeat").
+pub const SOFTRDMA_SR: u8 = 0x01;
+
 /// The default partition key, full membership.
 pub const DEFAULT_PKEY: u16 = 0xffff;
 
@@ -79,6 +88,11 @@ impl<T: AsRef<[u8]>> Bth<T> {
     #[inline]
     pub fn becn(&self) -> bool {
         self.b()[field::FECN_BECN] & 0x40 != 0
+    }
+    /// The [`SOFTRDMA_SR`] capability bit.
+    #[inline]
+    pub fn softrdma_sr(&self) -> bool {
+        self.b()[field::FECN_BECN] & SOFTRDMA_SR != 0
     }
     #[inline]
     pub fn dest_qp(&self) -> u32 {

@@ -3,3 +3,4 @@ pub mod decode;
 pub mod devinfo;
 pub mod perf;
 pub mod pingpong;
+pub mod sim;

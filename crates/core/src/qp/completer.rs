@@ -13,6 +13,7 @@ use softrdma_wire::{Packet, PacketRepr, Psn};
 
 use super::attr::{local_ack_timeout_ns, rnr_timer_ns};
 use super::queue::{scatter, SendState};
+use super::requester::SrMode;
 use super::Qp;
 use crate::endpoint::Ctx;
 use crate::mr::Memory;
@@ -37,6 +38,29 @@ pub(crate) struct Completer {
     /// READ — must not go back again, nor spend the retry budget once per
     /// packet (rxe's `started_retry`). A timeout always goes back.
     retried_at: Option<Psn>,
+    /// Selective repeat: the last PSN resent alone, and the requester's
+    /// `hwm` when it was (see `resend_one`).
+    sr_resent: Option<(Psn, Psn)>,
+    /// Selective repeat: a packet sent after the last resend asked for an
+    /// ACK (see the requester's `gate_ask`).
+    pub resend_probed: bool,
+    /// Selective repeat: a timeout resent the oldest packet alone, asking
+    /// whether the responder holds anything after it.
+    sr_probe: bool,
+    /// Selective repeat: the round-trip estimate (RFC 6298's SRTT and
+    /// RTTVAR, ns) from ACKs of packets sent once, and the packet being
+    /// timed (PSN, when sent).
+    srtt: Option<(Nanos, Nanos)>,
+    /// (PSN, time sent, `resends` then).
+    rtt_probe: Option<(Psn, Nanos, u32)>,
+    /// Packets selective repeat resent alone, ever.
+    resends: u32,
+    /// Selective repeat: when the answer to the last resend is overdue
+    /// (see `Completer::resend_rto`).
+    sr_timer: Option<Nanos>,
+    /// Resends that timed out since the last progress: each doubles the
+    /// next resend timeout (TCP's back-off, RFC 6298 5.5).
+    sr_backoff: u32,
 }
 
 impl Completer {
@@ -49,15 +73,64 @@ impl Completer {
     }
 
     pub fn next_timeout(&self) -> Option<Nanos> {
-        match (self.timer, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.timer, self.rnr_until, self.sr_timer]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub fn stop_timers(&mut self) {
         self.timer = None;
         self.rnr_until = None;
+        self.sr_timer = None;
+    }
+
+    /// Selective repeat: a packet sent for the first time that asks for an
+    /// ACK is timed, one at a time, until the answer it prompts: the NAK
+    /// that names it as its trigger, or the ACK that covers it if nothing
+    /// was resent meanwhile. A cumulative ACK after a resend, or a NAK
+    /// prompted by a later packet (the timed one was lost or overtaken),
+    /// would time a repair, not a round trip: no sample.
+    pub fn time_packet(&mut self, psn: Psn, now: Nanos) {
+        if self.rtt_probe.is_none() {
+            self.rtt_probe = Some((psn, now, self.resends));
+        }
+    }
+
+    /// Selective repeat: a packet was resent alone. Its answer is due one
+    /// round trip later: RFC 6298's retransmission timeout, SRTT + 4 ×
+    /// RTTVAR, measured, never more than the QP's own ACK timeout `ack`.
+    /// Without a measurement yet, `ack` alone stands (the IBA timer).
+    /// IRN's RTO_low serves the same end with a fixed 100 µs: with a gap
+    /// holding the window still, nothing sent after a lost resend can
+    /// reveal its loss, and the IBA timeout is a thousand round trips on a
+    /// datacenter path.
+    pub fn arm_resend_timer(&mut self, now: Nanos, ack: Option<Nanos>) {
+        // (Karn's rule does not touch the timed packet: it was sent once,
+        // and selective repeat resends only older PSNs.)
+        let Some((srtt, var)) = self.srtt else {
+            return;
+        };
+        let rto = (srtt + 4 * var).saturating_mul(1 << self.sr_backoff.min(20));
+        self.sr_timer = Some(now + ack.map_or(rto, |a| rto.min(a)));
+    }
+
+    /// Selective repeat: the last resend is not yet acknowledged and its
+    /// resend timer runs (so its loss, or its answer's, is repaired one
+    /// measured round trip later without help from later requests).
+    pub fn resend_unanswered(&self) -> bool {
+        self.sr_timer.is_some() && self.sr_resent.is_some_and(|(p, _)| !self.psn.after(p))
+    }
+
+    /// A round-trip sample for the timed packet (RFC 6298, 2.2 and 2.3).
+    fn rtt_sample(&mut self, r: Nanos) {
+        self.srtt = Some(match self.srtt {
+            None => (r, r / 2),
+            Some((s, v)) => {
+                let v = (3 * v + s.abs_diff(r)) / 4;
+                ((7 * s + r) / 8, v)
+            }
+        });
     }
 
     /// Arm the retransmission timer if it is not running.
@@ -104,6 +177,16 @@ impl Qp {
         // retry budget ran out (read_bw -a against rxe, docs/INTEROP.md).
         // rxe's own completer re-arms its timer whenever it runs, likewise.
         self.comp.restart_timer(now, self.attr.timeout);
+        if self.req.sr == SrMode::Offer {
+            // The peer's first answer settles selective repeat: a softrdma
+            // responder that accepts marks every response; anyone else
+            // (rxe, an RNIC) leaves the reserved bit clear.
+            self.req.sr = if pkt.bth().softrdma_sr() {
+                SrMode::On
+            } else {
+                SrMode::Gbn
+            };
+        }
         if psn.before(self.comp.psn) {
             return; // stale: already acknowledged
         }
@@ -112,7 +195,8 @@ impl Qp {
         match syndrome {
             Some(Syndrome::Nak(code)) => {
                 if let Flow::Continue = self.ack_before(now, psn, ctx) {
-                    self.on_nak(now, psn, code, ctx);
+                    let trigger = Psn::new(repr.ext.aeth.map_or(0, |a| a.msn));
+                    self.on_nak(now, psn, code, trigger, ctx);
                 }
                 return;
             }
@@ -139,7 +223,15 @@ impl Qp {
             }
         } else {
             // A plain ACK covers its own PSN too.
-            self.ack_before(now, psn.next(), ctx);
+            if let Flow::Continue = self.ack_before(now, psn.next(), ctx) {
+                if std::mem::take(&mut self.comp.sr_probe) && self.comp.psn.before(self.req.hwm) {
+                    // The answer to a timeout's probe: the responder holds
+                    // nothing after what it acknowledges (it would have
+                    // NAKed the gap), so all that is outstanding was lost.
+                    let p = self.comp.psn;
+                    self.retry_from(now, p, ctx, false);
+                }
+            }
         }
     }
 
@@ -200,6 +292,20 @@ impl Qp {
 
     /// Forward progress: refill the retry budgets and restart the timer.
     fn progress(&mut self, now: Nanos) {
+        if let Some((p, sent, resends)) = self.comp.rtt_probe {
+            if self.comp.psn.after(p) {
+                self.comp.rtt_probe = None;
+                if resends == self.comp.resends {
+                    self.comp.rtt_sample(now.saturating_sub(sent));
+                }
+            }
+        }
+        if let Some((p, _)) = self.comp.sr_resent {
+            if self.comp.psn.after(p) {
+                self.comp.sr_timer = None; // the resend arrived
+                self.comp.sr_backoff = 0;
+            }
+        }
         self.comp.retry_left = self.attr.retry_cnt;
         self.comp.rnr_left = self.attr.rnr_retry;
         self.comp.retried_at = None;
@@ -212,6 +318,15 @@ impl Qp {
         // overtook the resend): move it up, never resend acknowledged PSNs.
         // Left behind, it would also sit outside the window, which is
         // measured from `comp.psn`, until the next timeout.
+        if let Some((i, k)) = self.req.resume {
+            if self.requester_psn().before(self.comp.psn) {
+                // The packet selective repeat was to resend has been
+                // acknowledged meanwhile: no need, on from where it was.
+                self.req.resume = None;
+                self.sq.send = i;
+                self.req.pkt_idx = k;
+            }
+        }
         if self.requester_psn().before(self.comp.psn) {
             let p = self.comp.psn;
             self.rewind(p);
@@ -369,12 +484,30 @@ impl Qp {
         self.enter_error(ctx);
     }
 
-    fn on_nak(&mut self, now: Nanos, psn: Psn, code: NakCode, ctx: &mut Ctx<'_>) {
+    fn on_nak(&mut self, now: Nanos, psn: Psn, code: NakCode, trigger: Psn, ctx: &mut Ctx<'_>) {
         let status = match code {
             NakCode::PsnSequenceError => {
                 ctx.stats.seq_naks_rcvd += 1;
                 self.comp.psn = psn;
-                self.retry_from(now, psn, ctx, false);
+                if self.req.sr == SrMode::On {
+                    self.comp.sr_probe = false;
+                    if let Some((p, sent, _)) = self.comp.rtt_probe {
+                        if p == trigger {
+                            self.comp.rtt_probe = None;
+                            self.comp.rtt_sample(now.saturating_sub(sent));
+                        } else if trigger.after(p) {
+                            self.comp.rtt_probe = None;
+                        }
+                    }
+                    match self.comp.sr_resent {
+                        // Prompted by a request sent before the last resend
+                        // of this PSN, which may still be on its way.
+                        Some((p, hwm)) if p == psn && trigger.before(hwm) => {}
+                        _ => self.resend_one(psn, true, ctx),
+                    }
+                } else {
+                    self.retry_from(now, psn, ctx, false);
+                }
                 return;
             }
             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
@@ -395,8 +528,32 @@ impl Qp {
         }
         self.comp.psn = psn;
         self.comp.timer = None;
+        self.req.resume = None;
         self.comp.rnr_until = Some(now + rnr_timer_ns(timer));
         self.comp.rnr_psn = psn;
+    }
+
+    /// Selective repeat: the responder holds what came after `p` and asks
+    /// for `p` alone. Resend that one packet (asking for the ACK that will
+    /// say what the responder then lacks), then go on where the requester
+    /// was. Each NAK costs a retry, as a go-back-N NAK does; progress
+    /// refills the budget, so only the same packet lost `retry_cnt` times
+    /// running fails the QP.
+    fn resend_one(&mut self, p: Psn, spend: bool, ctx: &mut Ctx<'_>) {
+        if spend {
+            if self.comp.retry_left == 0 {
+                self.fail_tail(WcStatus::RetryExcErr, ctx);
+                return;
+            }
+            self.comp.retry_left -= 1;
+        }
+        self.comp.sr_resent = Some((p, self.req.hwm));
+        self.comp.resend_probed = false;
+        self.comp.resends = self.comp.resends.wrapping_add(1);
+        if self.req.resume.is_none() {
+            self.req.resume = Some((self.sq.send, self.req.pkt_idx));
+        }
+        self.rewind(p);
     }
 
     /// Go back to the oldest unacknowledged PSN (timeout, implied NAK).
@@ -419,6 +576,11 @@ impl Qp {
         self.comp.retry_left -= 1;
         self.comp.retried_at = Some(p);
         self.comp.timer = None;
+        // Go-back-N resends everything from `p`, the one packet selective
+        // repeat was about to resend included.
+        self.req.resume = None;
+        self.comp.rtt_probe = None;
+        self.comp.sr_timer = None;
         self.rewind(p);
     }
 
@@ -444,6 +606,25 @@ impl Qp {
 
     /// Timer expiry: RNR back-off over, or the retransmission timeout.
     pub(crate) fn handle_timeout(&mut self, now: Nanos, ctx: &mut Ctx<'_>) {
+        if let Some(t) = self.comp.sr_timer {
+            if t <= now {
+                self.comp.sr_timer = None;
+                if let Some((p, _)) = self.comp.sr_resent {
+                    if !self.comp.psn.after(p) && self.req.sr == SrMode::On {
+                        // No answer to the resend within a round trip: it
+                        // or its answer was lost. Again, alone, waiting
+                        // twice as long for the next answer. This timer is
+                        // the requester's own estimate, not IBA's: it does
+                        // not spend `retry_cnt` (a responder slower than
+                        // the estimate must not fail the QP), and the ACK
+                        // timeout still runs behind it and does.
+                        ctx.stats.resend_timeouts += 1;
+                        self.comp.sr_backoff += 1;
+                        self.resend_one(p, false, ctx);
+                    }
+                }
+            }
+        }
         if let Some(t) = self.comp.rnr_until {
             if t <= now {
                 self.comp.rnr_until = None;
@@ -456,7 +637,20 @@ impl Qp {
                 self.comp.timer = None;
                 if self.comp.psn.before(self.req.hwm) {
                     ctx.stats.timeouts += 1;
-                    self.retry(now, ctx, true);
+                    if self.req.sr == SrMode::On {
+                        // Resend the oldest packet alone: the responder
+                        // may hold everything after it. Its answer says:
+                        // a NAK names the next gap; a plain ACK short of
+                        // everything sent means nothing after was held,
+                        // and go-back-N resends the rest (see
+                        // `handle_response`).
+                        let p = self.comp.psn;
+                        self.comp.sr_resent = None;
+                        self.resend_one(p, true, ctx);
+                        self.comp.sr_probe = true;
+                    } else {
+                        self.retry(now, ctx, true);
+                    }
                 }
             }
         }

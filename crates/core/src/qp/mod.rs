@@ -5,6 +5,7 @@
 pub mod attr;
 mod completer;
 pub(crate) mod queue;
+pub(crate) mod reorder;
 mod requester;
 mod responder;
 pub mod state;
@@ -153,12 +154,21 @@ impl Qp {
         let prev = self.state;
         self.state = next;
         self.attr.qp_state = next;
+        if prev != QpState::Rts
+            && next == QpState::Rts
+            && self.qp_type == QpType::Rc
+            && self.req.sr == requester::SrMode::Off
+            && ctx.sr
+        {
+            self.req.sr = requester::SrMode::Offer;
+        }
         if m(AttrMask::RETRY_CNT) || (prev != QpState::Rts && next == QpState::Rts) {
             self.comp.retry_left = self.attr.retry_cnt;
             self.comp.rnr_left = self.attr.rnr_retry;
         }
         match next {
             QpState::Reset => {
+                self.resp.release_held(ctx);
                 self.reset();
                 // What the QP left in its CQs goes with its queues, as the
                 // mlx4/mlx5 providers clean the CQs on RESET (`mlx5_cq_clean`):
@@ -223,12 +233,18 @@ impl Qp {
             ctx.push_event(crate::Event::QpLastWqeReached(self.qpn));
         }
         self.resp.clear_output();
+        self.resp.release_held(ctx);
         self.comp.stop_timers();
     }
 
     /// No send or receive work request is queued.
     pub(crate) fn queues_empty(&self) -> bool {
         self.sq.head == self.sq.tail && self.rq.len() == 0
+    }
+
+    /// Selective repeat was negotiated for this QP's requests.
+    pub fn selective_repeat(&self) -> bool {
+        self.req.sr == requester::SrMode::On
     }
 
     /// The earliest timer this QP has armed.

@@ -11,6 +11,7 @@ use softrdma_wire::ext::*;
 use softrdma_wire::packet::{ExtRepr, PacketRepr};
 use softrdma_wire::{Opcode, Psn};
 
+use super::attr::local_ack_timeout_ns;
 use super::queue::{gather, SendState};
 use super::state::{QpState, QpType};
 use super::{Qp, ACK_REQ_EVERY};
@@ -31,8 +32,31 @@ pub(crate) struct Requester {
     pub hwm: Psn,
     /// Packets since the last one that requested an ACK.
     pub noack: u32,
+    /// The next request packet asks for an ACK: congestion control times
+    /// it for an RTT sample (set by the scheduler, cleared when sent).
+    pub ask_ack: bool,
     /// READ and atomic WQEs sent and not yet completed.
     pub rd_atomic_inflight: u32,
+    /// Where selective repeat stands on this QP.
+    pub sr: SrMode,
+    /// Selective repeat is resending one packet: the position (send queue
+    /// index, packet index) to go on from once it has gone.
+    pub resume: Option<(u64, u32)>,
+}
+
+/// Selective repeat on one QP's requester (docs/CONGESTION.md).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SrMode {
+    /// Not offered (UC, UD, or turned off): go-back-N.
+    #[default]
+    Off,
+    /// Offered in every request; the first response says whether the peer
+    /// accepts.
+    Offer,
+    /// The peer accepted: a sequence NAK asks for the one packet it names.
+    On,
+    /// The peer answered without accepting: go-back-N, offer withdrawn.
+    Gbn,
 }
 
 impl Requester {
@@ -363,12 +387,28 @@ impl Qp {
             _ => (self.attr.dest_qp_num, self.attr.av.dgid),
         };
         let ends = matches!(p, Pos::Last | Pos::Only);
+        // The last packet the gate lets through asks for the ACK that will
+        // open it again. While a selective-repeat resend of the oldest PSN
+        // is unanswered, the window opens only when that one is
+        // acknowledged and its packet asked for the answer: then only the
+        // first packet after the resend asks too (if the resend was lost,
+        // that packet arrives held, and its NAK, naming a trigger sent
+        // after the resend, sends it again without waiting for the resend
+        // timer). Every later one would cost a NAK that says nothing new,
+        // once per opening of the gate.
+        let unanswered = self.comp.resend_unanswered();
+        let gate_ask = rc && !psn.next().before(limit) && (!unanswered || !self.comp.resend_probed);
         let ack_req = rc
             && (ends
+                || self.req.ask_ack
+                // A resend by selective repeat: the answer says what the
+                // responder lacks next.
+                || self.req.resume.is_some()
                 || self.req.noack + 1 >= ACK_REQ_EVERY
-                // The last packet the gate lets through asks for the ACK
-                // that will open it again.
-                || !psn.next().before(limit));
+                || gate_ask);
+        if gate_ask && self.req.resume.is_none() && unanswered {
+            self.comp.resend_probed = true;
+        }
         let solicited = ends
             && wqe.flags.contains(crate::wr::SendFlags::SOLICITED)
             && matches!(
@@ -395,6 +435,9 @@ impl Qp {
             payload_len,
         };
         repr.emit_headers(buf);
+        if matches!(self.req.sr, SrMode::Offer | SrMode::On) {
+            buf[softrdma_wire::bth::field::FECN_BECN] |= softrdma_wire::bth::SOFTRDMA_SR;
+        }
         let mut head_len = repr.header_len();
         if payload_len > 0 {
             if wqe.inline_len > 0 {
@@ -434,6 +477,7 @@ impl Qp {
                 self.req.rd_atomic_inflight += 1;
             }
         }
+        let hwm_before = self.req.hwm;
         let consumed = if is_read { npkts - k } else { 1 };
         let after = psn.add(consumed);
         if psn.before(self.req.hwm) {
@@ -442,6 +486,7 @@ impl Qp {
         if after.after(self.req.hwm) {
             self.req.hwm = after;
         }
+        self.req.ask_ack = false;
         if ack_req {
             self.req.noack = 0;
         } else {
@@ -452,6 +497,16 @@ impl Qp {
             self.req.pkt_idx = 0;
         } else {
             self.req.pkt_idx = k + 1;
+        }
+        if let Some((i, k)) = self.req.resume.take() {
+            // Selective repeat resent the one packet it was asked for: on
+            // from where the requester was.
+            self.sq.send = i;
+            self.req.pkt_idx = k;
+            self.comp
+                .arm_resend_timer(now, local_ack_timeout_ns(self.attr.timeout));
+        } else if self.req.sr == SrMode::On && ack_req && !psn.before(hwm_before) {
+            self.comp.time_packet(psn, now);
         }
         if rc {
             self.comp.arm_timer(now, self.attr.timeout);

@@ -17,6 +17,7 @@ use softrdma_wire::packet::{ExtRepr, PacketRepr};
 use softrdma_wire::{Opcode, Packet, Psn};
 
 use super::attr::AccessFlags;
+use super::reorder::{Hold, Staging};
 use super::state::QpType;
 use super::Qp;
 use crate::endpoint::{Ctx, RxMeta};
@@ -115,6 +116,11 @@ pub(crate) struct Responder {
     /// what is ahead of it; a READ response stream counts once) have left,
     /// the QP goes to ERR and raises the event.
     fatal: Option<(usize, Event)>,
+    /// The requester offered selective repeat and this endpoint accepts:
+    /// hold what arrives ahead of `epsn`, mark responses (see `reorder`).
+    pub peer_sr: bool,
+    /// Requests held ahead of `epsn`, allocated at the first one.
+    held: Option<Box<Staging>>,
 }
 
 impl Responder {
@@ -132,7 +138,55 @@ impl Responder {
             out: VecDeque::with_capacity(out_cap),
             out_cap,
             fatal: None,
+            peer_sr: false,
+            held: None,
         }
+    }
+
+    /// Give the held requests' buffers back to the endpoint's pool.
+    pub fn release_held(&mut self, ctx: &mut Ctx<'_>) {
+        if let Some(h) = self.held.as_mut() {
+            h.clear(&mut ctx.reorder);
+        }
+    }
+
+    /// Selective repeat: queue a sequence NAK for `epsn`, prompted by the
+    /// request with PSN `trigger`, unless the newest queued response is
+    /// that NAK already. A positive ACK just before it goes: the NAK
+    /// acknowledges everything before `epsn` too.
+    ///
+    /// Between peers that negotiated selective repeat the NAK's MSN field
+    /// carries `trigger` (IRN's NACK names the packet that prompted it the
+    /// same way): the requester resends `epsn` again only for a trigger it
+    /// sent after its last resend of it, so the NAKs of requests that were
+    /// already on their way do not each cost a resend. The requester has
+    /// no other use for a NAK's MSN.
+    fn push_seq_nak(&mut self, trigger: Psn, ctx: &mut Ctx<'_>) {
+        let (epsn, msn) = (self.epsn, trigger.value());
+        match self.out.back() {
+            Some(Resp::Ack {
+                psn,
+                syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
+                ..
+            }) if *psn == epsn => return,
+            Some(Resp::Ack {
+                syndrome: Syndrome::Ack { .. },
+                ..
+            }) => {
+                self.out.pop_back();
+            }
+            _ => {}
+        }
+        if !self.has_room() {
+            return;
+        }
+        self.nak_sent = true;
+        ctx.stats.seq_naks_sent += 1;
+        self.out.push_back(Resp::Ack {
+            psn: epsn,
+            syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
+            msn,
+        });
     }
 
     pub fn reset_psn(&mut self, psn: Psn) {
@@ -200,6 +254,13 @@ impl Responder {
 }
 
 /// Every kind of remote access fault is one NAK on the wire.
+/// Requests held behind a gap before selective repeat NAKs it, unless one
+/// of them asks for an ACK first: TCP's duplicate-ACK threshold (RFC 5681)
+/// for the same trade — a packet overtaken by fewer is not resent, a lost
+/// one waits for this many more arrivals (or the next ACK request, at most
+/// `ACK_REQ_EVERY` packets on) before its NAK.
+const DUPTHRESH: u32 = 3;
+
 fn nak_for(_: RemoteAccessError) -> Fault {
     Fault::Nak(NakCode::RemoteAccessError, Event::QpAccessErr(0))
 }
@@ -233,10 +294,17 @@ impl Qp {
             ctx.stats.dropped_no_qp += 1;
             return;
         }
+        if ctx.sr && pkt.bth().softrdma_sr() {
+            self.resp.peer_sr = true;
+        }
         let psn = repr.bth.psn;
         let d = psn.diff(self.resp.epsn);
         if d > 0 {
             ctx.stats.out_of_sequence += 1;
+            if self.resp.peer_sr {
+                self.hold_ahead(pkt, repr, ctx);
+                return;
+            }
             if !self.resp.nak_sent && self.resp.has_room() {
                 self.resp.nak_sent = true;
                 ctx.stats.seq_naks_sent += 1;
@@ -258,6 +326,90 @@ impl Qp {
             ctx.stats.responder_busy += 1;
             return; // back-pressure: the requester will resend
         }
+        let advanced = self.accept(pkt, repr, ctx, mem);
+        if advanced && self.resp.held.as_ref().is_some_and(|h| h.count > 0) {
+            self.run_held(repr.bth.psn, repr.bth.ack_req, ctx, mem);
+        }
+    }
+
+    /// Selective repeat: a request ahead of `epsn`. Hold it, and NAK the
+    /// gap before it once [`DUPTHRESH`] requests wait behind the gap (so a
+    /// packet merely overtaken by one or two others is not resent), and
+    /// again whenever a held request asks for an ACK (the requester waits
+    /// on that answer; it also repairs a lost NAK or a lost resend without
+    /// the retransmission timer).
+    fn hold_ahead(&mut self, pkt: &Packet<&[u8]>, repr: &PacketRepr, ctx: &mut Ctx<'_>) {
+        let epsn = self.resp.epsn;
+        let held = self
+            .resp
+            .held
+            .get_or_insert_with(|| Box::new(Staging::new()));
+        match held.hold(&mut ctx.reorder, epsn, repr.bth.psn, pkt.bytes()) {
+            Hold::Kept => ctx.stats.held_out_of_order += 1,
+            Hold::Already => ctx.stats.duplicates += 1,
+            Hold::Dropped => ctx.stats.hold_dropped += 1,
+        }
+        if repr.bth.ack_req || (!self.resp.nak_sent && held.count >= DUPTHRESH) {
+            self.resp.push_seq_nak(repr.bth.psn, ctx);
+        }
+    }
+
+    /// Execute the held requests that follow `epsn` without a gap, in
+    /// order, as if they had just arrived. `ack_asked`: the request that
+    /// filled the gap asked for an ACK; it is sent for the whole run. If a
+    /// gap remains with requests held behind it, its packet is lost (the
+    /// held ones were sent after it, an RTT ago): NAK it at once.
+    fn run_held(
+        &mut self,
+        trigger: Psn,
+        mut ack_asked: bool,
+        ctx: &mut Ctx<'_>,
+        mem: &mut impl Memory,
+    ) {
+        loop {
+            let epsn = self.resp.epsn;
+            let Some(slot) = self.resp.held.as_mut().and_then(|h| h.take(epsn)) else {
+                break;
+            };
+            let buf = ctx.reorder.take(slot);
+            let done = match Packet::new_checked(&buf[..]) {
+                Ok(pkt) => match PacketRepr::parse(&pkt) {
+                    Ok(repr) => {
+                        ack_asked |= repr.bth.ack_req;
+                        self.resp.fatal.is_none()
+                            && self.resp.has_room()
+                            && self.accept(&pkt, &repr, ctx, mem)
+                    }
+                    Err(_) => false,
+                },
+                Err(_) => false,
+            };
+            ctx.reorder.put_back(slot, buf);
+            if !done {
+                // An RNR NAK, a fatal NAK or a full response queue: the
+                // requester goes back to `epsn` and resends the rest anyway.
+                self.resp.release_held(ctx);
+                return;
+            }
+        }
+        if self.resp.held.as_ref().is_some_and(|h| h.count > 0) {
+            self.resp.push_seq_nak(trigger, ctx);
+        } else if ack_asked {
+            let (last, msn) = (self.resp.epsn.sub(1), self.resp.msn);
+            self.resp.push_ack(last, msn);
+        }
+    }
+
+    /// Execute an in-sequence request and queue what it answers. Returns
+    /// whether `epsn` moved past it.
+    fn accept(
+        &mut self,
+        pkt: &Packet<&[u8]>,
+        repr: &PacketRepr,
+        ctx: &mut Ctx<'_>,
+        mem: &mut impl Memory,
+    ) -> bool {
+        let psn = repr.bth.psn;
         match self.execute(pkt, repr, ctx, mem) {
             Ok(true) => {
                 self.resp.nak_sent = false;
@@ -270,6 +422,7 @@ impl Qp {
                     let msn = self.resp.msn;
                     self.resp.push_ack(psn, msn);
                 }
+                return true;
             }
             Ok(false) => {} // RNR NAK queued; epsn unchanged
             Err(Fault::Drop) => {}
@@ -294,6 +447,7 @@ impl Qp {
                 self.resp.fatal = Some((self.resp.out.len(), ev));
             }
         }
+        false
     }
 
     /// Execute an in-sequence request. `Ok(true)`: done, advance; `Ok(false)`:
@@ -704,7 +858,13 @@ impl Qp {
                 });
             }
         } else {
-            // SEND/WRITE: acknowledge everything received so far.
+            // SEND/WRITE: acknowledge everything received so far — or,
+            // with requests held behind a gap, NAK the gap: a plain ACK
+            // would tell a selective-repeat requester nothing is held.
+            if self.resp.held.as_ref().is_some_and(|h| h.count > 0) {
+                self.resp.push_seq_nak(psn, ctx);
+                return;
+            }
             let last = self.resp.epsn.sub(1);
             self.resp.push_ack(last, msn);
         }
@@ -841,6 +1001,37 @@ impl Qp {
             )
     }
 
+    /// The notification point's CNP to this QP's peer, as RoCEv2 (Annex
+    /// A17.9.3) and RNICs send it: a BTH with opcode 0x81, BECN set, P_Key
+    /// 0xffff, the peer's QP number and PSN 0, then 16 reserved zero bytes
+    /// and the ICRC (`81 00 ff ff 40 <qpn> 00 00 00 00`, 32 bytes in all).
+    pub(crate) fn emit_cnp(&self, buf: &mut [u8]) -> Transmit {
+        let repr = PacketRepr {
+            bth: BthRepr {
+                opcode: Opcode::CNP,
+                solicited: false,
+                migreq: false,
+                pad: 0,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: true,
+                dest_qp: self.attr.dest_qp_num,
+                ack_req: false,
+                psn: Psn::new(0),
+            },
+            ext: ExtRepr::default(),
+            payload_len: 0,
+        };
+        repr.emit_headers(buf);
+        Transmit {
+            dgid: self.attr.av.dgid,
+            src_qpn: self.qpn,
+            head_len: repr.header_len(),
+            segs: Segs::default(),
+            pad: 0,
+        }
+    }
+
     pub(crate) fn poll_response(&mut self, buf: &mut [u8], ctx: &mut Ctx<'_>) -> Option<Transmit> {
         let front = *self.resp.out.front()?;
         let mut segs = Segs::default();
@@ -938,6 +1129,9 @@ impl Qp {
             payload_len,
         };
         repr.emit_headers(buf);
+        if self.resp.peer_sr {
+            buf[softrdma_wire::bth::field::FECN_BECN] |= softrdma_wire::bth::SOFTRDMA_SR;
+        }
         if gone {
             self.fatal_now(Event::QpAccessErr(self.qpn), ctx);
         }

@@ -251,6 +251,7 @@ impl Node for Host {
                     from: self.id,
                     to,
                     dropped,
+                    sr: pkt.bth().softrdma_sr(),
                     repr,
                     payload: pkt.payload().to_vec(),
                 });
@@ -344,6 +345,10 @@ pub struct Opts {
     pub psn_b: u32,
     pub rd_atomic: u8,
     pub sq_sig_all: bool,
+    /// Offer and accept selective repeat. Off by default: most tests pin
+    /// down IBA's go-back-N, packet by packet; `rc_selective_repeat` and
+    /// the property tests turn it on.
+    pub selective_repeat: bool,
 }
 
 impl Default for Opts {
@@ -370,6 +375,7 @@ impl Default for Opts {
             psn_b: 0xfffff0,
             rd_atomic: 16,
             sq_sig_all: false,
+            selective_repeat: false,
         }
     }
 }
@@ -446,9 +452,23 @@ pub fn connect(h: &mut Host, me: &QpEnd, remote: &QpEnd, sq_psn: u32, rq_psn: u3
 
 /// Two hosts with one connected QP pair.
 pub fn pair(seed: u64, mem: usize, o: &Opts) -> (Sim<Host>, QpEnd, QpEnd) {
+    pair_with(seed, mem, o, |_, _| {})
+}
+
+/// [`pair`], with `f` applied to each host's endpoint before its QP is made.
+pub fn pair_with(
+    seed: u64,
+    mem: usize,
+    o: &Opts,
+    f: impl Fn(NodeId, &mut softrdma_core::Endpoint),
+) -> (Sim<Host>, QpEnd, QpEnd) {
     let mut sim = Sim::new(seed);
     let a = sim.add_node(Host::new(0, mem, seed ^ 0xa));
     let b = sim.add_node(Host::new(1, mem, seed ^ 0xb));
+    for n in [a, b] {
+        sim.node_mut(n).ep.set_selective_repeat(o.selective_repeat);
+        f(n, &mut sim.node_mut(n).ep);
+    }
     let qa = make_qp(sim.node_mut(a), o);
     let qb = make_qp(sim.node_mut(b), o);
     connect(sim.node_mut(a), &qa, &qb, o.psn_a, o.psn_b, o);
@@ -474,6 +494,8 @@ pub struct Pkt {
     pub from: NodeId,
     pub to: NodeId,
     pub dropped: bool,
+    /// The selective-repeat bit (offer, or acceptance) is set.
+    pub sr: bool,
     pub repr: PacketRepr,
     pub payload: Vec<u8>,
 }
@@ -528,6 +550,9 @@ impl Pkt {
         }
         if let Some(a) = self.repr.ext.aeth {
             s.push_str(&format!(" [{} msn={}]", syndrome_name(a.kind()), a.msn));
+        }
+        if self.sr {
+            s.push_str(" sr");
         }
         if self.dropped {
             s.push_str(" DROPPED");
@@ -607,6 +632,7 @@ pub fn describe(from: NodeId, bytes: &[u8]) -> String {
         from,
         to: 1 - from,
         dropped: false,
+        sr: pkt.bth().softrdma_sr(),
         repr: PacketRepr::parse(&pkt).unwrap(),
         payload: pkt.payload().to_vec(),
     }

@@ -210,6 +210,16 @@ pub struct Args {
     /// (auto), or forced (default: as SOFTRDMA_TRANSPORT says, else auto).
     #[arg(long, value_enum)]
     pub transport: Option<TransportArg>,
+    /// Congestion control of the QPs: none, dcqcn, dcqcn-nvidia, timely,
+    /// timely-patched, swift, hpcc (which hears nothing on the wire: no
+    /// switch stamps INT) (default: as SOFTRDMA_CC says, else none).
+    #[arg(long, value_parser = ["none", "dcqcn", "dcqcn-nvidia", "timely", "timely-patched", "swift", "hpcc"])]
+    pub cc: Option<String>,
+    /// Loss recovery of the RC QPs: sr (selective repeat, offered to the
+    /// peer and used if it accepts) or gbn (go-back-N, as IBA and rxe)
+    /// (default: as SOFTRDMA_SR says, else sr).
+    #[arg(long, value_parser = ["sr", "gbn"])]
+    pub recovery: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -444,6 +454,11 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         pcap: a.pcap.clone(),
         port_mtu: None,
         transport: a.transport.map(TransportArg::verbs),
+        cc: a
+            .cc
+            .as_deref()
+            .map(|n| softrdma_core::cc::CcConfig::from_name(n).expect("clap checked the name")),
+        selective_repeat: a.recovery.as_deref().map(|r| r == "sr"),
     };
     let out = setup::run_test(&p, &dev, &opts, chan, a.tsv)?;
     *LAST_TRANSPORT.lock().unwrap() = out.transport;
@@ -562,6 +577,9 @@ fn server_args(a: &Args, port: u16) -> Vec<String> {
             .into(),
         ),
     );
+    if let Some(cc) = &a.cc {
+        push("--cc", Some(cc.clone()));
+    }
     if let Some(f) = &a.fault {
         let mut f = *f;
         f.seed = f.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1);

@@ -1,0 +1,185 @@
+//! Congestion control in the core: the notification point answers ECN-CE
+//! with a CNP exactly as RNICs send it, at most one per interval, and the
+//! reaction point cuts the sender's rate when it arrives.
+
+mod support;
+
+use softrdma_core::cc::{dcqcn, CcConfig, Controller};
+use softrdma_core::wr::{SendFlags, SendOp};
+use softrdma_core::RxMeta;
+use softrdma_wire::Packet;
+use support::*;
+
+const G100: u64 = 100_000_000_000;
+
+fn meta(from: u32, to: u32, tc: u8) -> RxMeta {
+    RxMeta {
+        sgid: gid_of(from as usize),
+        dgid: gid_of(to as usize),
+        traffic_class: tc,
+        hop_limit: 64,
+    }
+}
+
+#[test]
+fn ce_marked_requests_get_one_cnp_per_interval_and_the_sender_slows_down() {
+    let (mut sim, qa, qb) = pair(1, 1 << 20, &Opts::default());
+    let cc = CcConfig::Dcqcn(dcqcn::Params::paper());
+    for (n, q) in [(0, &qa), (1, &qb)] {
+        sim.node_mut(n).ep.set_qp_cc(q.qpn, &cc, G100).unwrap();
+    }
+    assert_eq!(
+        sim.node(0).ep.qp_gate(qa.qpn).unwrap().rate(),
+        None,
+        "starts at line rate"
+    );
+    // A 16-packet WRITE from A; B receives the first 8 marked CE, 1 µs apart.
+    sim.node_mut(0)
+        .post(
+            &qa,
+            1,
+            SendOp::Write {
+                remote_addr: MEM_BASE,
+                rkey: qb.rkey,
+            },
+            MEM_BASE,
+            16 * 1024,
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+    let pkts = sim.node_mut(0).take(0, 64);
+    assert_eq!(pkts.len(), 16);
+    let mut cnps = Vec::new();
+    for (i, p) in pkts.iter().enumerate() {
+        let now = 1_000 * i as u64;
+        let b = sim.node_mut(1);
+        b.sync();
+        let tc = if i < 8 { 0b11 } else { 0b10 };
+        b.ep.handle_packet(now, &meta(0, 1, tc), p, &mut b.mem);
+        for out in b.take(now, 8) {
+            if out[0] == 0x81 {
+                cnps.push((now, out));
+            }
+        }
+    }
+    // One CNP for the first marked packet; the next 7 fall inside the 50 µs
+    // interval.
+    assert_eq!(cnps.len(), 1, "{cnps:?}");
+    let (_, cnp) = &cnps[0];
+    // RoCEv2 A17.9.3 as RNICs send it: BTH 81 00 ff ff, BECN set, A's QPN,
+    // PSN 0; 16 reserved zero bytes; ICRC.
+    let q = qa.qpn.to_be_bytes();
+    assert_eq!(
+        &cnp[..12],
+        &[0x81, 0, 0xff, 0xff, 0x40, q[1], q[2], q[3], 0, 0, 0, 0]
+    );
+    assert_eq!(&cnp[12..28], &[0u8; 16]);
+    assert_eq!(cnp.len(), 32);
+    Packet::new_checked(&cnp[..]).expect("a well-formed CNP");
+    let st = sim.node(1).ep.stats();
+    assert_eq!((st.ce_received, st.cnps_sent), (8, 1));
+
+    // Marked again after the interval: a second CNP.
+    let late = 60_000;
+    sim.node_mut(0)
+        .post(
+            &qa,
+            2,
+            SendOp::Write {
+                remote_addr: MEM_BASE,
+                rkey: qb.rkey,
+            },
+            MEM_BASE,
+            64,
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+    let p = sim.node_mut(0).take(late, 4);
+    let b = sim.node_mut(1);
+    b.sync();
+    b.ep.handle_packet(late, &meta(0, 1, 0b11), &p[0], &mut b.mem);
+    assert!(b.take(late, 8).iter().any(|o| o[0] == 0x81));
+    assert_eq!(b.ep.stats().cnps_sent, 2);
+
+    // The CNP reaches A: its reaction point halves the rate (α = 1 at the
+    // first CNP) and its gate paces at it.
+    let a = sim.node_mut(0);
+    a.sync();
+    a.ep.handle_packet(2_000, &meta(1, 0, 0), cnp, &mut a.mem);
+    assert_eq!(a.ep.stats().cnps_received, 1);
+    assert_eq!(a.ep.qp_gate(qa.qpn).unwrap().rate(), Some(G100 / 2));
+    let Some(Controller::Dcqcn(c)) = a.ep.qp_cc(qa.qpn).unwrap() else {
+        panic!("DCQCN runs on the QP");
+    };
+    assert_eq!((c.cnps, c.cuts), (1, 1));
+    // Its increase timer is armed with the QP's other deadlines: after 55 µs
+    // fast recovery takes it halfway back.
+    assert!(a.ep.poll_timeout().is_some_and(|t| t <= 2_000 + 55_000));
+    a.ep.handle_timeout(2_000 + 55_000);
+    assert_eq!(a.ep.qp_gate(qa.qpn).unwrap().rate(), Some(G100 / 4 * 3));
+    a.ep.check_scheduler().unwrap();
+}
+
+#[test]
+fn a_cnp_from_a_stranger_or_for_a_qp_without_cc_changes_nothing() {
+    let (mut sim, qa, _qb) = pair(2, 1 << 16, &Opts::default());
+    let mut cnp = vec![0x81, 0, 0xff, 0xff, 0x40, 0, 0, 0, 0, 0, 0, 0];
+    cnp[5..8].copy_from_slice(&qa.qpn.to_be_bytes()[1..]);
+    cnp.extend([0u8; 20]);
+    let a = sim.node_mut(0);
+    a.sync();
+    // No controller on the QP: counted, ignored.
+    a.ep.handle_packet(0, &meta(1, 0, 0), &cnp, &mut a.mem);
+    assert_eq!(a.ep.qp_gate(qa.qpn).unwrap().rate(), None);
+    a.ep.set_qp_cc(qa.qpn, &CcConfig::Dcqcn(dcqcn::Params::nvidia()), G100)
+        .unwrap();
+    // From a host that is not the QP's peer: ignored.
+    a.ep.handle_packet(0, &meta(7, 0, 0), &cnp, &mut a.mem);
+    assert_eq!(a.ep.qp_gate(qa.qpn).unwrap().rate(), None);
+    assert_eq!(a.ep.stats().cnps_received, 2);
+    // From the peer: cut.
+    a.ep.handle_packet(0, &meta(1, 0, 0), &cnp, &mut a.mem);
+    assert!(a.ep.qp_gate(qa.qpn).unwrap().rate().is_some());
+    assert!(a.ep.set_qp_cc(qa.qpn, &CcConfig::None, 0).is_err());
+}
+
+#[test]
+fn timely_times_one_new_psn_per_round_trip_and_asks_its_ack() {
+    let (mut sim, qa, qb) = pair(3, 1 << 20, &Opts::default());
+    let cc = CcConfig::Timely(softrdma_core::cc::timely::Params::timely());
+    sim.node_mut(0).ep.set_qp_cc(qa.qpn, &cc, G100).unwrap();
+    sim.node_mut(0)
+        .post(
+            &qa,
+            1,
+            SendOp::Write {
+                remote_addr: MEM_BASE,
+                rkey: qb.rkey,
+            },
+            MEM_BASE,
+            8 * 1024,
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+    let pkts = sim.node_mut(0).take(0, 64);
+    assert_eq!(pkts.len(), 8);
+    // The first packet is the probe: it asks for an ACK (AckReq, BTH byte 8).
+    assert_ne!(pkts[0][8] & 0x80, 0, "the timed packet requests its ACK");
+    assert_eq!(pkts[1][8] & 0x80, 0, "one probe at a time");
+    let b = sim.node_mut(1);
+    b.sync();
+    b.ep.handle_packet(1_000, &meta(0, 1, 0), &pkts[0], &mut b.mem);
+    let acks = b.take(1_000, 4);
+    assert_eq!(acks.len(), 1);
+    let a = sim.node_mut(0);
+    a.sync();
+    a.ep.handle_packet(30_000, &meta(1, 0, 0), &acks[0], &mut a.mem);
+    let Some(Controller::Timely(t)) = a.ep.qp_cc(qa.qpn).unwrap() else {
+        panic!("TIMELY runs on the QP");
+    };
+    assert_eq!(
+        t.samples, 1,
+        "the ACK covering the probe gave one RTT sample"
+    );
+    a.ep.check_scheduler().unwrap();
+}

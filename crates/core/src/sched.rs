@@ -141,8 +141,72 @@ struct Slot {
     cnp_interval: Option<Nanos>,
     cnp_last: Option<Nanos>,
     cnp_owed: bool,
-    /// The PSN being timed for an RTT sample, and when it left.
-    probe: Option<(Psn, Nanos)>,
+    /// The PSNs being timed for RTT samples, and when they left.
+    probes: Probes,
+}
+
+/// The request PSNs a QP is timing for RTT samples, oldest first: one per
+/// round trip, or, for a controller that updates per completed segment
+/// (TIMELY's completion events, [`Controller::sample_bytes`]), one per
+/// segment, several in flight. Bounded: a full ring times nothing more
+/// until a sample comes back.
+#[derive(Debug, Clone, Copy, Default)]
+struct Probes {
+    at: [(Psn, Nanos); PROBES],
+    head: u8,
+    len: u8,
+    /// Request bytes still to send before the next probe (segment mode:
+    /// a segment's worth after each probe; 0 at first and after a
+    /// timeout).
+    until: u32,
+}
+
+/// Probes in flight per QP in segment mode: at 16 KB segments, eight
+/// cover 128 KB, more than a 10G round trip of 50 µs carries (62 KB).
+const PROBES: usize = 8;
+
+impl Probes {
+    fn clear(&mut self) {
+        self.len = 0;
+        self.until = 0;
+    }
+
+    fn push(&mut self, psn: Psn, now: Nanos, seg: Option<u32>) {
+        if (self.len as usize) < PROBES {
+            let i = (self.head as usize + self.len as usize) % PROBES;
+            self.at[i] = (psn, now);
+            self.len += 1;
+            self.until = seg.unwrap_or(0);
+        }
+    }
+
+    /// The oldest probe if the cumulative ACK `psn` has passed it.
+    fn pop_acked(&mut self, psn: Psn) -> Option<(Psn, Nanos)> {
+        if self.len == 0 {
+            return None;
+        }
+        let p = self.at[self.head as usize];
+        if !psn.after(p.0) {
+            return None;
+        }
+        self.head = ((self.head as usize + 1) % PROBES) as u8;
+        self.len -= 1;
+        Some(p)
+    }
+
+    /// Whether the next request should be timed.
+    fn wanted(&self, cc: Option<&Controller>) -> bool {
+        let Some(cc) = cc.filter(|c| c.wants_rtt()) else {
+            return false;
+        };
+        match cc.sample_bytes() {
+            None => self.len == 0,
+            // Not sooner when the last one is back: a segment's worth of
+            // bytes between samples is what makes the update rate follow
+            // the sending rate.
+            Some(_) => (self.len as usize) < PROBES && self.until == 0,
+        }
+    }
 }
 
 impl Default for Slot {
@@ -164,7 +228,7 @@ impl Default for Slot {
             cnp_interval: None,
             cnp_last: None,
             cnp_owed: false,
-            probe: None,
+            probes: Probes::default(),
         }
     }
 }
@@ -415,17 +479,20 @@ impl Sched {
                     slot.gate.on_timeout();
                     stats.window_backoffs += 1;
                 }
-                slot.probe = None; // Karn: nothing resent is timed
+                slot.probes.clear(); // Karn: nothing resent is timed
                 if let Some(cc) = slot.cc.as_mut() {
                     cc.on_timeout(now);
                     apply_cc(&mut slot.gate, cc);
                 }
             } else if qp.comp.psn.after(before.una) {
                 slot.gate.on_acked(before.una.distance_to(qp.comp.psn));
-                if let (Some((p, sent)), Some(cc)) = (slot.probe, slot.cc.as_mut()) {
-                    if qp.comp.psn.after(p) {
-                        slot.probe = None;
+                if let Some(cc) = slot.cc.as_mut() {
+                    let mut heard = false;
+                    while let Some((_, sent)) = slot.probes.pop_acked(qp.comp.psn) {
                         cc.on_rtt(now, now.saturating_sub(sent), qp.mtu());
+                        heard = true;
+                    }
+                    if heard {
                         apply_cc(&mut slot.gate, cc);
                     }
                 }
@@ -824,8 +891,7 @@ impl Sched {
                     // An RTT sample is wanted: the next packet asks for its
                     // ACK, so the sample is one round trip, not the time to
                     // send the rest of the window.
-                    let probe = self.slots[s].probe.is_none()
-                        && self.slots[s].cc.as_ref().is_some_and(|c| c.wants_rtt());
+                    let probe = self.slots[s].probes.wanted(self.slots[s].cc.as_ref());
                     // Swift may shrink its window below what is in flight, and
                     // HPCC reads the INT that ACKs echo: with either, every
                     // packet asks for its ACK (else a shrunk window waits for
@@ -842,11 +908,13 @@ impl Sched {
                         // Time a new PSN (not a resend: Karn).
                         let psn = Psn::new(u32::from_be_bytes([0, buf[9], buf[10], buf[11]]));
                         if !psn.before(hwm) {
-                            self.slots[s].probe = Some((psn, now));
+                            let seg = self.slots[s].cc.as_ref().and_then(|c| c.sample_bytes());
+                            self.slots[s].probes.push(psn, now, seg);
                         }
                     }
                     if let Some(t) = &t {
                         let slot = &mut self.slots[s];
+                        slot.probes.until = slot.probes.until.saturating_sub(t.wire_len() as u32);
                         slot.gate.on_sent(now, t.wire_len());
                         slot.passed_ack = pass;
                         if let Some(cc) = slot.cc.as_mut() {

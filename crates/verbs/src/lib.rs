@@ -198,16 +198,17 @@ pub fn sr_from_env() -> Result<bool> {
 pub const DEFAULT_CC_LINE_RATE: u64 = 100_000_000_000;
 
 /// The congestion control `SOFTRDMA_CC` names: `none` (or unset), `dcqcn`,
-/// `dcqcn-nvidia`, `timely`, `timely-patched`, `swift`, `hpcc`.
+/// `dcqcn-nvidia`, `timely`, `timely-patched`, `swift`, `hpcc`, with
+/// parameters as `perf --cc` takes them (`timely:seg=16K`).
 pub fn cc_from_env() -> Result<softrdma_core::cc::CcConfig> {
     use softrdma_core::cc::CcConfig;
     match std::env::var("SOFTRDMA_CC") {
         Err(std::env::VarError::NotPresent) => Ok(CcConfig::None),
         Ok(v) if v.is_empty() => Ok(CcConfig::None),
-        Ok(v) => CcConfig::from_name(&v).ok_or_else(|| {
+        Ok(v) => CcConfig::parse(&v).map_err(|e| {
             Error::Io(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("SOFTRDMA_CC={v:?}: expected none, dcqcn, dcqcn-nvidia, timely, timely-patched, swift or hpcc"),
+                format!("SOFTRDMA_CC={v:?}: {e}"),
             ))
         }),
         Err(e) => Err(Error::Io(io::Error::new(

@@ -36,9 +36,10 @@ pub struct Args {
     int: bool,
     /// Congestion control on every QP: none (line rate, go-back-N), dcqcn
     /// (the paper's parameters), dcqcn-nvidia (NVIDIA firmware defaults),
-    /// timely or timely-patched (HPCC's simulator's parameters), swift
-    /// (htsim's constants), hpcc (needs --int).
-    #[arg(long, default_value = "none", value_parser = ["none", "dcqcn", "dcqcn-nvidia", "timely", "timely-patched", "swift", "hpcc"])]
+    /// timely or timely-patched (HPCC's simulator's parameters; change
+    /// them as in `timely:seg=16K,init=0.1`), swift (htsim's constants),
+    /// hpcc (needs --int).
+    #[arg(long, default_value = "none", value_parser = crate::cmd::cc_spec)]
     cc: String,
     /// Loss recovery of every QP: sr (selective repeat, as softrdma peers
     /// negotiate by default) or gbn (go-back-N, as RNICs and rxe).
@@ -165,7 +166,7 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             .map(|s| parse_fail(s))
             .collect::<Result<_, _>>()?,
         progress: !a.quiet,
-        cc: CcConfig::from_name(&a.cc).expect("clap checked the name"),
+        cc: CcConfig::parse(&a.cc).expect("clap checked the spec"),
         link_loss: a.loss,
         selective_repeat: a.recovery == "sr",
     };

@@ -64,6 +64,45 @@ impl CcConfig {
         })
     }
 
+    /// A name with parameters: `NAME[:KEY=VALUE,...]`, e.g.
+    /// `timely:seg=16K,init=0.1` (K and M multiply by 1024 and 1024²).
+    /// Only TIMELY's parameters can be set so far.
+    pub fn parse(spec: &str) -> Result<CcConfig, String> {
+        let (name, args) = match spec.split_once(':') {
+            Some((n, a)) => (n, Some(a)),
+            None => (spec, None),
+        };
+        let mut cfg = CcConfig::from_name(name).ok_or_else(|| {
+            format!(
+                "unknown congestion control `{name}` (none, dcqcn, dcqcn-nvidia, timely, \
+                 timely-patched, swift, hpcc)"
+            )
+        })?;
+        let Some(args) = args else {
+            return Ok(cfg);
+        };
+        let CcConfig::Timely(p) = &mut cfg else {
+            return Err(format!("`{name}` takes no parameters"));
+        };
+        for kv in args.split(',') {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("`{kv}` is not KEY=VALUE"))?;
+            let (num, mult) = match v.strip_suffix(['K', 'k']) {
+                Some(n) => (n, 1024.0),
+                None => match v.strip_suffix('M') {
+                    Some(n) => (n, 1024.0 * 1024.0),
+                    None => (v, 1.0),
+                },
+            };
+            let x: f64 = num
+                .parse()
+                .map_err(|_| format!("`{v}` is not a number (in `{kv}`)"))?;
+            timely::Timely::set(p, k, x * mult)?;
+        }
+        Ok(cfg)
+    }
+
     /// Whether the controller wants RTT samples.
     pub fn wants_rtt(&self) -> bool {
         matches!(self, CcConfig::Timely(_) | CcConfig::Swift(_))
@@ -189,6 +228,15 @@ impl Controller {
         }
     }
 
+    /// Request bytes per RTT sample, for a controller that updates per
+    /// completed segment (`None`: one sample per round trip).
+    pub fn sample_bytes(&self) -> Option<u32> {
+        match self {
+            Controller::Timely(c) => c.sample_bytes(),
+            Controller::Dcqcn(_) | Controller::Swift(_) | Controller::Hpcc(_) => None,
+        }
+    }
+
     /// Whether it wants RTT samples ([`Controller::on_rtt`]).
     pub fn wants_rtt(&self) -> bool {
         matches!(self, Controller::Timely(_) | Controller::Swift(_))
@@ -201,6 +249,35 @@ impl Controller {
             Controller::Dcqcn(_) | Controller::Hpcc(_) => {}
             Controller::Timely(c) => c.on_rtt(now, rtt),
             Controller::Swift(c) => c.on_rtt(now, rtt, mtu),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs() {
+        assert_eq!(
+            CcConfig::parse("dcqcn"),
+            Ok(CcConfig::from_name("dcqcn").unwrap())
+        );
+        let CcConfig::Timely(p) = CcConfig::parse("timely-patched:seg=16K,min=0.01").unwrap()
+        else {
+            panic!("not TIMELY");
+        };
+        assert!(p.patched);
+        assert_eq!((p.seg, p.min_frac), (16384, 0.01));
+        for (bad, says) in [
+            ("cubic", "unknown congestion control `cubic`"),
+            ("dcqcn:g=1", "`dcqcn` takes no parameters"),
+            ("timely:seg", "`seg` is not KEY=VALUE"),
+            ("timely:seg=lots", "`lots` is not a number"),
+            ("timely:alpha=3", "alpha=3 is out of range"),
+        ] {
+            let e = CcConfig::parse(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
         }
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! One update per RTT sample (the scheduler takes one per round trip: the
 //! first new PSN sent while none is timed, sampled when the cumulative ACK
-//! passes it, never a retransmission — Karn's rule):
+//! passes it, never a retransmission — Karn's rule; or, with `seg`, one
+//! per `seg` bytes sent, several in flight, TIMELY's completion events):
 //!
 //! ```text
 //! rtt_diff ← (1 − α)·rtt_diff + α·(rtt − prev_rtt);   g = rtt_diff / min_rtt
@@ -47,6 +48,14 @@ pub struct Params {
     pub rtt_ref: Nanos,
     /// Floor of the rate as a fraction of line rate.
     pub min_frac: f64,
+    /// Bytes per completion event: 0 updates once per round trip (HPCC's
+    /// simulator); otherwise one RTT sample and one update per `seg` bytes
+    /// sent, several in flight, as TIMELY's NIC does per completed segment
+    /// (16–64 KB) and as Zhu et al.'s simulator does per 16 KB burst. It is
+    /// what makes the update rate proportional to the flow's rate.
+    pub seg: u32,
+    /// The rate a new QP starts at, as a fraction of line rate.
+    pub init_frac: f64,
 }
 
 impl Params {
@@ -63,6 +72,8 @@ impl Params {
             hai_after: 5,
             rtt_ref: 50 * US,
             min_frac: 1e-4,
+            seg: 0,
+            init_frac: 1.0,
         }
     }
 
@@ -88,15 +99,47 @@ pub struct Timely {
 
 impl Timely {
     pub fn new(p: Params, line_rate: u64) -> Timely {
+        let line = line_rate.max(1) as f64;
         Timely {
             p,
-            line: line_rate.max(1) as f64,
-            rate: line_rate.max(1) as f64,
+            line,
+            rate: (p.init_frac * line).clamp(p.min_frac * line, line),
             prev_rtt: None,
             rtt_diff: 0.0,
             negative_run: 0,
             samples: 0,
         }
+    }
+
+    /// Bytes per RTT sample (`None`: one per round trip).
+    pub fn sample_bytes(&self) -> Option<u32> {
+        (self.p.seg > 0).then_some(self.p.seg)
+    }
+
+    /// Set a parameter by the name `--cc timely:KEY=VALUE` uses.
+    pub fn set(p: &mut Params, key: &str, v: f64) -> Result<(), String> {
+        let us = |v: f64| (v * 1e3).round() as Nanos;
+        match key {
+            "alpha" if (0.0..=1.0).contains(&v) => p.alpha = v,
+            "beta" if (0.0..=1.0).contains(&v) => p.beta = v,
+            "t_low" if v >= 0.0 => p.t_low = us(v),
+            "t_high" if v > 0.0 => p.t_high = us(v),
+            "min_rtt" if v > 0.0 => p.min_rtt = us(v),
+            "rtt_ref" if v > 0.0 => p.rtt_ref = us(v),
+            "delta" if v > 0.0 && v <= 1.0 => p.delta_frac = v,
+            "min" if v > 0.0 && v <= 1.0 => p.min_frac = v,
+            "init" if v > 0.0 && v <= 1.0 => p.init_frac = v,
+            "seg" if (0.0..=(1u64 << 30) as f64).contains(&v) => p.seg = v as u32,
+            "alpha" | "beta" | "t_low" | "t_high" | "min_rtt" | "rtt_ref" | "delta" | "min"
+            | "init" | "seg" => return Err(format!("{key}={v} is out of range")),
+            _ => {
+                return Err(format!(
+                    "TIMELY has no parameter `{key}` (alpha, beta, t_low, t_high, min_rtt, \
+                     rtt_ref in µs; delta, min, init as fractions of line rate; seg in bytes)"
+                ))
+            }
+        }
+        Ok(())
     }
 
     pub fn current_rate(&self) -> u64 {
@@ -197,6 +240,23 @@ mod tests {
                 assert_eq!(step, 500_000_000, "HAI at update {i}");
             }
         }
+    }
+
+    #[test]
+    fn segment_mode_and_initial_rate() {
+        let mut p = Params::timely();
+        assert_eq!(Timely::new(p, G100).sample_bytes(), None);
+        Timely::set(&mut p, "seg", 16384.0).unwrap();
+        Timely::set(&mut p, "init", 0.1).unwrap();
+        Timely::set(&mut p, "t_high", 1000.0).unwrap();
+        let t = Timely::new(p, G100);
+        assert_eq!(t.sample_bytes(), Some(16384));
+        assert_eq!(t.current_rate(), 10_000_000_000);
+        assert_eq!(p.t_high, 1000 * US);
+        assert!(Timely::set(&mut p, "init", 0.0).is_err());
+        assert!(Timely::set(&mut p, "beta", 2.0).is_err());
+        let e = Timely::set(&mut p, "gamma", 1.0).unwrap_err();
+        assert!(e.contains("no parameter `gamma`"), "{e}");
     }
 
     #[test]

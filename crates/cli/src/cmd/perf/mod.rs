@@ -212,8 +212,9 @@ pub struct Args {
     pub transport: Option<TransportArg>,
     /// Congestion control of the QPs: none, dcqcn, dcqcn-nvidia, timely,
     /// timely-patched, swift, hpcc (which hears nothing on the wire: no
-    /// switch stamps INT) (default: as SOFTRDMA_CC says, else none).
-    #[arg(long, value_parser = ["none", "dcqcn", "dcqcn-nvidia", "timely", "timely-patched", "swift", "hpcc"])]
+    /// switch stamps INT), TIMELY's parameters as in `timely:seg=16K`
+    /// (default: as SOFTRDMA_CC says, else none).
+    #[arg(long, value_parser = crate::cmd::cc_spec)]
     pub cc: Option<String>,
     /// Loss recovery of the RC QPs: sr (selective repeat, offered to the
     /// peer and used if it accepts) or gbn (go-back-N, as IBA and rxe)
@@ -457,7 +458,7 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         cc: a
             .cc
             .as_deref()
-            .map(|n| softrdma_core::cc::CcConfig::from_name(n).expect("clap checked the name")),
+            .map(|n| softrdma_core::cc::CcConfig::parse(n).expect("clap checked the spec")),
         selective_repeat: a.recovery.as_deref().map(|r| r == "sr"),
     };
     let out = setup::run_test(&p, &dev, &opts, chan, a.tsv)?;

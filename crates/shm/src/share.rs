@@ -245,20 +245,7 @@ fn still_ours(lo: u64, hi: u64, file_off: u64) -> bool {
 /// `[lo, lo + n)` must be page-aligned writable memory of this process
 /// that nothing else relies on being private (see the module docs).
 unsafe fn move_into(fd: RawFd, lo: u64, n: u64, file_off: u64) -> io::Result<()> {
-    // SAFETY: a new mapping at an address the kernel picks.
-    let tmp = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            n as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            file_off as libc::off_t,
-        )
-    };
-    if tmp == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
+    let tmp = raw_mmap(n, libc::MAP_SHARED, fd, file_off as libc::off_t)?;
     // SAFETY: `lo..lo+n` is readable (caller) and `tmp` is a fresh mapping
     // of n bytes: distinct ranges.
     unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, tmp.cast::<u8>(), n as usize) };
@@ -271,24 +258,46 @@ unsafe fn move_into(fd: RawFd, lo: u64, n: u64, file_off: u64) -> io::Result<()>
 /// # Safety
 /// As for [`move_into`].
 unsafe fn move_out(lo: u64, n: u64) -> io::Result<()> {
-    // SAFETY: a new mapping at an address the kernel picks.
-    let tmp = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            n as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if tmp == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
+    let tmp = raw_mmap(n, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)?;
     // SAFETY: as in `move_into`.
     unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, tmp.cast::<u8>(), n as usize) };
     // SAFETY: as in `move_into`.
     unsafe { place(tmp, lo, n) }
+}
+
+// The moves below are system calls made directly, not through libc's
+// `mmap`/`mremap`/`munmap`: memory-event hooks (UCX's ucm, Open MPI's
+// patcher, libfabric's memory monitors) interpose on those wrappers to
+// learn when an application's memory goes away, and would hear the move
+// as an unmap of the application's buffer, which it is not (the same
+// addresses keep the same bytes). UCX then invalidated its registration
+// cache entry for the buffer it had just registered, and `ucp_put_lat`
+// over shared memory never finished (docs/INTEROP.md, UCX).
+
+/// A new read-write mapping of `n` bytes where the kernel picks.
+fn raw_mmap(
+    n: u64,
+    flags: libc::c_int,
+    fd: RawFd,
+    off: libc::off_t,
+) -> io::Result<*mut libc::c_void> {
+    // SAFETY: mmap with a null hint makes a new mapping and touches no
+    // existing memory; its arguments are plain values.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            std::ptr::null_mut::<libc::c_void>(),
+            n as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            fd,
+            off,
+        )
+    };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as *mut libc::c_void)
 }
 
 /// Move the mapping at `tmp` to `lo`, replacing what was there in one step.
@@ -299,7 +308,8 @@ unsafe fn place(tmp: *mut libc::c_void, lo: u64, n: u64) -> io::Result<()> {
     // SAFETY: moves our mapping `tmp` over `lo..lo+n`, which the caller
     // lets us replace.
     let r = unsafe {
-        libc::mremap(
+        libc::syscall(
+            libc::SYS_mremap,
             tmp,
             n as usize,
             n as usize,
@@ -307,10 +317,11 @@ unsafe fn place(tmp: *mut libc::c_void, lo: u64, n: u64) -> io::Result<()> {
             lo as *mut libc::c_void,
         )
     };
-    if r == libc::MAP_FAILED {
+    if r == -1 {
         let e = io::Error::last_os_error();
-        // SAFETY: tmp is still our mapping of n bytes (mremap failed).
-        unsafe { libc::munmap(tmp, n as usize) };
+        // SAFETY: tmp is still our mapping of n bytes (mremap failed), and
+        // nothing else refers to it.
+        unsafe { libc::syscall(libc::SYS_munmap, tmp, n as usize) };
         return Err(e);
     }
     Ok(())
@@ -333,6 +344,73 @@ mod tests {
         s.release(c, PAGE);
         assert_eq!(s.free.len(), 1);
         assert_eq!(s.free.get(&0), Some(&ARENA_LEN));
+    }
+
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// The target of the last call of libc's `mremap` in this binary
+    /// (this definition takes the symbol's place, as a memory-event hook
+    /// such as UCX's does; it forwards to the system call).
+    static HOOKED: AtomicU64 = AtomicU64::new(0);
+
+    #[no_mangle]
+    extern "C" fn mremap(
+        old: *mut libc::c_void,
+        old_len: usize,
+        new_len: usize,
+        flags: libc::c_int,
+        new: *mut libc::c_void,
+    ) -> *mut libc::c_void {
+        HOOKED.store(new as u64, Ordering::SeqCst);
+        // SAFETY: forwards the caller's arguments unchanged.
+        unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new) as *mut _ }
+    }
+
+    /// Sharing a buffer and unsharing it keep its bytes and addresses, and
+    /// go past libc's `mremap`: a memory-event hook there would report the
+    /// application's buffer as unmapped (UCX then dropped its registration
+    /// and `ucp_put_lat` over shared memory never finished).
+    #[test]
+    fn moving_pages_keeps_the_bytes_and_is_not_seen_by_memory_hooks() {
+        let n = 4 * PAGE;
+        let buf = raw_mmap(n, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0).unwrap() as u64;
+        let bytes = |b: u64| {
+            (0..n)
+                .map(move |i| (i as u8) ^ (b as u8))
+                .collect::<Vec<u8>>()
+        };
+        // SAFETY: buf is our fresh mapping of n bytes.
+        let mem = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, n as usize) };
+        mem.copy_from_slice(&bytes(7));
+        // SAFETY: a fresh memfd, ours.
+        let fd = unsafe { libc::memfd_create(c"softrdma-shm-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: our memfd; a sparse length covering the arena.
+        assert_eq!(
+            unsafe { libc::ftruncate(fd, (ARENA_OFF + ARENA_LEN) as libc::off_t) },
+            0
+        );
+        let mut shares = Shares::default();
+        let sh = shares
+            .share(fd, buf, n)
+            .expect("private anonymous pages are shared");
+        assert_eq!((sh.lo, sh.hi), (buf, buf + n));
+        assert!(still_ours(buf, buf + n, ARENA_OFF + sh.off));
+        assert_eq!(mem, &bytes(7)[..]);
+        mem[5] = 0xee;
+        shares.unshare(fd, sh);
+        assert!(private_anonymous(buf, buf + n));
+        assert_eq!(mem[5], 0xee);
+        let hooked = HOOKED.load(Ordering::SeqCst);
+        assert!(
+            !(buf..buf + n).contains(&hooked),
+            "libc's mremap moved the application's buffer at {hooked:#x}"
+        );
+        // SAFETY: our mapping and descriptor, no longer used.
+        unsafe {
+            libc::syscall(libc::SYS_munmap, buf, n as usize);
+            libc::close(fd);
+        }
     }
 
     #[test]

@@ -245,7 +245,7 @@ fn still_ours(lo: u64, hi: u64, file_off: u64) -> bool {
 /// `[lo, lo + n)` must be page-aligned writable memory of this process
 /// that nothing else relies on being private (see the module docs).
 unsafe fn move_into(fd: RawFd, lo: u64, n: u64, file_off: u64) -> io::Result<()> {
-    let tmp = raw_mmap(n, libc::MAP_SHARED, fd, file_off as libc::off_t)?;
+    let tmp = raw_mmap(n, Some((fd, file_off as libc::off_t)))?;
     // SAFETY: `lo..lo+n` is readable (caller) and `tmp` is a fresh mapping
     // of n bytes: distinct ranges.
     unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, tmp.cast::<u8>(), n as usize) };
@@ -258,7 +258,7 @@ unsafe fn move_into(fd: RawFd, lo: u64, n: u64, file_off: u64) -> io::Result<()>
 /// # Safety
 /// As for [`move_into`].
 unsafe fn move_out(lo: u64, n: u64) -> io::Result<()> {
-    let tmp = raw_mmap(n, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)?;
+    let tmp = raw_mmap(n, None)?;
     // SAFETY: as in `move_into`.
     unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, tmp.cast::<u8>(), n as usize) };
     // SAFETY: as in `move_into`.
@@ -274,15 +274,16 @@ unsafe fn move_out(lo: u64, n: u64) -> io::Result<()> {
 // cache entry for the buffer it had just registered, and `ucp_put_lat`
 // over shared memory never finished (docs/INTEROP.md, UCX).
 
-/// A new read-write mapping of `n` bytes where the kernel picks.
-fn raw_mmap(
-    n: u64,
-    flags: libc::c_int,
-    fd: RawFd,
-    off: libc::off_t,
-) -> io::Result<*mut libc::c_void> {
-    // SAFETY: mmap with a null hint makes a new mapping and touches no
-    // existing memory; its arguments are plain values.
+/// A new read-write mapping of `n` bytes where the kernel picks: of `fd`
+/// at the offset, shared, or private anonymous memory.
+fn raw_mmap(n: u64, file: Option<(RawFd, libc::off_t)>) -> io::Result<*mut libc::c_void> {
+    let (flags, fd, off) = match file {
+        Some((fd, off)) => (libc::MAP_SHARED, fd, off),
+        None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0),
+    };
+    // SAFETY: mmap with a null hint and without MAP_FIXED makes a new
+    // mapping and touches no existing memory; its arguments are plain
+    // values.
     let r = unsafe {
         libc::syscall(
             libc::SYS_mmap,
@@ -373,7 +374,7 @@ mod tests {
     #[test]
     fn moving_pages_keeps_the_bytes_and_is_not_seen_by_memory_hooks() {
         let n = 4 * PAGE;
-        let buf = raw_mmap(n, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0).unwrap() as u64;
+        let buf = raw_mmap(n, None).unwrap() as u64;
         let bytes = |b: u64| {
             (0..n)
                 .map(move |i| (i as u8) ^ (b as u8))

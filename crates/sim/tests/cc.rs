@@ -6,21 +6,28 @@ use softrdma_core::cc::{dcqcn, CcConfig};
 use softrdma_sim::fabric::{Config, Ecn, Report};
 use softrdma_sim::{output, Fabric, Flow, Op, Topology, Traffic, PS_PER_MS, PS_PER_US};
 
+/// A WRITE of `size` bytes from host `src` to `dst`, starting at `start`.
+fn write(src: usize, dst: usize, size: u64, start: softrdma_sim::Ps) -> Flow {
+    Flow {
+        src,
+        dst,
+        size,
+        start,
+        op: Op::Write,
+        after: Vec::new(),
+    }
+}
+
 fn two_flows(cc: CcConfig, ecn: Ecn) -> Report {
     // dumbbell:n=2: hosts 0, 1 on the left, 2, 3 on the right; 0 → 2 from
     // t = 0, 1 → 3 from 2 ms, both through the one 100G bottleneck.
     let t = Topology::from_spec("dumbbell:n=2").unwrap();
-    let flow = |src, dst, start| Flow {
-        src,
-        dst,
-        size: 150_000_000,
-        start,
-        op: Op::Write,
-        after: Vec::new(),
-    };
     let tr = Traffic {
         name: "e1".into(),
-        flows: vec![flow(0, 2, 0), flow(1, 3, 2 * PS_PER_MS)],
+        flows: vec![
+            write(0, 2, 150_000_000, 0),
+            write(1, 3, 150_000_000, 2 * PS_PER_MS),
+        ],
     };
     let cfg = Config {
         cc,
@@ -163,14 +170,6 @@ fn timely_and_patched_timely_run_on_rtt_samples() {
 fn timely_keeps_the_split_its_start_gave_and_patched_timely_does_not() {
     let run = |spec: &str| {
         let t = Topology::from_spec("dumbbell:n=2,rate=10G").unwrap();
-        let flow = |src, dst, start| Flow {
-            src,
-            dst,
-            size: 100_000_000,
-            start,
-            op: Op::Write,
-            after: Vec::new(),
-        };
         let cfg = Config {
             cc: CcConfig::parse(spec).unwrap(),
             sample: PS_PER_MS,
@@ -178,7 +177,10 @@ fn timely_keeps_the_split_its_start_gave_and_patched_timely_does_not() {
         };
         let tr = Traffic {
             name: "e3".into(),
-            flows: vec![flow(0, 2, 0), flow(1, 3, 20 * PS_PER_MS)],
+            flows: vec![
+                write(0, 2, 100_000_000, 0),
+                write(1, 3, 100_000_000, 20 * PS_PER_MS),
+            ],
         };
         let r = Fabric::new(cfg, t, tr).unwrap().run();
         assert_eq!(r.counters.flows_done, 2, "{spec}");

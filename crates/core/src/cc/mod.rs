@@ -98,7 +98,7 @@ impl CcConfig {
             let x: f64 = num
                 .parse()
                 .map_err(|_| format!("`{v}` is not a number (in `{kv}`)"))?;
-            timely::Timely::set(p, k, x * mult)?;
+            p.set(k, x * mult)?;
         }
         Ok(cfg)
     }

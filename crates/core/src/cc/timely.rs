@@ -84,6 +84,32 @@ impl Params {
             ..Params::timely()
         }
     }
+
+    /// Set a parameter by the name `--cc timely:KEY=VALUE` uses.
+    pub fn set(&mut self, key: &str, v: f64) -> Result<(), String> {
+        let us = |v: f64| (v * 1e3).round() as Nanos;
+        match key {
+            "alpha" if (0.0..=1.0).contains(&v) => self.alpha = v,
+            "beta" if (0.0..=1.0).contains(&v) => self.beta = v,
+            "t_low" if v >= 0.0 => self.t_low = us(v),
+            "t_high" if v > 0.0 => self.t_high = us(v),
+            "min_rtt" if v > 0.0 => self.min_rtt = us(v),
+            "rtt_ref" if v > 0.0 => self.rtt_ref = us(v),
+            "delta" if v > 0.0 && v <= 1.0 => self.delta_frac = v,
+            "min" if v > 0.0 && v <= 1.0 => self.min_frac = v,
+            "init" if v > 0.0 && v <= 1.0 => self.init_frac = v,
+            "seg" if (0.0..=(1u64 << 30) as f64).contains(&v) => self.seg = v as u32,
+            "alpha" | "beta" | "t_low" | "t_high" | "min_rtt" | "rtt_ref" | "delta" | "min"
+            | "init" | "seg" => return Err(format!("{key}={v} is out of range")),
+            _ => {
+                return Err(format!(
+                    "TIMELY has no parameter `{key}` (alpha, beta, t_low, t_high, min_rtt, \
+                     rtt_ref in µs; delta, min, init as fractions of line rate; seg in bytes)"
+                ))
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -114,32 +140,6 @@ impl Timely {
     /// Bytes per RTT sample (`None`: one per round trip).
     pub fn sample_bytes(&self) -> Option<u32> {
         (self.p.seg > 0).then_some(self.p.seg)
-    }
-
-    /// Set a parameter by the name `--cc timely:KEY=VALUE` uses.
-    pub fn set(p: &mut Params, key: &str, v: f64) -> Result<(), String> {
-        let us = |v: f64| (v * 1e3).round() as Nanos;
-        match key {
-            "alpha" if (0.0..=1.0).contains(&v) => p.alpha = v,
-            "beta" if (0.0..=1.0).contains(&v) => p.beta = v,
-            "t_low" if v >= 0.0 => p.t_low = us(v),
-            "t_high" if v > 0.0 => p.t_high = us(v),
-            "min_rtt" if v > 0.0 => p.min_rtt = us(v),
-            "rtt_ref" if v > 0.0 => p.rtt_ref = us(v),
-            "delta" if v > 0.0 && v <= 1.0 => p.delta_frac = v,
-            "min" if v > 0.0 && v <= 1.0 => p.min_frac = v,
-            "init" if v > 0.0 && v <= 1.0 => p.init_frac = v,
-            "seg" if (0.0..=(1u64 << 30) as f64).contains(&v) => p.seg = v as u32,
-            "alpha" | "beta" | "t_low" | "t_high" | "min_rtt" | "rtt_ref" | "delta" | "min"
-            | "init" | "seg" => return Err(format!("{key}={v} is out of range")),
-            _ => {
-                return Err(format!(
-                    "TIMELY has no parameter `{key}` (alpha, beta, t_low, t_high, min_rtt, \
-                     rtt_ref in µs; delta, min, init as fractions of line rate; seg in bytes)"
-                ))
-            }
-        }
-        Ok(())
     }
 
     pub fn current_rate(&self) -> u64 {
@@ -246,16 +246,16 @@ mod tests {
     fn segment_mode_and_initial_rate() {
         let mut p = Params::timely();
         assert_eq!(Timely::new(p, G100).sample_bytes(), None);
-        Timely::set(&mut p, "seg", 16384.0).unwrap();
-        Timely::set(&mut p, "init", 0.1).unwrap();
-        Timely::set(&mut p, "t_high", 1000.0).unwrap();
+        p.set("seg", 16384.0).unwrap();
+        p.set("init", 0.1).unwrap();
+        p.set("t_high", 1000.0).unwrap();
         let t = Timely::new(p, G100);
         assert_eq!(t.sample_bytes(), Some(16384));
         assert_eq!(t.current_rate(), 10_000_000_000);
         assert_eq!(p.t_high, 1000 * US);
-        assert!(Timely::set(&mut p, "init", 0.0).is_err());
-        assert!(Timely::set(&mut p, "beta", 2.0).is_err());
-        let e = Timely::set(&mut p, "gamma", 1.0).unwrap_err();
+        assert!(p.set("init", 0.0).is_err());
+        assert!(p.set("beta", 2.0).is_err());
+        let e = p.set("gamma", 1.0).unwrap_err();
         assert!(e.contains("no parameter `gamma`"), "{e}");
     }
 

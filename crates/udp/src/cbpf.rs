@@ -12,6 +12,8 @@
 //!   slot) to the index of the socket owning that slot, by a chain of
 //!   comparisons built from the current member table; and a steering probe
 //!   carrying the group's secret to the index written in the probe.
+//!   Datagrams for QP1 (the GSI: communication management MADs) belong to
+//!   no slot; they are steered by what the MAD says (see [`gsi`]).
 //! * The **probe filter** sits on every member socket and drops steering
 //!   probes carrying the secret (everything else passes). The kernel counts
 //!   the drop on the socket that was picked (`sk_drops`, which `sock_diag`
@@ -60,6 +62,7 @@ const LD_B_ABS: u16 = 0x30;
 const LD_W_LEN: u16 = 0x80;
 const JEQ_K: u16 = 0x15;
 const JGE_K: u16 = 0x35;
+const JA: u16 = 0x05;
 const RET_K: u16 = 0x06;
 const RET_A: u16 = 0x16;
 
@@ -83,8 +86,42 @@ fn secret_words(secret: [u8; 8]) -> (u32, u32) {
     )
 }
 
-/// The group program for `table`: (slot, index of its socket) pairs.
-pub(crate) fn group_program(secret: [u8; 8], table: &[(u8, u16)]) -> Vec<Insn> {
+/// How QP1 datagrams are steered (offsets from the UDP payload: BTH 0..12,
+/// DETH 12..20, the MAD from 20, its attribute ID at 36, the CM message
+/// from 44).
+///
+/// * A CM REQ or SIDR_REQ (a new connection or a UD service lookup) goes to
+///   the member listening on its service ID: the low 32 bits at 56 (port
+///   space and port, `0x0106_PPPP` for `RDMA_PS_TCP`), looked up in the
+///   listener table. Nobody listening: hashed to some member, which rejects
+///   it (the IB CM's "invalid service ID").
+/// * A SIDR_REP carries the requester's request ID at 44; every other CM
+///   message carries the receiver's communication ID at 48 (RemoteCommID).
+///   softrdma puts the QPN slot of the process in the top byte of every ID
+///   it hands out, so those go by the slot chain like any QP's datagram.
+/// * Anything else for QP1 (not a CM MAD, too short for one): hashed.
+pub(crate) mod gsi {
+    /// Shortest UDP payload the program reads a CM MAD from.
+    pub(crate) const MIN_LEN: u32 = 60;
+    pub(crate) const MGMT_CLASS_AT: u32 = 21;
+    pub(crate) const MGMT_CLASS_CM: u32 = 0x07;
+    pub(crate) const ATTR_AT: u32 = 36;
+    pub(crate) const ATTR_REQ: u32 = 0x0010;
+    pub(crate) const ATTR_SIDR_REQ: u32 = 0x0017;
+    pub(crate) const ATTR_SIDR_REP: u32 = 0x0018;
+    pub(crate) const REQUEST_ID_AT: u32 = 44;
+    pub(crate) const REMOTE_COMM_ID_AT: u32 = 48;
+    pub(crate) const SERVICE_LOW_AT: u32 = 56;
+}
+
+/// The group program for `table`, (slot, index of its socket) pairs, and
+/// `listeners`, (low 32 bits of a CM service ID, index of the socket of
+/// the member listening on it).
+pub(crate) fn group_program(
+    secret: [u8; 8],
+    table: &[(u8, u16)],
+    listeners: &[(u32, u16)],
+) -> Vec<Insn> {
     let (hi, lo) = secret_words(secret);
     // Offsets from the UDP payload; a load past the end would make the
     // program return 0 (index 0, a real socket), so the length is checked
@@ -104,6 +141,40 @@ pub(crate) fn group_program(secret: [u8; 8], table: &[(u8, u16)]) -> Vec<Insn> {
         op(RET_A, 0, 0, 0),                   // 11
         op(LD_B_ABS, 0, 0, 5),                // 12: A = top byte of dest QPN
     ];
+    // Slot 0: QP1? Then by the MAD (see `gsi`); the GSI part jumps to the
+    // slot chain with a slot byte in A.
+    let l = 2 * listeners.len() as u32;
+    let gsi_len = 18 + l + 1;
+    p.push(op(JEQ_K, 1, 0, 0)); // 13: slot 0 -> 15
+    p.push(op(JA, 0, 0, gsi_len)); // 14: -> chain
+    let at = p.len();
+    p.extend([
+        op(LD_H_ABS, 0, 0, 6),                      // 15: low 16 bits of dest QPN
+        op(JEQ_K, 1, 0, 1),                         // 16: QP1? -> 18
+        op(RET_K, 0, 0, NO_SOCKET),                 // 17
+        op(LD_W_LEN, 0, 0, 0),                      // 18
+        op(JGE_K, 1, 0, gsi::MIN_LEN),              // 19: -> 21
+        op(RET_K, 0, 0, NO_SOCKET),                 // 20
+        op(LD_B_ABS, 0, 0, gsi::MGMT_CLASS_AT),     // 21
+        op(JEQ_K, 1, 0, gsi::MGMT_CLASS_CM),        // 22: -> 24
+        op(RET_K, 0, 0, NO_SOCKET),                 // 23
+        op(LD_H_ABS, 0, 0, gsi::ATTR_AT),           // 24
+        op(JEQ_K, 6, 0, gsi::ATTR_REQ),             // 25: -> 32
+        op(JEQ_K, 5, 0, gsi::ATTR_SIDR_REQ),        // 26: -> 32
+        op(JEQ_K, 0, 2, gsi::ATTR_SIDR_REP),        // 27: else -> 30
+        op(LD_B_ABS, 0, 0, gsi::REQUEST_ID_AT),     // 28
+        op(JA, 0, 0, 4 + l),                        // 29: -> chain
+        op(LD_B_ABS, 0, 0, gsi::REMOTE_COMM_ID_AT), // 30
+        op(JA, 0, 0, 2 + l),                        // 31: -> chain
+        op(LD_W_ABS, 0, 0, gsi::SERVICE_LOW_AT),    // 32
+    ]);
+    for &(service, index) in listeners {
+        p.push(op(JEQ_K, 0, 1, service));
+        p.push(op(RET_K, 0, 0, index as u32));
+    }
+    p.push(op(RET_K, 0, 0, NO_SOCKET));
+    debug_assert_eq!(p.len() - at, gsi_len as usize);
+    // The slot chain.
     for &(slot, index) in table {
         p.push(op(JEQ_K, 0, 1, slot as u32));
         p.push(op(RET_K, 0, 0, index as u32));
@@ -203,6 +274,7 @@ mod tests {
                     }
                 }
                 JEQ_K => pc += if a == i.k { i.jt } else { i.jf } as usize,
+                JA => pc += i.k as usize,
                 JGE_K => pc += if a >= i.k { i.jt } else { i.jf } as usize,
                 RET_K => return i.k,
                 RET_A => return a,
@@ -221,7 +293,7 @@ mod tests {
     #[test]
     fn group_program_steers_slots_and_probes() {
         let secret = *b"\x01\x02\x03\x04\xa5\xb6\xc7\xd8";
-        let p = group_program(secret, &[(3, 0), (7, 2), (200, 1)]);
+        let p = group_program(secret, &[(3, 0), (7, 2), (200, 1)], &[]);
         assert_eq!(run(&p, &bth(3)), 0);
         assert_eq!(run(&p, &bth(7)), 2);
         assert_eq!(run(&p, &bth(200)), 1);
@@ -233,9 +305,65 @@ mod tests {
         assert_eq!(run(&p, &probe(*b"12345678", 1)), NO_SOCKET);
         // 255 slots still fit the kernel's 4096-instruction limit.
         let all: Vec<(u8, u16)> = (1..=255u8).map(|s| (s, s as u16 - 1)).collect();
-        let p = group_program(secret, &all);
+        let p = group_program(secret, &all, &[]);
         assert!(p.len() < 4096);
         assert_eq!(run(&p, &bth(255)), 254);
+    }
+
+    /// A CM MAD for QP1: `attr` at 36, `id` (the request or remote
+    /// communication ID) at 44 or 48, `service` at 52.
+    fn mad(attr: u16, id: u32, service: u64) -> Vec<u8> {
+        let mut d = vec![0u8; 12 + 8 + 256 + 4];
+        d[0] = 0x64; // UD SEND ONLY
+        d[7] = 1; // dest QP 1
+        d[20] = 1; // base version
+        d[21] = 0x07; // CM
+        d[22] = 2;
+        d[23] = 0x03; // Send
+        d[36..38].copy_from_slice(&attr.to_be_bytes());
+        if attr == 0x0018 {
+            d[44..48].copy_from_slice(&id.to_be_bytes());
+        } else {
+            d[48..52].copy_from_slice(&id.to_be_bytes());
+        }
+        if attr == 0x0010 || attr == 0x0017 {
+            d[44..48].copy_from_slice(&0x0101_0101u32.to_be_bytes()); // the sender's
+            d[48..52].fill(0);
+            d[52..60].copy_from_slice(&service.to_be_bytes());
+        }
+        d
+    }
+
+    #[test]
+    fn gsi_datagrams_go_by_listener_and_by_communication_id() {
+        let secret = *b"\x01\x02\x03\x04\xa5\xb6\xc7\xd8";
+        let table = [(3, 0), (7, 2), (200, 1)];
+        let listeners = [(0x0106_4e20, 2), (0x0111_0007, 1)];
+        let p = group_program(secret, &table, &listeners);
+        // REQ / SIDR_REQ by service (port space and port).
+        assert_eq!(run(&p, &mad(0x0010, 0, 0x0000_0000_0106_4e20)), 2);
+        assert_eq!(run(&p, &mad(0x0017, 0, 0x0000_0000_0111_0007)), 1);
+        assert_eq!(run(&p, &mad(0x0010, 0, 0x0000_0000_0106_4e21)), NO_SOCKET);
+        // The port space counts: port 7 of RDMA_PS_TCP is not listened on.
+        assert_eq!(run(&p, &mad(0x0010, 0, 0x0000_0000_0106_0007)), NO_SOCKET);
+        // Replies by the slot in the top byte of the receiver's ID.
+        for attr in [0x0011, 0x0012, 0x0013, 0x0014, 0x0015, 0x0016] {
+            assert_eq!(run(&p, &mad(attr, 0xc800_1234, 0)), 1, "attr {attr:#x}");
+            assert_eq!(run(&p, &mad(attr, 0x0700_0001, 0)), 2, "attr {attr:#x}");
+            assert_eq!(run(&p, &mad(attr, 0x0500_0001, 0)), NO_SOCKET);
+        }
+        assert_eq!(run(&p, &mad(0x0018, 0x03ab_cdef, 0)), 0);
+        // Not a CM MAD, not QP1, or too short: no socket.
+        let mut sa = mad(0x0013, 0x0300_0000, 0);
+        sa[21] = 0x03;
+        assert_eq!(run(&p, &sa), NO_SOCKET);
+        let mut qp2 = mad(0x0013, 0x0300_0000, 0);
+        qp2[7] = 2;
+        assert_eq!(run(&p, &qp2), NO_SOCKET);
+        assert_eq!(run(&p, &mad(0x0013, 0x0300_0000, 0)[..59]), NO_SOCKET);
+        // Ordinary slots and probes are unchanged.
+        assert_eq!(run(&p, &bth(7)), 2);
+        assert_eq!(run(&p, &probe(secret, 5)), 5);
     }
 
     #[test]

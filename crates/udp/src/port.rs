@@ -234,6 +234,20 @@ impl Port {
         &self.steering
     }
 
+    /// Start (`on`) or stop receiving the connection requests (CM REQ and
+    /// SIDR_REQ MADs for QP1) for the CM service whose ID ends in
+    /// `service` (port space and port, `0x0106_4e20` for TCP port 20000).
+    /// Replies to this port's own CM messages arrive anyway, steered by
+    /// the slot in their communication IDs. A port that owns its address
+    /// alone receives everything already. Another process of this address
+    /// listening on it: `AddrInUse`.
+    pub fn listen_service(&mut self, service: u32, on: bool) -> io::Result<()> {
+        match &mut self.joined {
+            Some(j) => j.listen(&self.sock, service, on),
+            None => Ok(()),
+        }
+    }
+
     /// This port's GID: the IPv6 address, or the IPv4-mapped one.
     pub fn local_gid(&self) -> [u8; 16] {
         gid_of(self.local.addr.ip())

@@ -221,7 +221,9 @@ impl Receiver {
                 match verdict {
                     Err(Bad::Short) => stats.rx_malformed += 1,
                     Err(Bad::Icrc) => stats.icrc_bad += 1,
-                    Ok(_) if slot.is_some_and(|s| chunk[5] != s) => {
+                    // QP1 (the GSI) is in no slot: its MADs are steered by
+                    // their content and taken by every member.
+                    Ok(_) if slot.is_some_and(|s| chunk[5] != s) && chunk[5..8] != [0, 0, 1] => {
                         stats.rx_wrong_slot += 1;
                         events.wrong_slot.get_or_insert(chunk[5]);
                     }

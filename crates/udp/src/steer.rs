@@ -23,8 +23,13 @@
 //!   kernel's drop counter of exactly that socket goes up in the socket
 //!   listing any user may read (`sock_diag`, see [`crate::listing`]). One probe per index gives the
 //!   whole array, with no help from the other processes, alive or stuck.
+//! * **QP1.** Communication management MADs (the GSI, QP1) go to the
+//!   member listening on the service a REQ names, and every reply to the
+//!   member whose slot is the top byte of the communication ID it names
+//!   (see [`crate::cbpf`]'s `gsi`). A member registers what it listens on
+//!   ([`Joined::listen`]); its listeners go with it.
 //! * **State.** `<runtime dir>/<addr>-<port>.steer` lists the members
-//!   (slot, socket inode, pid) and the secret; `<addr>-<port>.lock` is
+//!   (slot, socket inode, pid), their listeners and the secret; `<addr>-<port>.lock` is
 //!   `flock`ed around every change (join, leave, repair), so the array only
 //!   changes under the lock — except by a death.
 //! * **Join:** bind (appended last), measure, claim the lowest free slot,
@@ -95,14 +100,23 @@ struct Member {
     pid: u32,
 }
 
+/// A member's listener: the low 32 bits of a CM service ID (port space and
+/// port) whose REQs and SIDR_REQs the member takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Listener {
+    slot: u8,
+    service: u32,
+}
+
 /// The state file's content.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct State {
     secret: [u8; 8],
     members: Vec<Member>,
+    listeners: Vec<Listener>,
 }
 
-const MAGIC: &str = "softrdma-steer 1";
+const MAGIC: &str = "softrdma-steer 2";
 
 impl State {
     fn parse(text: &str) -> Option<State> {
@@ -113,6 +127,7 @@ impl State {
         let hex = lines.next()?.strip_prefix("secret ")?;
         let v = u64::from_str_radix(hex, 16).ok()?;
         let mut members = Vec::new();
+        let mut listeners = Vec::new();
         for l in lines {
             let f: Vec<&str> = l.split_whitespace().collect();
             match f.as_slice() {
@@ -121,19 +136,49 @@ impl State {
                     inode: inode.parse().ok()?,
                     pid: pid.parse().ok()?,
                 }),
+                ["listen", slot, service] => listeners.push(Listener {
+                    slot: slot.parse().ok()?,
+                    service: u32::from_str_radix(service, 16).ok()?,
+                }),
                 _ => return None,
             }
         }
         Some(State {
             secret: v.to_be_bytes(),
             members,
+            listeners,
         })
+    }
+
+    /// The group program for the socket array `array`: the members' slots,
+    /// and the listeners of the members in it.
+    fn program(&self, array: &[Option<u64>]) -> Vec<cbpf::Insn> {
+        let table = table_for(array, &self.members);
+        let listeners: Vec<(u32, u16)> = self
+            .listeners
+            .iter()
+            .filter_map(|l| {
+                let &(_, i) = table.iter().find(|&&(s, _)| s == l.slot)?;
+                Some((l.service, i))
+            })
+            .collect();
+        cbpf::group_program(self.secret, &table, &listeners)
+    }
+
+    /// Keep only the listeners of members still present.
+    fn prune_listeners(&mut self) {
+        let members = &self.members;
+        self.listeners
+            .retain(|l| members.iter().any(|m| m.slot == l.slot));
     }
 
     fn format(&self) -> String {
         let mut s = format!("{MAGIC}\nsecret {:016x}\n", u64::from_be_bytes(self.secret));
         for m in &self.members {
             s.push_str(&format!("member {} {} {}\n", m.slot, m.inode, m.pid));
+        }
+        for l in &self.listeners {
+            s.push_str(&format!("listen {} {:08x}\n", l.slot, l.service));
         }
         s
     }
@@ -377,10 +422,11 @@ pub(crate) fn join(sock: &Socket, addr: SocketAddr, dir: &Path) -> Result<Joined
         })?
     };
     let live: HashSet<u64> = array.iter().flatten().copied().collect();
-    let mut members: Vec<Member> = old
+    let (members, mut listeners) = old
         .filter(|_| !empty)
-        .map(|st| st.members)
-        .unwrap_or_default()
+        .map(|st| (st.members, st.listeners))
+        .unwrap_or_default();
+    let mut members: Vec<Member> = members
         .into_iter()
         .filter(|m| live.contains(&m.inode) && m.inode != inode)
         .collect();
@@ -399,12 +445,15 @@ pub(crate) fn join(sock: &Socket, addr: SocketAddr, dir: &Path) -> Result<Joined
         inode,
         pid: std::process::id(),
     });
-    cbpf::attach_group(
-        fd,
-        &cbpf::group_program(secret, &table_for(&array, &members)),
-    )
-    .map_err(failed)?;
-    let st = State { secret, members };
+    // A dead member's listeners, and any left for the slot we now take.
+    listeners.retain(|l| l.slot != slot);
+    let mut st = State {
+        secret,
+        members,
+        listeners,
+    };
+    st.prune_listeners();
+    cbpf::attach_group(fd, &st.program(&array)).map_err(failed)?;
     write_state(&state_path, &st).map_err(failed)?;
     Ok(Joined {
         slot,
@@ -428,27 +477,59 @@ impl Joined {
         let Some(st) = read_state(&self.state_path) else {
             return;
         };
-        let members: Vec<Member> = st
-            .members
-            .iter()
-            .copied()
-            .filter(|m| m.inode != self.inode)
-            .collect();
+        let mut st = st;
+        st.members.retain(|m| m.inode != self.inode);
+        st.prune_listeners();
         if let Ok(mut array) = measure_retrying(self.addr, st.secret, &mut self.table) {
             if let Some(i) = array.iter().position(|&x| x == Some(self.inode)) {
                 array.swap_remove(i);
-                let prog = cbpf::group_program(st.secret, &table_for(&array, &members));
-                let _ = cbpf::attach_group(sock.as_raw_fd(), &prog);
+                let _ = cbpf::attach_group(sock.as_raw_fd(), &st.program(&array));
             }
         }
         drop(sock);
-        let _ = write_state(
-            &self.state_path,
-            &State {
-                secret: st.secret,
-                members,
-            },
-        );
+        let _ = write_state(&self.state_path, &st);
+    }
+
+    /// Start (`on`) or stop taking the CM REQs and SIDR_REQs for
+    /// `service` (the low 32 bits of its service ID) at this address.
+    /// Another live member listening on it already: `AddrInUse`.
+    pub(crate) fn listen(&mut self, sock: &Socket, service: u32, on: bool) -> io::Result<()> {
+        let _lock = rundir::lock(&self.lock_path)?;
+        let mut st = read_state(&self.state_path).ok_or_else(|| {
+            io::Error::other(format!("{} is missing", self.state_path.display()))
+        })?;
+        let array = measure_retrying(self.addr, st.secret, &mut self.table)?;
+        let live: HashSet<u64> = array.iter().flatten().copied().collect();
+        st.members.retain(|m| live.contains(&m.inode));
+        st.prune_listeners();
+        let ours = |l: &Listener| l.slot == self.slot && l.service == service;
+        if on {
+            if let Some(l) = st.listeners.iter().find(|l| l.service == service) {
+                if l.slot != self.slot {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!(
+                            "service {service:#010x} at {} is listened on by another process (slot {})",
+                            self.addr.ip(),
+                            l.slot
+                        ),
+                    ));
+                }
+                return Ok(());
+            }
+            st.listeners.push(Listener {
+                slot: self.slot,
+                service,
+            });
+        } else if !st.listeners.iter().any(ours) {
+            return Ok(());
+        } else {
+            st.listeners.retain(|l| !ours(l));
+        }
+        cbpf::attach_group(sock.as_raw_fd(), &st.program(&array))?;
+        write_state(&self.state_path, &st)?;
+        self.view = view_of(&self.state_path, &st);
+        Ok(())
     }
 
     /// A datagram for `slot` (not ours) arrived on `sock`. If the state says
@@ -474,19 +555,10 @@ impl Joined {
         }
         let array = measure_retrying(self.addr, st.secret, &mut self.table)?;
         let live: HashSet<u64> = array.iter().flatten().copied().collect();
-        let members: Vec<Member> = st
-            .members
-            .into_iter()
-            .filter(|m| live.contains(&m.inode))
-            .collect();
-        cbpf::attach_group(
-            sock.as_raw_fd(),
-            &cbpf::group_program(st.secret, &table_for(&array, &members)),
-        )?;
-        let st = State {
-            secret: st.secret,
-            members,
-        };
+        let mut st = st;
+        st.members.retain(|m| live.contains(&m.inode));
+        st.prune_listeners();
+        cbpf::attach_group(sock.as_raw_fd(), &st.program(&array))?;
         write_state(&self.state_path, &st)?;
         self.view = view_of(&self.state_path, &st);
         self.repairs += 1;
@@ -522,9 +594,15 @@ mod tests {
                     pid: 2,
                 },
             ],
+            listeners: vec![Listener {
+                slot: 255,
+                service: 0x0106_4e20,
+            }],
         };
         assert_eq!(State::parse(&st.format()), Some(st.clone()));
-        assert_eq!(State::parse("softrdma-steer 2\nsecret 00\n"), None);
+        // The previous format (no listeners) is not this one.
+        assert_eq!(State::parse("softrdma-steer 1\nsecret 00\n"), None);
+        assert_eq!(State::parse(&(st.format() + "listen 1 xyz\n")), None);
         assert_eq!(State::parse(&(st.format() + "member 1 x 3\n")), None);
         assert_eq!(State::parse(&(st.format() + "member 256 1 3\n")), None);
     }

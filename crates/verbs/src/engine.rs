@@ -173,6 +173,13 @@ pub(crate) struct State {
     pub udp_qps: Vec<u32>,
     /// How many QPs in all are counted in `udp_qps`.
     pub udp_total: u32,
+    /// QP1: MADs for the connection manager (see `crate::gsi`).
+    pub gsi: Arc<crate::gsi::Inbox>,
+    /// Replies the engine owes to MADs nobody in this process takes (a
+    /// REQ for a service nobody listens on): sent after the receive.
+    gsi_out: Vec<([u8; 16], [u8; crate::gsi::MAD_LEN])>,
+    /// The PSN of QP1's next MAD.
+    gsi_psn: u32,
 }
 
 /// A QP connected to a QP of a context on this host that shares memory.
@@ -246,8 +253,31 @@ impl State {
         let now = self.now();
         let mut p = Pass::default();
         if rx {
-            let State { ep, port, mem, .. } = self;
+            let State {
+                ep,
+                port,
+                mem,
+                gsi,
+                gsi_out,
+                ..
+            } = self;
             match port.recv(|m, bytes| {
+                if crate::gsi::for_qp1(bytes) {
+                    match crate::gsi::parse(bytes, m.sgid) {
+                        None => {
+                            gsi.drops.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(mad) if gsi.is_open() => gsi.push(mad),
+                        Some(mad) => {
+                            if let Some(reply) = crate::cm::unclaimed(&mad.bytes) {
+                                if gsi_out.len() < 64 {
+                                    gsi_out.push((mad.sgid, reply));
+                                }
+                            }
+                        }
+                    }
+                    return;
+                }
                 let meta = RxMeta {
                     sgid: m.sgid,
                     dgid: m.dgid,
@@ -258,6 +288,9 @@ impl State {
             }) {
                 Ok(n) => p.rx = n > 0,
                 Err(e) => eprintln!("softrdma: receive failed: {e}"),
+            }
+            while let Some((gid, mad)) = self.gsi_out.pop() {
+                let _ = self.send_mad(gid, &mad);
             }
         }
         if let State {
@@ -302,6 +335,13 @@ impl State {
         }
         self.deliver_events(async_fd);
         p
+    }
+
+    /// Send one MAD from QP1 to QP1 at `dgid`, now.
+    pub fn send_mad(&mut self, dgid: [u8; 16], mad: &[u8; crate::gsi::MAD_LEN]) -> io::Result<()> {
+        let h = crate::gsi::headers(self.gsi_psn);
+        self.gsi_psn = (self.gsi_psn + 1) & 0xff_ffff;
+        self.port.send(dgid, 1, &h, &[mad], 0)
     }
 
     /// Send what the core has, up to the budget. Returns (sent, budget
@@ -692,6 +732,9 @@ impl Engine {
                 direct: Vec::new(),
                 udp_qps: Vec::new(),
                 udp_total: 0,
+                gsi: Arc::new(crate::gsi::Inbox::new()?),
+                gsi_out: Vec::new(),
+                gsi_psn: 0,
             }),
             shm,
             transport,

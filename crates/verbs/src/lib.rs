@@ -61,9 +61,11 @@
 #[cfg(feature = "tokio")]
 pub mod aio;
 mod buffer;
+pub mod cm;
 mod connect;
 mod device;
 mod engine;
+mod gsi;
 mod memory;
 pub mod oob;
 mod ops;
@@ -435,6 +437,8 @@ pub struct Context {
     dev: DeviceInfo,
     eng: Arc<Engine>,
     port_mtu: Mtu,
+    /// The device's connection manager, started by the first caller.
+    cm: std::sync::OnceLock<cm::Cm>,
 }
 
 impl Context {
@@ -516,7 +520,25 @@ impl Context {
             dev: dev.clone(),
             eng: Engine::start(ep, port, shm, transport, dev.gid())?,
             port_mtu,
+            cm: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The device's connection manager ([`cm`]): started by the first call
+    /// (a thread that speaks the CM protocol on QP1), the same one after.
+    pub fn connection_manager(&self) -> Result<cm::Cm> {
+        if let Some(c) = self.cm.get() {
+            return Ok(c.clone());
+        }
+        let a = cm::Agent::start(self.eng.clone(), self.dev.gid(), self.dev.addr)?;
+        let c = cm::Cm(a);
+        match self.cm.set(c.clone()) {
+            Ok(()) => Ok(c),
+            Err(_) => {
+                c.stop();
+                Ok(self.cm.get().expect("set by the other caller").clone())
+            }
+        }
     }
 
     /// The transport it was opened with ([`Transport::Auto`] unless forced).
@@ -649,6 +671,9 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if let Some(c) = self.cm.get() {
+            c.stop();
+        }
         self.eng.shutdown();
     }
 }

@@ -13,6 +13,8 @@
 //! * [`packet`] — a whole InfiniBand transport packet (BTH .. ICRC) as carried
 //!   in a RoCEv2 UDP datagram; its `Repr` emits the headers so the payload can
 //!   be written once, straight from registered memory, after them.
+//! * [`cm`] — communication management MADs (REQ, REP, RTU, REJ, MRA, DREQ,
+//!   DREP, SIDR) for QP1, and the rdma_cm header in their private data.
 //! * [`icrc`] — the invariant CRC exactly as Linux rxe computes it, over IPv4
 //!   and IPv6, and the recovery of the IPv4 fields a UDP socket hides.
 //! * [`frame`] — Ethernet, IPv4, IPv6 and UDP, enough to read captures and to
@@ -28,6 +30,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bth;
+pub mod cm;
 pub mod dissect;
 pub mod ext;
 pub mod frame;

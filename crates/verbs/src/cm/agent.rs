@@ -1,0 +1,837 @@
+//! The connection manager of one device: what the kernel's IB CM is to an
+//! RNIC. It owns the device's QP1 inbox, speaks the CM protocol (REQ, REP,
+//! RTU, REJ, MRA, DREQ, DREP, SIDR_REQ, SIDR_REP) with peers, retransmits
+//! what is unanswered, answers duplicates, and turns what it learns into
+//! events on the CM IDs of this process (see `super`).
+//!
+//! One thread per device that has a connection manager: it sleeps in
+//! `poll` on the inbox's eventfd and a wake-up eventfd, with the earliest
+//! retransmission deadline as its timeout; with nothing outstanding it has
+//! no timeout and uses no CPU.
+//!
+//! Communication IDs: the top byte is the QPN slot of this process's port
+//! (the steering of QP1 replies depends on it, see `softrdma_udp`'s
+//! `cbpf`), the low 24 bits a counter from a random start.
+//!
+//! Locks: the table's lock is taken before an ID's (an event names an ID);
+//! the ID layer (`super`) never holds an ID's lock while it calls in here.
+
+use super::{CmId, EventKind};
+use crate::engine::Engine;
+use crate::gsi::{Inbox, MAD_LEN};
+use crate::sys::EventFd;
+use softrdma_wire::cm::{self as w, CmMsg};
+use std::collections::HashMap;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// rdma_cm's CM response timeout, sent in every REQ (4.096 µs × 2^20 ≈
+/// 4.3 s, `CMA_CM_RESPONSE_TIMEOUT`): how long a REQ, REP or DREQ waits
+/// for its answer before it is sent again.
+pub(crate) const CM_RESPONSE_TIMEOUT: u8 = 20;
+/// How often it is sent again before the connection fails
+/// (`CMA_MAX_CM_RETRIES`).
+pub(crate) const MAX_CM_RETRIES: u8 = 15;
+
+/// 4.096 µs × 2^t.
+pub(crate) fn iba_time(t: u8) -> Duration {
+    Duration::from_nanos(4096u64 << t.min(31))
+}
+
+/// Where a connection of this device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Active: REQ sent, no REP yet.
+    ReqSent,
+    /// Active: REP received, RTU not sent yet (the application's QP is
+    /// being moved to RTS, or it calls `rdma_establish` itself).
+    RepRcvd,
+    /// Passive: REQ received, the application has not answered.
+    ReqRcvd,
+    /// Passive: REP sent, no RTU yet.
+    RepSent,
+    Established,
+    /// DREQ sent, no DREP yet.
+    DreqSent,
+    /// Disconnected (DREP sent or received, or the DREQ timed out).
+    Closed,
+    /// Active UD: SIDR_REQ sent.
+    SidrReqSent,
+    /// Passive UD: SIDR_REQ received, not answered yet.
+    SidrReqRcvd,
+    /// Passive UD: SIDR_REP sent.
+    SidrDone,
+}
+
+/// A message waiting for its answer.
+struct Resend {
+    mad: Box<[u8; MAD_LEN]>,
+    left: u8,
+    every: Duration,
+    at: Instant,
+}
+
+pub(crate) struct Conn {
+    pub id: CmId,
+    pub state: State,
+    pub peer_gid: [u8; 16],
+    /// The peer's communication ID (0 until known).
+    pub remote_comm_id: u32,
+    /// The peer's QP number (from its REQ or REP).
+    pub peer_qpn: u32,
+    tid: u64,
+    resend: Option<Resend>,
+    /// The last answer sent, re-sent when the message it answered comes
+    /// again (a REP for a repeated REQ, an RTU for a repeated REP, a DREP
+    /// for a repeated DREQ, a SIDR_REP for a repeated SIDR_REQ).
+    answer: Option<Box<[u8; MAD_LEN]>>,
+}
+
+#[derive(Default)]
+struct Table {
+    conns: HashMap<u32, Conn>,
+    /// (peer GID, peer communication ID) → ours: duplicate REQs.
+    remote: HashMap<([u8; 16], u32), u32>,
+    /// Service ID → the listening ID.
+    listeners: HashMap<u64, CmId>,
+    next: u32,
+}
+
+pub(crate) struct Agent {
+    pub eng: Arc<Engine>,
+    pub gid: [u8; 16],
+    pub addr: IpAddr,
+    slot: u8,
+    /// Our node GUID as the CM messages carry it (from the GID).
+    pub guid: u64,
+    inbox: Arc<Inbox>,
+    t: Mutex<Table>,
+    wake: EventFd,
+    stop: AtomicBool,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// The node GUID softrdma reports for a device (EUI-64 style, from the
+/// address), as `ibv_query_device`'s `node_guid` does.
+fn guid_of(gid: &[u8; 16]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&gid[8..16]);
+    u64::from_be_bytes(b) | 0x0200_0000_0000_0000
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    let _ = getrandom::fill(&mut b);
+    u32::from_le_bytes(b)
+}
+
+impl Agent {
+    pub fn start(eng: Arc<Engine>, gid: [u8; 16], addr: IpAddr) -> io::Result<Arc<Agent>> {
+        let (inbox, slot) = {
+            let st = eng.lock();
+            (st.gsi.clone(), st.port.slot())
+        };
+        if !inbox.open() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                "this device already has a connection manager",
+            ));
+        }
+        let a = Arc::new(Agent {
+            eng,
+            gid,
+            addr,
+            slot,
+            guid: guid_of(&gid),
+            inbox,
+            t: Mutex::new(Table {
+                next: random_u32(),
+                ..Default::default()
+            }),
+            wake: EventFd::new(true)?,
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+        });
+        let me = a.clone();
+        let h = std::thread::Builder::new()
+            .name("softrdma-cm".into())
+            .spawn(move || me.run())?;
+        *a.thread.lock().unwrap() = Some(h);
+        Ok(a)
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.signal();
+        let h = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = h {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+        self.inbox.close();
+        let mut t = self.table();
+        let services: Vec<u64> = t.listeners.keys().copied().collect();
+        t.listeners.clear();
+        t.conns.clear();
+        t.remote.clear();
+        drop(t);
+        let mut st = self.eng.lock();
+        for s in services {
+            let _ = st.port.listen_service(s as u32, false);
+        }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.t.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(&self, dgid: [u8; 16], mad: &[u8; MAD_LEN]) {
+        let mut st = self.eng.lock();
+        if let Err(e) = st.send_mad(dgid, mad) {
+            crate::cm::log(&format!("sending a CM MAD failed: {e}"));
+        }
+    }
+
+    /// A fresh communication ID: our slot on top, never 0 below it.
+    fn alloc(&self, t: &mut Table) -> u32 {
+        loop {
+            t.next = t.next.wrapping_add(1);
+            let low = t.next & 0xff_ffff;
+            if low == 0 {
+                continue;
+            }
+            let id = (self.slot as u32) << 24 | low;
+            if !t.conns.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn tid(&self, comm: u32) -> u64 {
+        // Our transactions: the communication ID in the low half, as the
+        // kernel's CM forms them; answers reuse the TID they answer.
+        0x0000_5f52_0000_0000 | comm as u64
+    }
+
+    // ---- called by the ID layer (no ID lock held) ----
+
+    /// Take the REQs and SIDR_REQs for `service` into `id`.
+    pub fn listen(&self, service: u64, id: &CmId) -> io::Result<()> {
+        {
+            let t = self.table();
+            if t.listeners.contains_key(&service) {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    "the address and port are in use",
+                ));
+            }
+        }
+        self.eng.lock().port.listen_service(service as u32, true)?;
+        self.table().listeners.insert(service, id.clone());
+        Ok(())
+    }
+
+    pub fn unlisten(&self, service: u64, id: &CmId) {
+        let mut t = self.table();
+        if t.listeners.get(&service).is_some_and(|l| l == id) {
+            t.listeners.remove(&service);
+            drop(t);
+            let _ = self.eng.lock().port.listen_service(service as u32, false);
+        }
+    }
+
+    /// Send a REQ (or SIDR_REQ) built by `build` for the new communication
+    /// ID it is given, and wait for the answer. Returns the ID.
+    pub fn start_connect(
+        &self,
+        id: &CmId,
+        peer_gid: [u8; 16],
+        sidr: bool,
+        build: impl FnOnce(u32) -> CmMsg,
+    ) -> u32 {
+        let mut t = self.table();
+        let comm = self.alloc(&mut t);
+        let tid = self.tid(comm);
+        let mad = Box::new(build(comm).emit(tid));
+        let every = iba_time(CM_RESPONSE_TIMEOUT);
+        t.conns.insert(
+            comm,
+            Conn {
+                id: id.clone(),
+                state: if sidr {
+                    State::SidrReqSent
+                } else {
+                    State::ReqSent
+                },
+                peer_gid,
+                remote_comm_id: 0,
+                peer_qpn: 0,
+                tid,
+                resend: Some(Resend {
+                    mad: mad.clone(),
+                    left: MAX_CM_RETRIES,
+                    every,
+                    at: Instant::now() + every,
+                }),
+                answer: None,
+            },
+        );
+        drop(t);
+        self.send(peer_gid, &mad);
+        self.wake.signal();
+        comm
+    }
+
+    /// Answer the REQ of `comm` with the REP `build` makes (given our
+    /// communication ID and the peer's), then wait for the RTU.
+    pub fn accept(&self, comm: u32, build: impl FnOnce(u32, u32) -> CmMsg) -> io::Result<()> {
+        let mut t = self.table();
+        let c = t
+            .conns
+            .get_mut(&comm)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "no such connection"))?;
+        let sidr = match c.state {
+            State::ReqRcvd => false,
+            State::SidrReqRcvd => true,
+            s => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("the connection is not waiting for an answer (it is {s:?})"),
+                ))
+            }
+        };
+        let mad = Box::new(build(comm, c.remote_comm_id).emit(c.tid));
+        let peer = c.peer_gid;
+        if sidr {
+            c.state = State::SidrDone;
+        } else {
+            c.state = State::RepSent;
+            let every = iba_time(CM_RESPONSE_TIMEOUT);
+            c.resend = Some(Resend {
+                mad: mad.clone(),
+                left: MAX_CM_RETRIES,
+                every,
+                at: Instant::now() + every,
+            });
+        }
+        c.answer = Some(mad.clone());
+        drop(t);
+        self.send(peer, &mad);
+        self.wake.signal();
+        Ok(())
+    }
+
+    /// Active side, after the REP: send the RTU; the connection is
+    /// established.
+    pub fn establish(&self, comm: u32) -> io::Result<()> {
+        let mut t = self.table();
+        let c = t
+            .conns
+            .get_mut(&comm)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "no such connection"))?;
+        if c.state != State::RepRcvd {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no REP to answer (the connection is {:?})", c.state),
+            ));
+        }
+        let mad = Box::new(
+            CmMsg::Rtu(Box::new(w::RtuRepr {
+                local_comm_id: comm,
+                remote_comm_id: c.remote_comm_id,
+                private: [0; w::private_len::RTU],
+            }))
+            .emit(c.tid),
+        );
+        c.state = State::Established;
+        c.answer = Some(mad.clone());
+        let peer = c.peer_gid;
+        drop(t);
+        self.send(peer, &mad);
+        Ok(())
+    }
+
+    /// Reject the REQ (or REP, or SIDR_REQ) of `comm` and forget it.
+    pub fn reject(&self, comm: u32, reason: u16, private: &[u8]) -> io::Result<()> {
+        let mut t = self.table();
+        let c = t
+            .conns
+            .get(&comm)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "no such connection"))?;
+        let mad = match c.state {
+            State::ReqRcvd | State::RepRcvd => {
+                let mut p = [0u8; w::private_len::REJ];
+                let n = private.len().min(w::private_len::REJ);
+                p[..n].copy_from_slice(&private[..n]);
+                CmMsg::Rej(Box::new(w::RejRepr {
+                    local_comm_id: comm,
+                    remote_comm_id: c.remote_comm_id,
+                    msg_rejected: if c.state == State::ReqRcvd {
+                        w::msg_kind::REQ
+                    } else {
+                        w::msg_kind::REP
+                    },
+                    reject_info_length: 0,
+                    reason,
+                    ari: [0; 72],
+                    private: p,
+                }))
+                .emit(c.tid)
+            }
+            State::SidrReqRcvd => {
+                let mut p = [0u8; w::private_len::SIDR_REP];
+                let n = private.len().min(w::private_len::SIDR_REP);
+                p[..n].copy_from_slice(&private[..n]);
+                CmMsg::SidrRep(Box::new(w::SidrRepRepr {
+                    request_id: c.remote_comm_id,
+                    status: w::sidr_status::REJECT,
+                    add_info_length: 0,
+                    qpn: 0,
+                    service_id: 0,
+                    qkey: 0,
+                    class_port_info: [0; 72],
+                    private: p,
+                }))
+                .emit(c.tid)
+            }
+            s => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("nothing to reject (the connection is {s:?})"),
+                ))
+            }
+        };
+        let peer = c.peer_gid;
+        let key = (peer, c.remote_comm_id);
+        t.conns.remove(&comm);
+        t.remote.remove(&key);
+        drop(t);
+        self.send(peer, &mad);
+        Ok(())
+    }
+
+    /// Disconnect `comm`: a DREQ if it is established (answered by a DREP,
+    /// or given up after its retries: then DISCONNECTED); nothing if the
+    /// peer disconnected first. Returns whether a DREQ went out.
+    pub fn disconnect(&self, comm: u32) -> io::Result<bool> {
+        let mut t = self.table();
+        let Some(c) = t.conns.get_mut(&comm) else {
+            return Err(io::Error::new(io::ErrorKind::NotConnected, "not connected"));
+        };
+        match c.state {
+            State::Established | State::RepSent => {}
+            State::Closed | State::DreqSent => return Ok(false),
+            s => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("not connected (the connection is {s:?})"),
+                ))
+            }
+        }
+        let tid = self.tid(comm) ^ 0x1_0000_0000;
+        let mad = Box::new(
+            CmMsg::Dreq(Box::new(w::DreqRepr {
+                local_comm_id: comm,
+                remote_comm_id: c.remote_comm_id,
+                remote_qpn: c.peer_qpn,
+                private: [0; w::private_len::DREQ],
+            }))
+            .emit(tid),
+        );
+        c.state = State::DreqSent;
+        let every = iba_time(CM_RESPONSE_TIMEOUT);
+        c.resend = Some(Resend {
+            mad: mad.clone(),
+            left: MAX_CM_RETRIES,
+            every,
+            at: Instant::now() + every,
+        });
+        let peer = c.peer_gid;
+        drop(t);
+        self.send(peer, &mad);
+        self.wake.signal();
+        Ok(true)
+    }
+
+    /// The ID is going away: answer for it as the kernel's CM does when an
+    /// ID is destroyed (reject a pending REQ or REP, disconnect an
+    /// established connection) and forget it.
+    pub fn forget(&self, comm: u32) {
+        let state = self.table().conns.get(&comm).map(|c| c.state);
+        match state {
+            Some(State::ReqRcvd) | Some(State::RepRcvd) | Some(State::SidrReqRcvd) => {
+                let _ = self.reject(comm, w::rej_reason::CONSUMER_REJECT, &[]);
+            }
+            Some(State::Established) | Some(State::RepSent) => {
+                let _ = self.disconnect(comm);
+            }
+            _ => {}
+        }
+        let mut t = self.table();
+        if let Some(c) = t.conns.remove(&comm) {
+            t.remote.remove(&(c.peer_gid, c.remote_comm_id));
+        }
+    }
+
+    /// The peer's QP number and communication state of `comm`.
+    pub fn state(&self, comm: u32) -> Option<State> {
+        self.table().conns.get(&comm).map(|c| c.state)
+    }
+
+    // ---- the thread ----
+
+    fn run(self: Arc<Self>) {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.inbox.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        while !self.stop.load(Ordering::Acquire) {
+            let timeout = self.next_deadline().map_or(-1, |d| {
+                let left = d.saturating_duration_since(Instant::now());
+                // Round up: waking before the deadline only sleeps again.
+                (left.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
+            });
+            // SAFETY: `fds` is a valid array of two pollfds for the call.
+            unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+            let _ = self.wake.drain();
+            while let Some(m) = self.inbox.pop() {
+                self.on_mad(&m.sgid, &m.bytes);
+            }
+            self.on_timers();
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.table()
+            .conns
+            .values()
+            .filter_map(|c| c.resend.as_ref().map(|r| r.at))
+            .min()
+    }
+
+    fn on_timers(&self) {
+        let now = Instant::now();
+        let mut sends = Vec::new();
+        let mut failed = Vec::new();
+        {
+            let mut t = self.table();
+            for (&comm, c) in t.conns.iter_mut() {
+                let Some(r) = c.resend.as_mut() else {
+                    continue;
+                };
+                if r.at > now {
+                    continue;
+                }
+                if r.left == 0 {
+                    c.resend = None;
+                    failed.push((comm, c.state, c.id.clone()));
+                    continue;
+                }
+                r.left -= 1;
+                r.at = now + r.every;
+                sends.push((c.peer_gid, r.mad.clone()));
+            }
+            for (comm, state, _) in &failed {
+                if *state == State::DreqSent {
+                    if let Some(c) = t.conns.get_mut(comm) {
+                        c.state = State::Closed;
+                    }
+                } else if let Some(c) = t.conns.remove(comm) {
+                    t.remote.remove(&(c.peer_gid, c.remote_comm_id));
+                }
+            }
+        }
+        for (gid, mad) in sends {
+            self.send(gid, &mad);
+        }
+        for (_, state, id) in failed {
+            let kind = match state {
+                State::DreqSent => EventKind::Disconnected,
+                _ => EventKind::Unreachable,
+            };
+            let status = if kind == EventKind::Unreachable {
+                -libc::ETIMEDOUT
+            } else {
+                0
+            };
+            id.timed_out(kind, status);
+        }
+    }
+
+    /// The reply to a REQ or SIDR_REQ nobody takes.
+    pub fn refuse(&self, sgid: &[u8; 16], mad: &[u8; MAD_LEN]) {
+        if let Some(r) = super::unclaimed(mad) {
+            self.send(*sgid, &r);
+        }
+    }
+
+    fn on_mad(&self, sgid: &[u8; 16], mad: &[u8; MAD_LEN]) {
+        let Ok((h, msg)) = w::parse(mad) else {
+            return;
+        };
+        match msg {
+            CmMsg::Req(req) => self.on_req(sgid, h.tid, mad, &req),
+            CmMsg::SidrReq(req) => self.on_sidr_req(sgid, h.tid, mad, &req),
+            CmMsg::Rep(rep) => self.on_rep(sgid, &rep),
+            CmMsg::Rtu(rtu) => {
+                let id = {
+                    let mut t = self.table();
+                    match t.conns.get_mut(&rtu.remote_comm_id) {
+                        Some(c) if c.state == State::RepSent && c.peer_gid == *sgid => {
+                            c.state = State::Established;
+                            c.resend = None;
+                            Some(c.id.clone())
+                        }
+                        _ => None,
+                    }
+                };
+                if let Some(id) = id {
+                    id.established();
+                }
+            }
+            CmMsg::Rej(rej) => {
+                let id = {
+                    let mut t = self.table();
+                    match t.conns.get(&rej.remote_comm_id) {
+                        Some(c)
+                            if c.peer_gid == *sgid
+                                && matches!(
+                                    c.state,
+                                    State::ReqSent | State::RepSent | State::RepRcvd
+                                ) =>
+                        {
+                            let c = t.conns.remove(&rej.remote_comm_id).expect("present");
+                            t.remote.remove(&(c.peer_gid, c.remote_comm_id));
+                            Some(c.id)
+                        }
+                        _ => None,
+                    }
+                };
+                if let Some(id) = id {
+                    id.rejected(rej.reason, &rej.private);
+                }
+            }
+            CmMsg::Mra(mra) => {
+                let mut t = self.table();
+                if let Some(c) = t.conns.get_mut(&mra.remote_comm_id) {
+                    if let Some(r) = c.resend.as_mut() {
+                        // The peer needs longer: wait its service timeout
+                        // on top of ours before sending again.
+                        r.at = Instant::now() + r.every + iba_time(mra.service_timeout);
+                    }
+                }
+            }
+            CmMsg::Dreq(dreq) => self.on_dreq(sgid, h.tid, &dreq),
+            CmMsg::Drep(drep) => {
+                let id = {
+                    let mut t = self.table();
+                    match t.conns.get_mut(&drep.remote_comm_id) {
+                        Some(c) if c.state == State::DreqSent => {
+                            c.state = State::Closed;
+                            c.resend = None;
+                            Some(c.id.clone())
+                        }
+                        _ => None,
+                    }
+                };
+                if let Some(id) = id {
+                    id.disconnected();
+                }
+            }
+            CmMsg::SidrRep(rep) => {
+                let id = {
+                    let mut t = self.table();
+                    match t.conns.get(&rep.request_id) {
+                        Some(c) if c.state == State::SidrReqSent => {
+                            let c = t.conns.remove(&rep.request_id).expect("present");
+                            Some(c.id)
+                        }
+                        _ => None,
+                    }
+                };
+                if let Some(id) = id {
+                    id.sidr_answered(sgid, &rep);
+                }
+            }
+            CmMsg::Other(_) => {}
+        }
+    }
+
+    fn on_req(&self, sgid: &[u8; 16], tid: u64, mad: &[u8; MAD_LEN], req: &w::ReqRepr) {
+        let mut t = self.table();
+        if let Some(&ours) = t.remote.get(&(*sgid, req.local_comm_id)) {
+            // A repeated REQ: send the REP again if we sent one; if the
+            // application is still deciding, say so (MRA) so the peer
+            // waits longer.
+            let again = t.conns.get(&ours).and_then(|c| match c.state {
+                State::RepSent => c.answer.clone(),
+                State::ReqRcvd => Some(Box::new(
+                    CmMsg::Mra(Box::new(w::MraRepr {
+                        local_comm_id: ours,
+                        remote_comm_id: req.local_comm_id,
+                        msg_mraed: w::msg_kind::REQ,
+                        service_timeout: CM_RESPONSE_TIMEOUT,
+                        private: [0; w::private_len::MRA],
+                    }))
+                    .emit(c.tid),
+                )),
+                _ => None,
+            });
+            drop(t);
+            if let Some(m) = again {
+                self.send(*sgid, &m);
+            }
+            return;
+        }
+        let Some(listener) = t.listeners.get(&req.service_id).cloned() else {
+            drop(t);
+            self.refuse(sgid, mad);
+            return;
+        };
+        let comm = self.alloc(&mut t);
+        let Some(child) = listener.child_for_req(self, sgid, comm, req) else {
+            drop(t);
+            self.refuse(sgid, mad);
+            return;
+        };
+        t.conns.insert(
+            comm,
+            Conn {
+                id: child.clone(),
+                state: State::ReqRcvd,
+                peer_gid: *sgid,
+                remote_comm_id: req.local_comm_id,
+                peer_qpn: req.local_qpn,
+                tid,
+                resend: None,
+                answer: None,
+            },
+        );
+        t.remote.insert((*sgid, req.local_comm_id), comm);
+        drop(t);
+        listener.connect_request(child, req);
+    }
+
+    fn on_sidr_req(&self, sgid: &[u8; 16], tid: u64, mad: &[u8; MAD_LEN], req: &w::SidrReqRepr) {
+        let mut t = self.table();
+        if let Some(&ours) = t.remote.get(&(*sgid, req.request_id)) {
+            let again = t.conns.get(&ours).and_then(|c| c.answer.clone());
+            drop(t);
+            if let Some(m) = again {
+                self.send(*sgid, &m);
+            }
+            return;
+        }
+        let Some(listener) = t.listeners.get(&req.service_id).cloned() else {
+            drop(t);
+            self.refuse(sgid, mad);
+            return;
+        };
+        let comm = self.alloc(&mut t);
+        let Some(child) = listener.child_for_sidr(self, sgid, comm, req) else {
+            drop(t);
+            self.refuse(sgid, mad);
+            return;
+        };
+        t.conns.insert(
+            comm,
+            Conn {
+                id: child.clone(),
+                state: State::SidrReqRcvd,
+                peer_gid: *sgid,
+                remote_comm_id: req.request_id,
+                peer_qpn: 0,
+                tid,
+                resend: None,
+                answer: None,
+            },
+        );
+        t.remote.insert((*sgid, req.request_id), comm);
+        drop(t);
+        listener.sidr_request(child, req);
+    }
+
+    fn on_rep(&self, sgid: &[u8; 16], rep: &w::RepRepr) {
+        let mut t = self.table();
+        let Some(c) = t.conns.get_mut(&rep.remote_comm_id) else {
+            return;
+        };
+        if c.peer_gid != *sgid {
+            return;
+        }
+        match c.state {
+            State::ReqSent => {
+                c.state = State::RepRcvd;
+                c.resend = None;
+                c.remote_comm_id = rep.local_comm_id;
+                c.peer_qpn = rep.local_qpn;
+                let id = c.id.clone();
+                let key = (*sgid, rep.local_comm_id);
+                t.remote.insert(key, rep.remote_comm_id);
+                drop(t);
+                id.connect_response(rep);
+            }
+            State::Established | State::Closed | State::DreqSent => {
+                // Our RTU was lost: send it again.
+                let again = c.answer.clone();
+                drop(t);
+                if let Some(m) = again {
+                    self.send(*sgid, &m);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_dreq(&self, sgid: &[u8; 16], tid: u64, dreq: &w::DreqRepr) {
+        let mut t = self.table();
+        let Some(c) = t.conns.get_mut(&dreq.remote_comm_id) else {
+            // Nothing of ours: answer anyway, so the peer stops asking
+            // (as the kernel's CM answers a DREQ for a forgotten ID).
+            drop(t);
+            let m = CmMsg::Drep(Box::new(w::DrepRepr {
+                local_comm_id: dreq.remote_comm_id,
+                remote_comm_id: dreq.local_comm_id,
+                private: [0; w::private_len::DREP],
+            }))
+            .emit(tid);
+            self.send(*sgid, &m);
+            return;
+        };
+        let drep = Box::new(
+            CmMsg::Drep(Box::new(w::DrepRepr {
+                local_comm_id: dreq.remote_comm_id,
+                remote_comm_id: dreq.local_comm_id,
+                private: [0; w::private_len::DREP],
+            }))
+            .emit(tid),
+        );
+        let notify = match c.state {
+            State::Established | State::RepSent | State::RepRcvd | State::DreqSent => {
+                Some(c.id.clone())
+            }
+            _ => None,
+        };
+        c.state = State::Closed;
+        c.resend = None;
+        c.answer = Some(drep.clone());
+        drop(t);
+        self.send(*sgid, &drep);
+        if let Some(id) = notify {
+            id.disconnected();
+        }
+    }
+}

@@ -88,7 +88,13 @@ fn port_mtu() -> Res<sv::Mtu> {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
-    null_ret("ibv_get_device_list", || {
+    null_ret("ibv_get_device_list", || get_device_list_impl(num_devices))
+}
+
+/// The body of `ibv_get_device_list`, for this library's own callers (rdmacm):
+/// an exported function is not called across modules (its definition must
+/// stay in the codegen unit of its `.symver`, see exports.rs).
+pub(crate) fn get_device_list_impl(num_devices: *mut c_int) -> Res<*mut *mut ibv_device> {
         let devs = current_devices()?;
         // SAFETY: calloc of n+1 pointers; freed by ibv_free_device_list.
         let list = unsafe { libc::calloc(devs.len() + 1, std::mem::size_of::<usize>()) }
@@ -105,7 +111,6 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
             unsafe { *num_devices = devs.len() as c_int };
         }
         Ok(list)
-    })
 }
 
 #[no_mangle]
@@ -141,7 +146,13 @@ pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int 
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
-    null_ret("ibv_open_device", || {
+    null_ret("ibv_open_device", || open_device_impl(device))
+}
+
+/// The body of `ibv_open_device`, for this library's own callers (rdmacm):
+/// an exported function is not called across modules (its definition must
+/// stay in the codegen unit of its `.symver`, see exports.rs).
+pub(crate) fn open_device_impl(device: *mut ibv_device) -> Res<*mut ibv_context> {
         let dev = Device::from_c(device)?;
         let mtu = port_mtu()?;
         let opts = sv::OpenOptions {
@@ -187,7 +198,6 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         c.num_comp_vectors = 1;
         c.abi_compat = usize::MAX as *mut c_void;
         Ok(Context::into_c(Context::new(dev, ctx, mtu, cmd_fd, vc)))
-    })
 }
 
 #[no_mangle]

@@ -39,6 +39,7 @@ mod mw;
 mod pages;
 mod qp;
 mod qpex;
+mod rdmacm;
 mod resources;
 
 #[cfg(test)]

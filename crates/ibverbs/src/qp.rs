@@ -47,7 +47,16 @@ pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut ibv_pd,
     init: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
-    null_ret("ibv_create_qp", || {
+    null_ret("ibv_create_qp", || create_qp_impl(pd, init))
+}
+
+/// The body of `ibv_create_qp`, for this library's own callers (rdmacm):
+/// an exported function is not called across modules (its definition must
+/// stay in the codegen unit of its `.symver`, see exports.rs).
+pub(crate) fn create_qp_impl(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> Res<*mut ibv_qp> {
         non_null!(init);
         // SAFETY: a readable and writable ibv_qp_init_attr.
         let init = unsafe { &mut *init };
@@ -60,7 +69,6 @@ pub unsafe extern "C" fn ibv_create_qp(
             sq_sig_all: init.sq_sig_all,
         };
         create_qp(pd, &c, &mut init.cap, false)
-    })
 }
 
 /// What `ibv_create_qp` and `ibv_create_qp_ex` share.
@@ -216,7 +224,13 @@ pub unsafe extern "C" fn vctx_create_qp_ex(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
-    errno_ret("ibv_destroy_qp", || {
+    errno_ret("ibv_destroy_qp", || destroy_qp_impl(qp))
+}
+
+/// The body of `ibv_destroy_qp`, for this library's own callers (rdmacm):
+/// an exported function is not called across modules (its definition must
+/// stay in the codegen unit of its `.symver`, see exports.rs).
+pub(crate) fn destroy_qp_impl(qp: *mut ibv_qp) -> Res<()> {
         let q = Qp::take(qp)?;
         // SAFETY: the C struct of a QP we just took back.
         let c = unsafe { &*q.c_ptr() };
@@ -244,7 +258,6 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // Dropping the softrdma QP flushes and destroys it.
         drop(q);
         Ok(())
-    })
 }
 
 fn state(v: u32, what: &str) -> Res<sv::QpState> {

@@ -35,7 +35,13 @@ crate::symver! {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
-    null_ret("ibv_alloc_pd", || {
+    null_ret("ibv_alloc_pd", || alloc_pd_impl(context))
+}
+
+/// The body of `ibv_alloc_pd`, for this library's own callers (rdmacm):
+/// an exported function is not called across modules (its definition must
+/// stay in the codegen unit of its `.symver`, see exports.rs).
+pub(crate) fn alloc_pd_impl(context: *mut ibv_context) -> Res<*mut ibv_pd> {
         let ctx = Context::from_c(context)?;
         let pd = ctx.sv.alloc_pd();
         let c = ibv_pd {
@@ -44,7 +50,6 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
         };
         ctx.users.add();
         Ok(Pd::into_c(Pd::new(c, pd)))
-    })
 }
 
 #[no_mangle]
@@ -264,7 +269,15 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
 pub unsafe extern "C" fn ibv_create_comp_channel(
     context: *mut ibv_context,
 ) -> *mut ibv_comp_channel {
-    null_ret("ibv_create_comp_channel", || {
+    null_ret("ibv_create_comp_channel", || create_comp_channel_impl(context))
+}
+
+/// The body of `ibv_create_comp_channel`, for this library's own callers (rdmacm):
+/// an exported function is not called across modules (its definition must
+/// stay in the codegen unit of its `.symver`, see exports.rs).
+pub(crate) fn create_comp_channel_impl(
+    context: *mut ibv_context,
+) -> Res<*mut ibv_comp_channel> {
         let ctx = Context::from_c(context)?;
         let ch = ctx.sv.create_comp_channel()?;
         // rdma-core's channel descriptor starts out blocking; applications
@@ -278,12 +291,17 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
         };
         ctx.users.add();
         Ok(CompChannel::into_c(CompChannel::new(c, ch)))
-    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
-    errno_ret("ibv_destroy_comp_channel", || {
+    errno_ret("ibv_destroy_comp_channel", || destroy_comp_channel_impl(channel))
+}
+
+/// The body of `ibv_destroy_comp_channel`, for this library's own callers (rdmacm):
+/// an exported function is not called across modules (its definition must
+/// stay in the codegen unit of its `.symver`, see exports.rs).
+pub(crate) fn destroy_comp_channel_impl(channel: *mut ibv_comp_channel) -> Res<()> {
         if CompChannel::from_c(channel)?.users.busy() {
             return Err(Fail::new(
                 libc::EBUSY,
@@ -297,7 +315,6 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         }
         drop(ch);
         Ok(())
-    })
 }
 
 #[no_mangle]
@@ -308,14 +325,25 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
-    null_ret("ibv_create_cq", || {
+    null_ret("ibv_create_cq", || create_cq_impl(context, cqe, cq_context, channel, comp_vector))
+}
+
+/// The body of `ibv_create_cq`, for this library's own callers (rdmacm):
+/// an exported function is not called across modules (its definition must
+/// stay in the codegen unit of its `.symver`, see exports.rs).
+pub(crate) fn create_cq_impl(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Res<*mut ibv_cq> {
         let depth = u32::try_from(cqe)
             .ok()
             .filter(|&d| d > 0)
             .ok_or_else(|| Fail::inval(format!("cqe {cqe} must be at least 1")))?;
         let vector = u32::try_from(comp_vector).unwrap_or(u32::MAX);
         create_cq(context, depth, cq_context, channel, vector)
-    })
 }
 
 /// What `ibv_create_cq` and `ibv_create_cq_ex` share: the CQ, its slot
@@ -473,7 +501,13 @@ pub unsafe extern "C" fn vctx_create_cq_ex(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    errno_ret("ibv_destroy_cq", || {
+    errno_ret("ibv_destroy_cq", || destroy_cq_impl(cq))
+}
+
+/// The body of `ibv_destroy_cq`, for this library's own callers (rdmacm):
+/// an exported function is not called across modules (its definition must
+/// stay in the codegen unit of its `.symver`, see exports.rs).
+pub(crate) fn destroy_cq_impl(cq: *mut ibv_cq) -> Res<()> {
         if Cq::from_c(cq)?.users.busy() {
             return Err(Fail::new(libc::EBUSY, "QPs still use this CQ"));
         }
@@ -497,7 +531,6 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         }
         drop(q);
         Ok(())
-    })
 }
 
 #[no_mangle]
@@ -596,7 +629,16 @@ pub unsafe extern "C" fn ibv_create_srq(
     pd: *mut ibv_pd,
     init: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
-    null_ret("ibv_create_srq", || {
+    null_ret("ibv_create_srq", || create_srq_impl(pd, init))
+}
+
+/// The body of `ibv_create_srq`, for this library's own callers (rdmacm):
+/// an exported function is not called across modules (its definition must
+/// stay in the codegen unit of its `.symver`, see exports.rs).
+pub(crate) fn create_srq_impl(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> Res<*mut ibv_srq> {
         non_null!(init);
         let p = Pd::from_c(pd)?;
         // SAFETY: a readable/writable ibv_srq_init_attr.
@@ -611,7 +653,6 @@ pub unsafe extern "C" fn ibv_create_srq(
         c.pd = pd;
         p.users.add();
         Ok(Srq::into_c(Srq::new(c, srq, init.attr)))
-    })
 }
 
 #[no_mangle]
@@ -652,7 +693,13 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
-    errno_ret("ibv_destroy_srq", || {
+    errno_ret("ibv_destroy_srq", || destroy_srq_impl(srq))
+}
+
+/// The body of `ibv_destroy_srq`, for this library's own callers (rdmacm):
+/// an exported function is not called across modules (its definition must
+/// stay in the codegen unit of its `.symver`, see exports.rs).
+pub(crate) fn destroy_srq_impl(srq: *mut ibv_srq) -> Res<()> {
         if Srq::from_c(srq)?.users.busy() {
             return Err(Fail::new(libc::EBUSY, "QPs are still attached to this SRQ"));
         }
@@ -663,7 +710,6 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         }
         drop(s);
         Ok(())
-    })
 }
 
 // ---- address handles ----

@@ -74,12 +74,15 @@ pub(crate) fn parse(datagram: &[u8], sgid: [u8; 16]) -> Option<Mad> {
 }
 
 /// The BTH and DETH of a MAD sent from QP1 to QP1 (UD SEND ONLY, default
-/// P_Key, GSI Q_Key), with packet sequence number `psn`.
+/// P_Key, AckReq set, GSI Q_Key), with packet sequence number `psn` (a
+/// counter from 0, as the kernel's QP1).
 pub(crate) fn headers(psn: u32) -> [u8; 20] {
     let repr = softrdma_wire::PacketRepr {
         bth: softrdma_wire::BthRepr {
             opcode: Opcode::UD_SEND_ONLY,
             dest_qp: 1,
+            // As rxe's QP1 sends them (crates/wire/tests/golden/cm).
+            ack_req: true,
             psn: softrdma_wire::Psn::new(psn),
             ..Default::default()
         },

@@ -214,8 +214,10 @@ impl Agent {
 
     fn tid(&self, comm: u32) -> u64 {
         // Our transactions: the communication ID in the low half, as the
-        // kernel's CM forms them; answers reuse the TID they answer.
-        0x0000_5f52_0000_0000 | comm as u64
+        // kernel's CM forms them (2 above it; the ID's bytes in its
+        // little-endian order, crates/wire/tests/golden/cm); answers reuse
+        // the TID they answer.
+        2 << 32 | comm.swap_bytes() as u64
     }
 
     // ---- called by the ID layer (no ID lock held) ----
@@ -433,7 +435,7 @@ impl Agent {
                 ))
             }
         }
-        let tid = self.tid(comm) ^ 0x1_0000_0000;
+        let tid = self.tid(comm);
         let mad = Box::new(
             CmMsg::Dreq(Box::new(w::DreqRepr {
                 local_comm_id: comm,

@@ -290,7 +290,10 @@ impl EventChannel {
     pub fn new() -> Result<EventChannel> {
         Ok(EventChannel(Arc::new(ChanInner {
             q: Mutex::new(VecDeque::new()),
-            bell: crate::sys::EventFd::new(true)?,
+            // Blocking, as librdmacm's descriptor is: an application may
+            // read it or make it non-blocking itself (and then
+            // `rdma_get_cm_event` returns EAGAIN when nothing waits).
+            bell: crate::sys::EventFd::new(false)?,
         })))
     }
 
@@ -312,11 +315,13 @@ impl EventChannel {
     /// The next event, if one is waiting.
     pub fn try_get(&self) -> Option<CmEvent> {
         let mut q = self.0.q.lock().unwrap_or_else(|p| p.into_inner());
-        let ev = q.pop_front();
+        let ev = q.pop_front()?;
         if q.is_empty() {
+            // Signalled when the queue went from empty to one, under this
+            // lock: the counter holds that signal, so the read returns.
             let _ = self.0.bell.drain();
         }
-        ev
+        Some(ev)
     }
 
     /// Wait for the next event (at most `timeout`, `None`: for ever).
@@ -432,6 +437,8 @@ struct IdState {
     reuseaddr: bool,
     afonly: bool,
     destroyed: bool,
+    /// An accept's numbers are in `agreed` (see [`CmId::offer`]).
+    offered: bool,
 }
 
 struct IdInner {
@@ -531,6 +538,7 @@ impl CmId {
                 reuseaddr: false,
                 afonly: false,
                 destroyed: false,
+                offered: false,
             }),
             user: AtomicUsize::new(0),
         }))
@@ -889,7 +897,9 @@ impl CmId {
                         remote_lid: 0xffff,
                         local_gid,
                         remote_gid: peer_gid,
-                        flow_label: 0,
+                        // rdma_cm's flow label for RoCEv2 paths, from the
+                        // ports (what the kernel sends, golden/cm).
+                        flow_label: (src.port() as u32 * 31 + dst.port() as u32) & 0xf_ffff,
                         packet_rate: PACKET_RATE,
                         traffic_class: tos,
                         hop_limit: HOP_LIMIT,
@@ -946,27 +956,7 @@ impl CmId {
             self.post(EventKind::Established, 0);
             return Ok(());
         }
-        let (resp, init) = {
-            let mut s = self.st();
-            // The caller's numbers, no more than the peer asked for (0xff:
-            // as many as the peer asked for, up to the device's).
-            let r = if param.responder_resources == 0xff {
-                s.agreed.responder_resources
-            } else {
-                clamp_rd(param.responder_resources)
-            };
-            let i = if param.initiator_depth == 0xff {
-                s.agreed.initiator_depth
-            } else {
-                clamp_rd(param.initiator_depth)
-            };
-            s.agreed.responder_resources = r;
-            s.agreed.initiator_depth = i;
-            if param.rnr_retry_count != 0 {
-                s.agreed.rnr_retry_count = param.rnr_retry_count.min(7);
-            }
-            (r, i)
-        };
+        let (resp, init) = self.offer(param);
         let mut private = [0u8; w::private_len::REP];
         private[..param.private_data.len()].copy_from_slice(&param.private_data);
         let guid = a.guid;
@@ -980,7 +970,8 @@ impl CmId {
                 starting_psn: psn,
                 responder_resources: resp,
                 initiator_depth: init,
-                target_ack_delay: 0,
+                // What rxe's kernel CM sends (golden/cm).
+                target_ack_delay: 15,
                 failover_accepted: 0,
                 flow_control: param.flow_control,
                 rnr_retry_count: rnr,
@@ -990,6 +981,32 @@ impl CmId {
             }))
         })?;
         Ok(())
+    }
+
+    /// What an accept with `param` will agree (responder resources,
+    /// initiator depth), set now so that [`CmId::init_qp_attr`] gives the
+    /// QP the numbers the REP will carry. [`CmId::accept`] does it too.
+    pub fn offer(&self, param: &ConnParam) -> (u8, u8) {
+        let mut s = self.st();
+        if s.offered {
+            return (s.agreed.responder_resources, s.agreed.initiator_depth);
+        }
+        // The caller's numbers (0xff: what the peer asked for, up to the
+        // device's most).
+        let r = if param.responder_resources == 0xff {
+            s.agreed.responder_resources
+        } else {
+            clamp_rd(param.responder_resources)
+        };
+        let i = if param.initiator_depth == 0xff {
+            s.agreed.initiator_depth
+        } else {
+            clamp_rd(param.initiator_depth)
+        };
+        s.agreed.responder_resources = r;
+        s.agreed.initiator_depth = i;
+        s.offered = true;
+        (r, i)
     }
 
     /// `rdma_reject`: turn the connection request down (REJ "consumer
@@ -1467,8 +1484,8 @@ const HOP_LIMIT: u8 = 64;
 const DEFAULT_ACK_TIMEOUT: u8 = 14;
 /// The RNR NAK timer a responder advertises (IBA code 12: 0.64 ms).
 const MIN_RNR_TIMER: u8 = 12;
-/// The packet rate the primary path reports (IBA code 3: 10 Gb/s).
-const PACKET_RATE: u8 = 3;
+/// The packet rate the primary path reports (0, as rxe's kernel sends).
+const PACKET_RATE: u8 = 0;
 
 impl Agent {
     fn eng_port_mtu(&self) -> Mtu {

@@ -247,7 +247,7 @@ fn channel(p: *mut rdma_event_channel) -> Res<&'static Channel> {
 
 fn check_id(p: *mut rdma_cm_id) -> Res<()> {
     if p.is_null() || !lock(&LIVE).ids.contains_key(&(p as usize)) {
-        return Err(Fail::inval("not a live rdma_cm_id"));
+        return Err(Fail::inval(format!("{p:?} is not a live rdma_cm_id")));
     }
     Ok(())
 }
@@ -466,7 +466,14 @@ fn new_id(ch: *mut Channel, cmid: CmId, context: *mut c_void, sync: bool) -> *mu
         (*p).id.set_user(p as usize);
     }
     lock(&LIVE).ids.insert(p as usize, ());
+    cm_log(&format!("id {p:?} created"));
     p
+}
+
+fn cm_log(msg: &str) {
+    if std::env::var_os("SOFTRDMA_CM_LOG").is_some_and(|v| v != "0") {
+        eprintln!("softrdma-cm: {msg}");
+    }
 }
 
 fn make_channel() -> Res<*mut Channel> {
@@ -597,6 +604,7 @@ pub unsafe extern "C" fn softrdma_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
         g.remove(&(p as usize));
         drop(g);
         lock(&LIVE).ids.remove(&(p as usize));
+        cm_log(&format!("id {p:?} destroyed"));
         let own = i.own_channel;
         // SAFETY: our box, unregistered; nothing refers to it any more.
         drop(unsafe { Box::from_raw(p as *mut Id) });

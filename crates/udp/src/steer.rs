@@ -212,6 +212,13 @@ pub(crate) struct Joined {
     table: Table,
     /// Table repairs this port made after finding the group changed.
     pub(crate) repairs: u64,
+    /// The socket array as last measured, and the state file's version
+    /// written with it: still the array while the file is that version
+    /// (every join and leave rewrites it) and the kernel lists the same
+    /// sockets (a death changes the listing). Saves `listen` a measurement
+    /// (a probe per index) — which a connection request racing a
+    /// listener's registration would otherwise wait out.
+    known: Option<(Option<(u64, u64, i64, i64)>, Vec<Option<u64>>)>,
 }
 
 fn paths(dir: &Path, addr: SocketAddr) -> (PathBuf, PathBuf) {
@@ -461,6 +468,7 @@ pub(crate) fn join(sock: &Socket, addr: SocketAddr, dir: &Path) -> Result<Joined
         inode,
         lock_path,
         view: view_of(&state_path, &st),
+        known: Some((rundir::version(&state_path), array)),
         state_path,
         table,
         repairs: 0,
@@ -498,7 +506,16 @@ impl Joined {
         let mut st = read_state(&self.state_path).ok_or_else(|| {
             io::Error::other(format!("{} is missing", self.state_path.display()))
         })?;
-        let array = measure_retrying(self.addr, st.secret, &mut self.table)?;
+        let array = match self.known.clone() {
+            Some((v, a)) if v == rundir::version(&self.state_path) && {
+                let listed: HashSet<u64> = self.table.read()?.iter().map(|r| r.inode).collect();
+                listed == a.iter().flatten().copied().collect::<HashSet<u64>>()
+            } =>
+            {
+                a
+            }
+            _ => measure_retrying(self.addr, st.secret, &mut self.table)?,
+        };
         let live: HashSet<u64> = array.iter().flatten().copied().collect();
         st.members.retain(|m| live.contains(&m.inode));
         st.prune_listeners();
@@ -529,6 +546,7 @@ impl Joined {
         cbpf::attach_group(sock.as_raw_fd(), &st.program(&array))?;
         write_state(&self.state_path, &st)?;
         self.view = view_of(&self.state_path, &st);
+        self.known = Some((rundir::version(&self.state_path), array));
         Ok(())
     }
 

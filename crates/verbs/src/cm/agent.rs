@@ -98,6 +98,8 @@ struct Table {
     remote: HashMap<([u8; 16], u32), u32>,
     /// Service ID → the listening ID.
     listeners: HashMap<u64, CmId>,
+    /// Services whose REQs the port's steering sends here (see `listen`).
+    steered: std::collections::HashSet<u64>,
     next: u32,
 }
 
@@ -175,7 +177,7 @@ impl Agent {
         }
         self.inbox.close();
         let mut t = self.table();
-        let services: Vec<u64> = t.listeners.keys().copied().collect();
+        let services: Vec<u64> = t.steered.drain().collect();
         t.listeners.clear();
         t.conns.clear();
         t.remote.clear();
@@ -223,8 +225,20 @@ impl Agent {
     // ---- called by the ID layer (no ID lock held) ----
 
     /// Take the REQs and SIDR_REQs for `service` into `id`.
+    ///
+    /// Registering a service with the port's steering takes a file
+    /// replacement under the group's lock (a millisecond here), so a
+    /// service stays steered to this device after its listener goes — its
+    /// REQs are then rejected here, as anywhere else ("invalid service
+    /// ID") — until the device closes: a server that closes its listener
+    /// and listens again on the same port (perftest -R, between its
+    /// control and its data connections) is listening again at once, and
+    /// a client's REQ sent right after is not lost to the registration.
+    /// The cost: another process cannot listen on that port at this
+    /// address before this device closes (EADDRINUSE).
     pub fn listen(&self, service: u64, id: &CmId) -> io::Result<()> {
-        {
+        crate::cm::log(&format!("listen {service:#x} on slot {}", self.slot));
+        let steered = {
             let t = self.table();
             if t.listeners.contains_key(&service) {
                 return Err(io::Error::new(
@@ -232,18 +246,22 @@ impl Agent {
                     "the address and port are in use",
                 ));
             }
+            t.steered.contains(&service)
+        };
+        if !steered {
+            self.eng.lock().port.listen_service(service as u32, true)?;
         }
-        self.eng.lock().port.listen_service(service as u32, true)?;
-        self.table().listeners.insert(service, id.clone());
+        let mut t = self.table();
+        t.steered.insert(service);
+        t.listeners.insert(service, id.clone());
         Ok(())
     }
 
     pub fn unlisten(&self, service: u64, id: &CmId) {
+        crate::cm::log(&format!("unlisten {service:#x} on slot {}", self.slot));
         let mut t = self.table();
         if t.listeners.get(&service).is_some_and(|l| l == id) {
             t.listeners.remove(&service);
-            drop(t);
-            let _ = self.eng.lock().port.listen_service(service as u32, false);
         }
     }
 
@@ -673,6 +691,7 @@ impl Agent {
     }
 
     fn on_req(&self, sgid: &[u8; 16], tid: u64, mad: &[u8; MAD_LEN], req: &w::ReqRepr) {
+        crate::cm::log(&format!("REQ for {:#x}", req.service_id));
         let mut t = self.table();
         if let Some(&ours) = t.remote.get(&(*sgid, req.local_comm_id)) {
             // A repeated REQ: send the REP again if we sent one; if the

@@ -38,7 +38,10 @@ use std::time::Duration;
 
 pub(crate) fn log(msg: &str) {
     if std::env::var_os("SOFTRDMA_CM_LOG").is_some_and(|v| v != "0") {
-        eprintln!("softrdma-cm: {msg}");
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        eprintln!("softrdma-cm: {}.{:06} {msg}", t.as_secs() % 1000, t.subsec_micros());
     }
 }
 

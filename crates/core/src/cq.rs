@@ -51,7 +51,9 @@ pub(crate) struct Cq {
 impl Cq {
     pub fn new(depth: usize) -> Cq {
         Cq {
-            ring: VecDeque::with_capacity(depth),
+            // Room up front for what a CQ usually holds; a deeper one grows
+            // (amortised, and it keeps what it grew to) toward its depth.
+            ring: VecDeque::with_capacity(depth.min(4096)),
             depth,
             armed: Armed::No,
             error: false,

@@ -94,7 +94,10 @@ impl Default for EndpointConfig {
             qpn_base: 0x11,
             max_qp: 16384,
             max_cq: 1024,
-            max_cqe: 1 << 16,
+            // mlx5's: libfabric's rxm asks for 262144-entry CQs and does
+            // not clamp to the device. A CQ's ring grows as completions
+            // queue (see `Cq::new`), so a deep CQ costs nothing until used.
+            max_cqe: (1 << 22) - 1,
             max_qp_wr: 1 << 14,
             // rxe's max_qp_rd_atom: perftest makes the peer's advertised
             // out_reads our RTS max_rd_atomic without clamping it, so a

@@ -128,7 +128,7 @@ fn resize_keeps_queued_completions_and_refuses_to_drop_any() {
         Err(Error::InvalidArgument("CQ depth must be 1..=max_cqe"))
     );
     assert_eq!(
-        b.ep.resize_cq(rcq, (1 << 16) + 1),
+        b.ep.resize_cq(rcq, 1 << 22),
         Err(Error::InvalidArgument("CQ depth must be 1..=max_cqe"))
     );
     // Shrink to exactly what it holds, then grow: nothing is lost or

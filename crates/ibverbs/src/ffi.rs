@@ -76,7 +76,18 @@ impl From<softrdma_verbs::Error> for Fail {
 
 impl From<std::io::Error> for Fail {
     fn from(e: std::io::Error) -> Fail {
-        Fail::new(e.raw_os_error().unwrap_or(libc::EIO), e.to_string())
+        use std::io::ErrorKind as K;
+        let errno = e.raw_os_error().unwrap_or(match e.kind() {
+            K::AddrInUse => libc::EADDRINUSE,
+            K::AddrNotAvailable => libc::EADDRNOTAVAIL,
+            K::NotConnected => libc::ENOTCONN,
+            K::NotFound => libc::ENODEV,
+            K::InvalidInput => libc::EINVAL,
+            K::PermissionDenied => libc::EACCES,
+            K::TimedOut => libc::ETIMEDOUT,
+            _ => libc::EIO,
+        });
+        Fail::new(errno, e.to_string())
     }
 }
 

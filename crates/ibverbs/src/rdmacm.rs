@@ -599,6 +599,7 @@ pub unsafe extern "C" fn softrdma_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
         let (m, cv) = &*UNACKED;
         let mut g = lock(m);
         while g.get(&(p as usize)).is_some_and(|&n| n > 0) {
+            cm_log(&format!("id {p:?}: waiting for {} unacknowledged events", g[&(p as usize)]));
             g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
         g.remove(&(p as usize));
@@ -1289,6 +1290,7 @@ fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
         }
     }
     *lock(&UNACKED.0).entry(id_ptr).or_insert(0) += 1;
+    cm_log(&format!("event {} for id {:#x} handed out", kind.name(), id_ptr));
     Ok(Some(p.cast()))
 }
 
@@ -1417,12 +1419,21 @@ pub unsafe extern "C" fn softrdma_rdma_migrate_id(
 ) -> c_int {
     minus_one("rdma_migrate_id", || {
         let i = id_of(p)?;
+        if i.sync && ch.is_null() {
+            return Err(Fail::inval("the ID is synchronous already"));
+        }
         let (chp, sync) = if ch.is_null() {
             (make_channel()?, true)
         } else {
             channel(ch)?;
             (ch.cast::<Channel>(), false)
         };
+        if i.sync && !i.c.event.is_null() {
+            // A synchronous ID's last event goes with its channel.
+            // SAFETY: the event we stored.
+            unsafe { softrdma_rdma_ack_cm_event(i.c.event) };
+            i.c.event = std::ptr::null_mut();
+        }
         // SAFETY: a live channel.
         i.id.migrate(unsafe { &(*chp).ch });
         let old = i.own_channel;
@@ -1452,6 +1463,13 @@ fn c_str(p: *const c_char) -> Res<Option<String>> {
 fn resolve_host(node: &str, numeric: bool, family: c_int) -> Res<IpAddr> {
     if let Ok(ip) = node.parse::<IpAddr>() {
         return Ok(ip);
+    }
+    // A scoped IPv6 address (`fe80::1%eth0`): the address (the scope is
+    // the interface, which the device's address already names).
+    if let Some((a, _scope)) = node.split_once('%') {
+        if let Ok(ip) = a.parse::<Ipv6Addr>() {
+            return Ok(ip.into());
+        }
     }
     if numeric {
         return Err(Fail::inval(format!("{node} is not a numeric address")));
@@ -1493,11 +1511,47 @@ pub unsafe extern "C" fn softrdma_rdma_getaddrinfo(
         crate::non_null!(res);
         let node = c_str(node)?;
         let service = c_str(service)?;
-        if node.is_none() && service.is_none() {
-            return Err(Fail::inval("rdma_getaddrinfo: node and service are both NULL"));
-        }
         // SAFETY: NULL or a readable rdma_addrinfo.
         let h = unsafe { hints.as_ref() };
+        if node.is_none() && service.is_none() {
+            // Only addresses in the hints (libfabric's rxm): the answer is
+            // made of them, as librdmacm's.
+            let Some(h) = h.filter(|h| !h.ai_src_addr.is_null() || !h.ai_dst_addr.is_null()) else {
+                return Err(Fail::inval(
+                    "rdma_getaddrinfo: no node, no service and no address in the hints",
+                ));
+            };
+            let src = sockaddr_in(h.ai_src_addr)?;
+            let dst = sockaddr_in(h.ai_dst_addr)?;
+            // SAFETY: as below.
+            let ai = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }
+                .cast::<rdma_addrinfo>();
+            if ai.is_null() {
+                return Err(Fail::new(libc::ENOMEM, "out of memory"));
+            }
+            // SAFETY: just allocated and zeroed.
+            let a = unsafe { &mut *ai };
+            a.ai_flags = h.ai_flags;
+            a.ai_family = match src.or(dst) {
+                Some(SocketAddr::V6(_)) => libc::AF_INET6,
+                _ => libc::AF_INET,
+            };
+            a.ai_qp_type = if h.ai_qp_type == 0 { IBV_QPT_RC } else { h.ai_qp_type };
+            a.ai_port_space = match h.ai_port_space {
+                0 if a.ai_qp_type == IBV_QPT_UD => PortSpace::Udp.to_c(),
+                0 => PortSpace::Tcp.to_c(),
+                ps => ps,
+            };
+            if let Some(s) = src {
+                (a.ai_src_addr, a.ai_src_len) = alloc_sockaddr(s);
+            }
+            if let Some(d) = dst {
+                (a.ai_dst_addr, a.ai_dst_len) = alloc_sockaddr(d);
+            }
+            // SAFETY: writable.
+            unsafe { *res = ai };
+            return Ok(0);
+        }
         let flags = h.map_or(0, |h| h.ai_flags);
         let family = h.map_or(0, |h| if flags & RAI_FAMILY != 0 || h.ai_family != 0 { h.ai_family } else { 0 });
         let port: u16 = match &service {

@@ -370,6 +370,10 @@ fn create_cq(
     } else {
         Some(CompChannel::from_c(channel)?)
     };
+    let max = ctx.sv.query_device().max_cqe;
+    if depth > max {
+        return Err(Fail::inval(format!("cqe {depth} is more than max_cqe {max}")));
+    }
     let cq = ctx.sv.create_cq(depth, ch.as_ref().map(|c| &c.sv))?;
     let id = cq.id().0;
     let mut c = ibv_cq_ex::zeroed();

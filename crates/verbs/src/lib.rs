@@ -353,7 +353,7 @@ pub fn device_attr(dev: &DeviceInfo) -> DeviceAttr {
         max_qp_wr: 1 << 14,
         max_sge: softrdma_core::MAX_SGE as u32,
         max_cq: 1024,
-        max_cqe: 1 << 16,
+        max_cqe: (1 << 22) - 1,
         max_mr: softrdma_core::mr::MAX_MR as u32,
         max_mw: softrdma_core::mr::MAX_MW as u32,
         max_pd: 1 << 16,

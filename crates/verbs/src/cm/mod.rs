@@ -428,6 +428,9 @@ struct IdState {
     dev: Option<Cm>,
     src: Option<SocketAddr>,
     dst: Option<SocketAddr>,
+    /// Where packets for `dst` go when it is a loopback address no device
+    /// has (the device's own address).
+    dst_via: Option<IpAddr>,
     phase: Phase,
     /// (device, service) pairs a listening ID takes REQs for.
     listening: Vec<(Cm, u64)>,
@@ -531,6 +534,7 @@ impl CmId {
                 dev: None,
                 src: None,
                 dst: None,
+                dst_via: None,
                 phase: Phase::Idle,
                 listening: Vec::new(),
                 comm: None,
@@ -657,6 +661,10 @@ impl CmId {
                 devices
                     .iter()
                     .find(|d| same_ip(d.addr(), addr.ip()))
+                    // A loopback address no device has: the first device,
+                    // as the kernel's rdma_cm binds loopback
+                    // (`cma_bind_loopback`).
+                    .or_else(|| devices.first().filter(|_| is_loopback(addr.ip())))
                     .cloned()
                     .ok_or_else(|| {
                         io_err(
@@ -695,9 +703,22 @@ impl CmId {
             devices
                 .iter()
                 .find(|d| same_ip(d.addr(), ip))
+                .or_else(|| devices.first().filter(|_| is_loopback(dst.ip())))
                 .cloned()
                 .map(|d| (d, ip))
         });
+        // A loopback destination no device has is this host: the chosen
+        // device itself (the kernel's `cma_resolve_loopback`); the REQ
+        // still names the address the caller connects to.
+        let via = match &dev {
+            Some((d, _))
+                if is_loopback(dst.ip())
+                    && !devices.iter().any(|x| same_ip(x.addr(), dst.ip())) =>
+            {
+                Some(d.addr())
+            }
+            _ => None,
+        };
         let (kind, status) = {
             let mut s = self.st();
             if !matches!(s.phase, Phase::Idle | Phase::Bound | Phase::AddrResolved) {
@@ -713,6 +734,7 @@ impl CmId {
                     s.src = Some(SocketAddr::new(d.addr(), port));
                     let _ = ip;
                     s.dst = Some(dst);
+                    s.dst_via = via;
                     s.dev = Some(d);
                     s.phase = Phase::AddrResolved;
                     (EventKind::AddrResolved, 0)
@@ -795,7 +817,7 @@ impl CmId {
     /// `qpn`. `param` is what this side offers (for UD only the private
     /// data counts).
     pub fn connect(&self, param: &ConnParam, qpn: u32) -> Result<()> {
-        let (dev, src, dst, ps, qp_type, psn, tos, ack) = {
+        let (dev, src, dst, via, ps, qp_type, psn, tos, ack) = {
             let s = self.st();
             if s.phase != Phase::RouteResolved {
                 return Err(inval("resolve the route before connecting"));
@@ -804,6 +826,7 @@ impl CmId {
                 s.dev.clone().expect("resolved"),
                 s.src.expect("resolved"),
                 s.dst.expect("resolved"),
+                s.dst_via,
                 s.ps,
                 s.qp_type,
                 s.psn,
@@ -823,7 +846,7 @@ impl CmId {
         if !same_ip_family(src.ip(), dst.ip()) {
             return Err(inval("source and destination are of different address families"));
         }
-        let peer_gid = crate::device::ip_to_gid(dst.ip());
+        let peer_gid = crate::device::ip_to_gid(via.unwrap_or(dst.ip()));
         let service = w::service::id(ps.code(), dst.port());
         let hdr = CmaHdr {
             src,
@@ -1195,10 +1218,16 @@ impl CmId {
         let hdr = CmaHdr::parse(&req.private).ok()?;
         let s = self.st();
         if s.destroyed || s.phase != Phase::Listening {
+            log("REQ refused: the listener is gone");
             return None;
         }
         if let Some(bound) = s.src {
             if !bound.ip().is_unspecified() && !same_ip(bound.ip(), hdr.dst) {
+                log(&format!(
+                    "REQ refused: for {}, the listener is bound to {}",
+                    hdr.dst,
+                    bound.ip()
+                ));
                 return None;
             }
         }
@@ -1468,6 +1497,13 @@ impl CmId {
     /// Same device as `d`.
     pub fn on_device(&self, d: &Cm) -> bool {
         self.st().dev.as_ref().is_some_and(|x| x.same(d))
+    }
+}
+
+fn is_loopback(a: IpAddr) -> bool {
+    match a {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(v6.is_loopback(), |v4| v4.is_loopback()),
+        IpAddr::V4(v4) => v4.is_loopback(),
     }
 }
 

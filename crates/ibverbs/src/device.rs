@@ -95,22 +95,22 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn get_device_list_impl(num_devices: *mut c_int) -> Res<*mut *mut ibv_device> {
-        let devs = current_devices()?;
-        // SAFETY: calloc of n+1 pointers; freed by ibv_free_device_list.
-        let list = unsafe { libc::calloc(devs.len() + 1, std::mem::size_of::<usize>()) }
-            .cast::<*mut ibv_device>();
-        if list.is_null() {
-            return Err(Fail::new(libc::ENOMEM, "out of memory"));
-        }
-        for (i, d) in devs.iter().enumerate() {
-            // SAFETY: i < len of the allocation; the last slot stays NULL.
-            unsafe { *list.add(i) = d.c_ptr() };
-        }
-        if !num_devices.is_null() {
-            // SAFETY: the caller passes a writable int or NULL.
-            unsafe { *num_devices = devs.len() as c_int };
-        }
-        Ok(list)
+    let devs = current_devices()?;
+    // SAFETY: calloc of n+1 pointers; freed by ibv_free_device_list.
+    let list = unsafe { libc::calloc(devs.len() + 1, std::mem::size_of::<usize>()) }
+        .cast::<*mut ibv_device>();
+    if list.is_null() {
+        return Err(Fail::new(libc::ENOMEM, "out of memory"));
+    }
+    for (i, d) in devs.iter().enumerate() {
+        // SAFETY: i < len of the allocation; the last slot stays NULL.
+        unsafe { *list.add(i) = d.c_ptr() };
+    }
+    if !num_devices.is_null() {
+        // SAFETY: the caller passes a writable int or NULL.
+        unsafe { *num_devices = devs.len() as c_int };
+    }
+    Ok(list)
 }
 
 #[no_mangle]
@@ -153,51 +153,51 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn open_device_impl(device: *mut ibv_device) -> Res<*mut ibv_context> {
-        let dev = Device::from_c(device)?;
-        let mtu = port_mtu()?;
-        let opts = sv::OpenOptions {
-            port_mtu: Some(mtu),
-            ..Default::default()
-        };
-        let ctx = sv::Context::open(&dev.info, &opts).map_err(|e| {
-            ffi::warn(&format!(
-                "cannot open device {} ({}): {e}",
-                dev.info.name, dev.info.addr
-            ));
-            Fail::from(e)
-        })?;
-        // SAFETY: open(2) of a constant path; the fd is owned by the context.
-        let raw = unsafe { libc::open(crate::cstr!("/dev/null"), libc::O_RDWR | libc::O_CLOEXEC) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        // SAFETY: `raw` is a fresh descriptor we own.
-        let cmd_fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let mut vc = verbs_context::zeroed();
-        vc.query_port = Some(vctx_query_port);
-        vc.query_device_ex = Some(vctx_query_device_ex);
-        vc.create_cq_ex = Some(crate::resources::vctx_create_cq_ex);
-        vc.advise_mr = Some(crate::resources::vctx_advise_mr);
-        vc.alloc_parent_domain = Some(crate::resources::vctx_alloc_parent_domain);
-        vc.alloc_td = Some(crate::resources::vctx_alloc_td);
-        vc.dealloc_td = Some(crate::resources::vctx_dealloc_td);
-        vc.create_qp_ex = Some(crate::qp::vctx_create_qp_ex);
-        vc.sz = std::mem::size_of::<verbs_context>();
-        let c = &mut vc.context;
-        c.device = dev.c_ptr();
-        c.ops.poll_cq = Some(crate::datapath::poll_cq);
-        c.ops.req_notify_cq = Some(crate::datapath::req_notify_cq);
-        c.ops.post_send = Some(crate::datapath::post_send);
-        c.ops.post_recv = Some(crate::datapath::post_recv);
-        c.ops.post_srq_recv = Some(crate::datapath::post_srq_recv);
-        c.ops.alloc_mw = Some(crate::mw::alloc_mw);
-        c.ops.bind_mw = Some(crate::mw::bind_mw);
-        c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
-        c.cmd_fd = cmd_fd.as_raw_fd();
-        c.async_fd = ctx.async_fd();
-        c.num_comp_vectors = 1;
-        c.abi_compat = usize::MAX as *mut c_void;
-        Ok(Context::into_c(Context::new(dev, ctx, mtu, cmd_fd, vc)))
+    let dev = Device::from_c(device)?;
+    let mtu = port_mtu()?;
+    let opts = sv::OpenOptions {
+        port_mtu: Some(mtu),
+        ..Default::default()
+    };
+    let ctx = sv::Context::open(&dev.info, &opts).map_err(|e| {
+        ffi::warn(&format!(
+            "cannot open device {} ({}): {e}",
+            dev.info.name, dev.info.addr
+        ));
+        Fail::from(e)
+    })?;
+    // SAFETY: open(2) of a constant path; the fd is owned by the context.
+    let raw = unsafe { libc::open(crate::cstr!("/dev/null"), libc::O_RDWR | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: `raw` is a fresh descriptor we own.
+    let cmd_fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut vc = verbs_context::zeroed();
+    vc.query_port = Some(vctx_query_port);
+    vc.query_device_ex = Some(vctx_query_device_ex);
+    vc.create_cq_ex = Some(crate::resources::vctx_create_cq_ex);
+    vc.advise_mr = Some(crate::resources::vctx_advise_mr);
+    vc.alloc_parent_domain = Some(crate::resources::vctx_alloc_parent_domain);
+    vc.alloc_td = Some(crate::resources::vctx_alloc_td);
+    vc.dealloc_td = Some(crate::resources::vctx_dealloc_td);
+    vc.create_qp_ex = Some(crate::qp::vctx_create_qp_ex);
+    vc.sz = std::mem::size_of::<verbs_context>();
+    let c = &mut vc.context;
+    c.device = dev.c_ptr();
+    c.ops.poll_cq = Some(crate::datapath::poll_cq);
+    c.ops.req_notify_cq = Some(crate::datapath::req_notify_cq);
+    c.ops.post_send = Some(crate::datapath::post_send);
+    c.ops.post_recv = Some(crate::datapath::post_recv);
+    c.ops.post_srq_recv = Some(crate::datapath::post_srq_recv);
+    c.ops.alloc_mw = Some(crate::mw::alloc_mw);
+    c.ops.bind_mw = Some(crate::mw::bind_mw);
+    c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
+    c.cmd_fd = cmd_fd.as_raw_fd();
+    c.async_fd = ctx.async_fd();
+    c.num_comp_vectors = 1;
+    c.abi_compat = usize::MAX as *mut c_void;
+    Ok(Context::into_c(Context::new(dev, ctx, mtu, cmd_fd, vc)))
 }
 
 #[no_mangle]

@@ -53,22 +53,19 @@ pub unsafe extern "C" fn ibv_create_qp(
 /// The body of `ibv_create_qp`, for this library's own callers (rdmacm):
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
-pub(crate) fn create_qp_impl(
-    pd: *mut ibv_pd,
-    init: *mut ibv_qp_init_attr,
-) -> Res<*mut ibv_qp> {
-        non_null!(init);
-        // SAFETY: a readable and writable ibv_qp_init_attr.
-        let init = unsafe { &mut *init };
-        let c = Create {
-            qp_context: init.qp_context,
-            send_cq: init.send_cq,
-            recv_cq: init.recv_cq,
-            srq: init.srq,
-            qp_type: init.qp_type,
-            sq_sig_all: init.sq_sig_all,
-        };
-        create_qp(pd, &c, &mut init.cap, false)
+pub(crate) fn create_qp_impl(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> Res<*mut ibv_qp> {
+    non_null!(init);
+    // SAFETY: a readable and writable ibv_qp_init_attr.
+    let init = unsafe { &mut *init };
+    let c = Create {
+        qp_context: init.qp_context,
+        send_cq: init.send_cq,
+        recv_cq: init.recv_cq,
+        srq: init.srq,
+        qp_type: init.qp_type,
+        sq_sig_all: init.sq_sig_all,
+    };
+    create_qp(pd, &c, &mut init.cap, false)
 }
 
 /// What `ibv_create_qp` and `ibv_create_qp_ex` share.
@@ -231,33 +228,33 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn destroy_qp_impl(qp: *mut ibv_qp) -> Res<()> {
-        let q = Qp::take(qp)?;
-        // SAFETY: the C struct of a QP we just took back.
-        let c = unsafe { &*q.c_ptr() };
-        // A QP's context, PD, CQs and SRQ cannot be destroyed before it
-        // (each counts its users); each is looked up, not trusted.
-        if let Ok(ctx) = Context::from_c(c.context) {
-            ctx.qps
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&c.qp_num);
+    let q = Qp::take(qp)?;
+    // SAFETY: the C struct of a QP we just took back.
+    let c = unsafe { &*q.c_ptr() };
+    // A QP's context, PD, CQs and SRQ cannot be destroyed before it
+    // (each counts its users); each is looked up, not trusted.
+    if let Ok(ctx) = Context::from_c(c.context) {
+        ctx.qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&c.qp_num);
+    }
+    if let Ok(p) = Pd::from_c(c.pd) {
+        p.users.sub();
+    }
+    for cq in [c.send_cq, c.recv_cq] {
+        if let Ok(cq) = Cq::from_c(cq) {
+            cq.users.sub();
         }
-        if let Ok(p) = Pd::from_c(c.pd) {
-            p.users.sub();
+    }
+    if !c.srq.is_null() {
+        if let Ok(s) = Srq::from_c(c.srq) {
+            s.users.sub();
         }
-        for cq in [c.send_cq, c.recv_cq] {
-            if let Ok(cq) = Cq::from_c(cq) {
-                cq.users.sub();
-            }
-        }
-        if !c.srq.is_null() {
-            if let Ok(s) = Srq::from_c(c.srq) {
-                s.users.sub();
-            }
-        }
-        // Dropping the softrdma QP flushes and destroys it.
-        drop(q);
-        Ok(())
+    }
+    // Dropping the softrdma QP flushes and destroys it.
+    drop(q);
+    Ok(())
 }
 
 fn state(v: u32, what: &str) -> Res<sv::QpState> {

@@ -337,7 +337,9 @@ fn ctx_of(cm: &cm::Cm) -> Res<*mut ibv_context> {
 
 fn default_pd(ctx: *mut ibv_context) -> Res<*mut ibv_pd> {
     let mut g = lock(&DEVS);
-    let devs = g.as_mut().ok_or_else(|| Fail::new(libc::ENODEV, "no devices"))?;
+    let devs = g
+        .as_mut()
+        .ok_or_else(|| Fail::new(libc::ENODEV, "no devices"))?;
     let d = devs
         .iter_mut()
         .find(|d| d.ctx == ctx)
@@ -599,7 +601,10 @@ pub unsafe extern "C" fn softrdma_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
         let (m, cv) = &*UNACKED;
         let mut g = lock(m);
         while g.get(&(p as usize)).is_some_and(|&n| n > 0) {
-            cm_log(&format!("id {p:?}: waiting for {} unacknowledged events", g[&(p as usize)]));
+            cm_log(&format!(
+                "id {p:?}: waiting for {} unacknowledged events",
+                g[&(p as usize)]
+            ));
             g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
         g.remove(&(p as usize));
@@ -617,7 +622,10 @@ pub unsafe extern "C" fn softrdma_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softrdma_rdma_bind_addr(p: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+pub unsafe extern "C" fn softrdma_rdma_bind_addr(
+    p: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+) -> c_int {
     minus_one("rdma_bind_addr", || {
         let i = id_of(p)?;
         let a = sockaddr_in(addr)?.ok_or_else(|| Fail::inval("addr is NULL"))?;
@@ -646,17 +654,19 @@ pub unsafe extern "C" fn softrdma_rdma_resolve_addr(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softrdma_rdma_resolve_route(p: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+pub unsafe extern "C" fn softrdma_rdma_resolve_route(
+    p: *mut rdma_cm_id,
+    _timeout_ms: c_int,
+) -> c_int {
     minus_one("rdma_resolve_route", || {
         let i = id_of(p)?;
         i.id.resolve_route().map_err(Fail::from)?;
         let ib = i.c.route.addr.ibaddr;
-        let mtu = i
-            .id
-            .device()
-            .and_then(|d| ctx_of(&d).ok())
-            .and_then(|c| Context::from_c(c).ok())
-            .map_or(sv::Mtu::B1024, |c| c.port_mtu);
+        let mtu =
+            i.id.device()
+                .and_then(|d| ctx_of(&d).ok())
+                .and_then(|c| Context::from_c(c).ok())
+                .map_or(sv::Mtu::B1024, |c| c.port_mtu);
         i.path = ibv_sa_path_rec {
             dgid: ib.dgid,
             sgid: ib.sgid,
@@ -689,12 +699,18 @@ fn move_qp(i: &Id, qp: *mut ibv_qp, state: sv::QpState) -> Res<()> {
 
 fn create_qp(i: &mut Id, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Res<()> {
     if i.c.verbs.is_null() {
-        return Err(Fail::inval("the ID has no device yet (bind or resolve it first)"));
+        return Err(Fail::inval(
+            "the ID has no device yet (bind or resolve it first)",
+        ));
     }
     if !i.c.qp.is_null() {
         return Err(Fail::new(libc::EEXIST, "the ID already has a QP"));
     }
-    let pd = if pd.is_null() { default_pd(i.c.verbs)? } else { pd };
+    let pd = if pd.is_null() {
+        default_pd(i.c.verbs)?
+    } else {
+        pd
+    };
     let t = sv::QpType::from_ibv(attr.qp_type)
         .ok_or_else(|| Fail::unsupported("QP type: RC, UC or UD"))?;
     i.id.set_qp_type(t).map_err(Fail::from)?;
@@ -786,7 +802,11 @@ pub unsafe extern "C" fn softrdma_rdma_create_qp_ex(
                 "rdma_create_qp_ex: only the PD (and send ops flags) are supported",
             ));
         }
-        let pd = if a.comp_mask & PD != 0 { a.pd } else { std::ptr::null_mut() };
+        let pd = if a.comp_mask & PD != 0 {
+            a.pd
+        } else {
+            std::ptr::null_mut()
+        };
         let mut b = ibv_qp_init_attr {
             qp_context: a.qp_context,
             send_cq: a.send_cq,
@@ -837,7 +857,11 @@ pub unsafe extern "C" fn softrdma_rdma_create_srq(
         if i.c.verbs.is_null() {
             return Err(Fail::inval("the ID has no device yet"));
         }
-        let pd = if pd.is_null() { default_pd(i.c.verbs)? } else { pd };
+        let pd = if pd.is_null() {
+            default_pd(i.c.verbs)?
+        } else {
+            pd
+        };
         let srq = crate::resources::create_srq_impl(pd, attr)?;
         i.c.srq = srq;
         i.c.pd = pd;
@@ -846,9 +870,15 @@ pub unsafe extern "C" fn softrdma_rdma_create_srq(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softrdma_rdma_create_srq_ex(_p: *mut rdma_cm_id, _attr: *mut c_void) -> c_int {
+pub unsafe extern "C" fn softrdma_rdma_create_srq_ex(
+    _p: *mut rdma_cm_id,
+    _attr: *mut c_void,
+) -> c_int {
     minus_one("rdma_create_srq_ex", || {
-        Err(Fail::new(libc::ENOSYS, "rdma_create_srq_ex is not implemented (rdma_create_srq is)"))
+        Err(Fail::new(
+            libc::ENOSYS,
+            "rdma_create_srq_ex is not implemented (rdma_create_srq is)",
+        ))
     })
 }
 
@@ -911,7 +941,10 @@ fn qp_num(i: &Id, param: &ConnParam) -> u32 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softrdma_rdma_connect(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+pub unsafe extern "C" fn softrdma_rdma_connect(
+    p: *mut rdma_cm_id,
+    param: *mut rdma_conn_param,
+) -> c_int {
     minus_one("rdma_connect", || {
         let i = id_of(p)?;
         let ud = i.id.qp_type() == sv::QpType::Ud;
@@ -986,7 +1019,10 @@ pub unsafe extern "C" fn softrdma_rdma_get_request(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softrdma_rdma_accept(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+pub unsafe extern "C" fn softrdma_rdma_accept(
+    p: *mut rdma_cm_id,
+    param: *mut rdma_conn_param,
+) -> c_int {
     minus_one("rdma_accept", || {
         let i = id_of(p)?;
         let ud = i.id.qp_type() == sv::QpType::Ud;
@@ -1039,7 +1075,11 @@ pub unsafe extern "C" fn softrdma_rdma_reject(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softrdma_rdma_reject_ece(p: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+pub unsafe extern "C" fn softrdma_rdma_reject_ece(
+    p: *mut rdma_cm_id,
+    data: *const c_void,
+    len: u8,
+) -> c_int {
     // SAFETY: the same contract as rdma_reject.
     unsafe { softrdma_rdma_reject(p, data, len) }
 }
@@ -1176,12 +1216,7 @@ fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
                 return Ok(None);
             }
             let li = id_ref(lp as *mut rdma_cm_id)?;
-            let child = new_id(
-                li.c.channel.cast(),
-                ev.id.clone(),
-                li.c.context,
-                false,
-            );
+            let child = new_id(li.c.channel.cast(), ev.id.clone(), li.c.context, false);
             // SAFETY: just made.
             let ci = unsafe { &mut *child };
             ci.c.ps = li.c.ps;
@@ -1290,7 +1325,11 @@ fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
         }
     }
     *lock(&UNACKED.0).entry(id_ptr).or_insert(0) += 1;
-    cm_log(&format!("event {} for id {:#x} handed out", kind.name(), id_ptr));
+    cm_log(&format!(
+        "event {} for id {:#x} handed out",
+        kind.name(),
+        id_ptr
+    ));
     Ok(Some(p.cast()))
 }
 
@@ -1536,7 +1575,11 @@ pub unsafe extern "C" fn softrdma_rdma_getaddrinfo(
                 Some(SocketAddr::V6(_)) => libc::AF_INET6,
                 _ => libc::AF_INET,
             };
-            a.ai_qp_type = if h.ai_qp_type == 0 { IBV_QPT_RC } else { h.ai_qp_type };
+            a.ai_qp_type = if h.ai_qp_type == 0 {
+                IBV_QPT_RC
+            } else {
+                h.ai_qp_type
+            };
             a.ai_port_space = match h.ai_port_space {
                 0 if a.ai_qp_type == IBV_QPT_UD => PortSpace::Udp.to_c(),
                 0 => PortSpace::Tcp.to_c(),
@@ -1553,7 +1596,13 @@ pub unsafe extern "C" fn softrdma_rdma_getaddrinfo(
             return Ok(0);
         }
         let flags = h.map_or(0, |h| h.ai_flags);
-        let family = h.map_or(0, |h| if flags & RAI_FAMILY != 0 || h.ai_family != 0 { h.ai_family } else { 0 });
+        let family = h.map_or(0, |h| {
+            if flags & RAI_FAMILY != 0 || h.ai_family != 0 {
+                h.ai_family
+            } else {
+                0
+            }
+        });
         let port: u16 = match &service {
             None => 0,
             Some(s) => s
@@ -1583,7 +1632,11 @@ pub unsafe extern "C" fn softrdma_rdma_getaddrinfo(
         // SAFETY: just allocated and zeroed.
         let a = unsafe { &mut *ai };
         a.ai_flags = flags;
-        a.ai_family = if ip.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+        a.ai_family = if ip.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
         a.ai_qp_type = qp_type;
         a.ai_port_space = ps;
         if passive {
@@ -1644,8 +1697,17 @@ pub unsafe extern "C" fn softrdma_rdma_create_ep(
         let mut idp: *mut rdma_cm_id = std::ptr::null_mut();
         // SAFETY: our own functions, as an application calls them.
         unsafe {
-            if softrdma_rdma_create_id(std::ptr::null_mut(), &mut idp, std::ptr::null_mut(), r.ai_port_space) != 0 {
-                return Err(Fail::new(*libc::__errno_location(), "rdma_create_id failed"));
+            if softrdma_rdma_create_id(
+                std::ptr::null_mut(),
+                &mut idp,
+                std::ptr::null_mut(),
+                r.ai_port_space,
+            ) != 0
+            {
+                return Err(Fail::new(
+                    *libc::__errno_location(),
+                    "rdma_create_id failed",
+                ));
             }
         }
         let fail = |idp: *mut rdma_cm_id| {
@@ -1699,28 +1761,42 @@ pub unsafe extern "C" fn softrdma_rdma_destroy_ep(p: *mut rdma_cm_id) {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softrdma_rdma_join_multicast(_p: *mut rdma_cm_id, _a: *mut c_void, _c: *mut c_void) -> c_int {
+pub unsafe extern "C" fn softrdma_rdma_join_multicast(
+    _p: *mut rdma_cm_id,
+    _a: *mut c_void,
+    _c: *mut c_void,
+) -> c_int {
     minus_one("rdma_join_multicast", || {
         Err(Fail::new(libc::ENOSYS, "multicast is not implemented"))
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softrdma_rdma_join_multicast_ex(_p: *mut rdma_cm_id, _a: *mut c_void, _c: *mut c_void) -> c_int {
+pub unsafe extern "C" fn softrdma_rdma_join_multicast_ex(
+    _p: *mut rdma_cm_id,
+    _a: *mut c_void,
+    _c: *mut c_void,
+) -> c_int {
     minus_one("rdma_join_multicast_ex", || {
         Err(Fail::new(libc::ENOSYS, "multicast is not implemented"))
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softrdma_rdma_leave_multicast(_p: *mut rdma_cm_id, _a: *mut c_void) -> c_int {
+pub unsafe extern "C" fn softrdma_rdma_leave_multicast(
+    _p: *mut rdma_cm_id,
+    _a: *mut c_void,
+) -> c_int {
     minus_one("rdma_leave_multicast", || {
         Err(Fail::new(libc::ENOSYS, "multicast is not implemented"))
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softrdma_rdma_get_remote_ece(p: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+pub unsafe extern "C" fn softrdma_rdma_get_remote_ece(
+    p: *mut rdma_cm_id,
+    ece: *mut ibv_ece,
+) -> c_int {
     minus_one("rdma_get_remote_ece", || {
         crate::non_null!(ece);
         id_of(p)?;
@@ -1738,10 +1814,263 @@ pub unsafe extern "C" fn softrdma_rdma_get_remote_ece(p: *mut rdma_cm_id, ece: *
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softrdma_rdma_set_local_ece(p: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+pub unsafe extern "C" fn softrdma_rdma_set_local_ece(
+    p: *mut rdma_cm_id,
+    ece: *mut ibv_ece,
+) -> c_int {
     minus_one("rdma_set_local_ece", || {
         crate::non_null!(ece);
         id_of(p)?;
         Ok(0)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The layout of the structures above, compared with what the C
+    /// compiler computes from the installed `<rdma/rdma_cma.h>`.
+    #[test]
+    fn rdmacm_layout_matches_rdma_cma_h() {
+        let header = std::path::Path::new("/usr/include/rdma/rdma_cma.h");
+        assert!(
+            header.exists(),
+            "{} is missing: install librdmacm-dev (apt-get install -y librdmacm-dev)",
+            header.display()
+        );
+        let rust: Vec<(&str, usize)> = vec![
+            ("sizeof(struct rdma_cm_id)", size_of::<rdma_cm_id>()),
+            (
+                "offsetof(struct rdma_cm_id, verbs)",
+                offset_of!(rdma_cm_id, verbs),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, channel)",
+                offset_of!(rdma_cm_id, channel),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, context)",
+                offset_of!(rdma_cm_id, context),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, qp)",
+                offset_of!(rdma_cm_id, qp),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, route)",
+                offset_of!(rdma_cm_id, route),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, route.addr.dst_storage)",
+                offset_of!(rdma_cm_id, route) + offset_of!(rdma_addr, dst),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, route.addr.addr.ibaddr.dgid)",
+                offset_of!(rdma_cm_id, route)
+                    + offset_of!(rdma_addr, ibaddr)
+                    + offset_of!(rdma_ib_addr, dgid),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, route.addr.addr.ibaddr.pkey)",
+                offset_of!(rdma_cm_id, route)
+                    + offset_of!(rdma_addr, ibaddr)
+                    + offset_of!(rdma_ib_addr, pkey),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, route.path_rec)",
+                offset_of!(rdma_cm_id, route) + offset_of!(rdma_route, path_rec),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, route.num_paths)",
+                offset_of!(rdma_cm_id, route) + offset_of!(rdma_route, num_paths),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, ps)",
+                offset_of!(rdma_cm_id, ps),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, port_num)",
+                offset_of!(rdma_cm_id, port_num),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, event)",
+                offset_of!(rdma_cm_id, event),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, send_cq_channel)",
+                offset_of!(rdma_cm_id, send_cq_channel),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, send_cq)",
+                offset_of!(rdma_cm_id, send_cq),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, recv_cq_channel)",
+                offset_of!(rdma_cm_id, recv_cq_channel),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, recv_cq)",
+                offset_of!(rdma_cm_id, recv_cq),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, srq)",
+                offset_of!(rdma_cm_id, srq),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, pd)",
+                offset_of!(rdma_cm_id, pd),
+            ),
+            (
+                "offsetof(struct rdma_cm_id, qp_type)",
+                offset_of!(rdma_cm_id, qp_type),
+            ),
+            (
+                "sizeof(struct ibv_sa_path_rec)",
+                size_of::<ibv_sa_path_rec>(),
+            ),
+            (
+                "offsetof(struct ibv_sa_path_rec, flow_label)",
+                offset_of!(ibv_sa_path_rec, flow_label),
+            ),
+            (
+                "offsetof(struct ibv_sa_path_rec, reversible)",
+                offset_of!(ibv_sa_path_rec, reversible),
+            ),
+            (
+                "offsetof(struct ibv_sa_path_rec, pkey)",
+                offset_of!(ibv_sa_path_rec, pkey),
+            ),
+            (
+                "offsetof(struct ibv_sa_path_rec, mtu)",
+                offset_of!(ibv_sa_path_rec, mtu),
+            ),
+            (
+                "offsetof(struct ibv_sa_path_rec, preference)",
+                offset_of!(ibv_sa_path_rec, preference),
+            ),
+            ("sizeof(struct rdma_cm_event)", size_of::<rdma_cm_event>()),
+            (
+                "offsetof(struct rdma_cm_event, listen_id)",
+                offset_of!(rdma_cm_event, listen_id),
+            ),
+            (
+                "offsetof(struct rdma_cm_event, event)",
+                offset_of!(rdma_cm_event, event),
+            ),
+            (
+                "offsetof(struct rdma_cm_event, status)",
+                offset_of!(rdma_cm_event, status),
+            ),
+            (
+                "offsetof(struct rdma_cm_event, param)",
+                offset_of!(rdma_cm_event, param),
+            ),
+            (
+                "sizeof(struct rdma_conn_param)",
+                size_of::<rdma_conn_param>(),
+            ),
+            (
+                "offsetof(struct rdma_conn_param, private_data_len)",
+                offset_of!(rdma_conn_param, private_data_len),
+            ),
+            (
+                "offsetof(struct rdma_conn_param, rnr_retry_count)",
+                offset_of!(rdma_conn_param, rnr_retry_count),
+            ),
+            (
+                "offsetof(struct rdma_conn_param, qp_num)",
+                offset_of!(rdma_conn_param, qp_num),
+            ),
+            ("sizeof(struct rdma_ud_param)", size_of::<rdma_ud_param>()),
+            (
+                "offsetof(struct rdma_ud_param, ah_attr)",
+                offset_of!(rdma_ud_param, ah_attr),
+            ),
+            (
+                "offsetof(struct rdma_ud_param, qp_num)",
+                offset_of!(rdma_ud_param, qp_num),
+            ),
+            (
+                "offsetof(struct rdma_ud_param, qkey)",
+                offset_of!(rdma_ud_param, qkey),
+            ),
+            ("sizeof(struct rdma_addrinfo)", size_of::<rdma_addrinfo>()),
+            (
+                "offsetof(struct rdma_addrinfo, ai_src_len)",
+                offset_of!(rdma_addrinfo, ai_src_len),
+            ),
+            (
+                "offsetof(struct rdma_addrinfo, ai_src_addr)",
+                offset_of!(rdma_addrinfo, ai_src_addr),
+            ),
+            (
+                "offsetof(struct rdma_addrinfo, ai_route_len)",
+                offset_of!(rdma_addrinfo, ai_route_len),
+            ),
+            (
+                "offsetof(struct rdma_addrinfo, ai_connect)",
+                offset_of!(rdma_addrinfo, ai_connect),
+            ),
+            (
+                "offsetof(struct rdma_addrinfo, ai_next)",
+                offset_of!(rdma_addrinfo, ai_next),
+            ),
+            (
+                "sizeof(struct rdma_event_channel)",
+                size_of::<rdma_event_channel>(),
+            ),
+            ("sizeof(struct ibv_ece)", size_of::<ibv_ece>()),
+            ("RDMA_UDP_QKEY", cm::UDP_QKEY as usize),
+            ("RDMA_PS_TCP", PortSpace::Tcp.to_c() as usize),
+            ("RDMA_PS_UDP", PortSpace::Udp.to_c() as usize),
+            ("RDMA_PS_IB", PortSpace::Ib.to_c() as usize),
+            (
+                "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+                EventKind::TimewaitExit as usize,
+            ),
+            (
+                "RDMA_OPTION_ID_ACK_TIMEOUT",
+                RDMA_OPTION_ID_ACK_TIMEOUT as usize,
+            ),
+            ("RAI_FAMILY", RAI_FAMILY as usize),
+        ];
+        let mut c = String::from(
+            "#include <stdio.h>\n#include <stddef.h>\n#include <rdma/rdma_cma.h>\nint main(void) {\n",
+        );
+        for (expr, _) in &rust {
+            c.push_str(&format!("  printf(\"%zu\\n\", (size_t)({expr}));\n"));
+        }
+        c.push_str("  return 0;\n}\n");
+        let dir =
+            std::env::temp_dir().join(format!("softrdma-rdmacm-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("layout.c");
+        let exe = dir.join("layout");
+        std::fs::write(&src, c).unwrap();
+        let st = std::process::Command::new("cc")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .expect("a C compiler (cc) is needed for the layout check");
+        assert!(st.success(), "compiling {} failed", src.display());
+        let out = std::process::Command::new(&exe).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let c_values: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(c_values.len(), rust.len());
+        let wrong: Vec<String> = rust
+            .iter()
+            .zip(&c_values)
+            .filter(|((_, r), c)| r != *c)
+            .map(|((e, r), c)| format!("{e}: C {c}, Rust {r}"))
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "layout differs from rdma_cma.h:\n{}",
+            wrong.join("\n")
+        );
+    }
 }

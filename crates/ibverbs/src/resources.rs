@@ -42,14 +42,14 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn alloc_pd_impl(context: *mut ibv_context) -> Res<*mut ibv_pd> {
-        let ctx = Context::from_c(context)?;
-        let pd = ctx.sv.alloc_pd();
-        let c = ibv_pd {
-            context,
-            handle: pd.id().0,
-        };
-        ctx.users.add();
-        Ok(Pd::into_c(Pd::new(c, pd)))
+    let ctx = Context::from_c(context)?;
+    let pd = ctx.sv.alloc_pd();
+    let c = ibv_pd {
+        context,
+        handle: pd.id().0,
+    };
+    ctx.users.add();
+    Ok(Pd::into_c(Pd::new(c, pd)))
 }
 
 #[no_mangle]
@@ -269,52 +269,54 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
 pub unsafe extern "C" fn ibv_create_comp_channel(
     context: *mut ibv_context,
 ) -> *mut ibv_comp_channel {
-    null_ret("ibv_create_comp_channel", || create_comp_channel_impl(context))
+    null_ret("ibv_create_comp_channel", || {
+        create_comp_channel_impl(context)
+    })
 }
 
 /// The body of `ibv_create_comp_channel`, for this library's own callers (rdmacm):
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
-pub(crate) fn create_comp_channel_impl(
-    context: *mut ibv_context,
-) -> Res<*mut ibv_comp_channel> {
-        let ctx = Context::from_c(context)?;
-        let ch = ctx.sv.create_comp_channel()?;
-        // rdma-core's channel descriptor starts out blocking; applications
-        // that want EAGAIN set O_NONBLOCK themselves, and ibv_get_cq_event
-        // follows whichever mode the descriptor is in.
-        set_blocking(ch.fd())?;
-        let c = ibv_comp_channel {
-            context,
-            fd: ch.fd(),
-            refcnt: 0,
-        };
-        ctx.users.add();
-        Ok(CompChannel::into_c(CompChannel::new(c, ch)))
+pub(crate) fn create_comp_channel_impl(context: *mut ibv_context) -> Res<*mut ibv_comp_channel> {
+    let ctx = Context::from_c(context)?;
+    let ch = ctx.sv.create_comp_channel()?;
+    // rdma-core's channel descriptor starts out blocking; applications
+    // that want EAGAIN set O_NONBLOCK themselves, and ibv_get_cq_event
+    // follows whichever mode the descriptor is in.
+    set_blocking(ch.fd())?;
+    let c = ibv_comp_channel {
+        context,
+        fd: ch.fd(),
+        refcnt: 0,
+    };
+    ctx.users.add();
+    Ok(CompChannel::into_c(CompChannel::new(c, ch)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
-    errno_ret("ibv_destroy_comp_channel", || destroy_comp_channel_impl(channel))
+    errno_ret("ibv_destroy_comp_channel", || {
+        destroy_comp_channel_impl(channel)
+    })
 }
 
 /// The body of `ibv_destroy_comp_channel`, for this library's own callers (rdmacm):
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn destroy_comp_channel_impl(channel: *mut ibv_comp_channel) -> Res<()> {
-        if CompChannel::from_c(channel)?.users.busy() {
-            return Err(Fail::new(
-                libc::EBUSY,
-                "CQs still use this completion channel",
-            ));
-        }
-        let ch = CompChannel::take(channel)?;
-        // SAFETY: our own slot, live while `ch` is.
-        if let Ok(ctx) = Context::from_c(unsafe { (*ch.c_ptr()).context }) {
-            ctx.users.sub();
-        }
-        drop(ch);
-        Ok(())
+    if CompChannel::from_c(channel)?.users.busy() {
+        return Err(Fail::new(
+            libc::EBUSY,
+            "CQs still use this completion channel",
+        ));
+    }
+    let ch = CompChannel::take(channel)?;
+    // SAFETY: our own slot, live while `ch` is.
+    if let Ok(ctx) = Context::from_c(unsafe { (*ch.c_ptr()).context }) {
+        ctx.users.sub();
+    }
+    drop(ch);
+    Ok(())
 }
 
 #[no_mangle]
@@ -325,7 +327,9 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
-    null_ret("ibv_create_cq", || create_cq_impl(context, cqe, cq_context, channel, comp_vector))
+    null_ret("ibv_create_cq", || {
+        create_cq_impl(context, cqe, cq_context, channel, comp_vector)
+    })
 }
 
 /// The body of `ibv_create_cq`, for this library's own callers (rdmacm):
@@ -338,12 +342,12 @@ pub(crate) fn create_cq_impl(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> Res<*mut ibv_cq> {
-        let depth = u32::try_from(cqe)
-            .ok()
-            .filter(|&d| d > 0)
-            .ok_or_else(|| Fail::inval(format!("cqe {cqe} must be at least 1")))?;
-        let vector = u32::try_from(comp_vector).unwrap_or(u32::MAX);
-        create_cq(context, depth, cq_context, channel, vector)
+    let depth = u32::try_from(cqe)
+        .ok()
+        .filter(|&d| d > 0)
+        .ok_or_else(|| Fail::inval(format!("cqe {cqe} must be at least 1")))?;
+    let vector = u32::try_from(comp_vector).unwrap_or(u32::MAX);
+    create_cq(context, depth, cq_context, channel, vector)
 }
 
 /// What `ibv_create_cq` and `ibv_create_cq_ex` share: the CQ, its slot
@@ -372,7 +376,9 @@ fn create_cq(
     };
     let max = ctx.sv.query_device().max_cqe;
     if depth > max {
-        return Err(Fail::inval(format!("cqe {depth} is more than max_cqe {max}")));
+        return Err(Fail::inval(format!(
+            "cqe {depth} is more than max_cqe {max}"
+        )));
     }
     let cq = ctx.sv.create_cq(depth, ch.as_ref().map(|c| &c.sv))?;
     let id = cq.id().0;
@@ -512,29 +518,29 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn destroy_cq_impl(cq: *mut ibv_cq) -> Res<()> {
-        if Cq::from_c(cq)?.users.busy() {
-            return Err(Fail::new(libc::EBUSY, "QPs still use this CQ"));
+    if Cq::from_c(cq)?.users.busy() {
+        return Err(Fail::new(libc::EBUSY, "QPs still use this CQ"));
+    }
+    // Unregistered first: of two racing destroys, one gets here.
+    let q = Cq::take(cq)?;
+    // SAFETY: our own slot, live while `q` is.
+    let (context, channel) = unsafe { ((*q.c_ptr()).context, (*q.c_ptr()).channel) };
+    let ctx = Context::from_c(context)?;
+    ctx.cqs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&q.sv.id().0);
+    ctx.users.sub();
+    if !channel.is_null() {
+        // A channel with CQs cannot be destroyed, so it is live.
+        if let Ok(ch) = CompChannel::from_c(channel) {
+            ch.users.sub();
+            // SAFETY: live channel.
+            unsafe { (*ch.c_ptr()).refcnt -= 1 };
         }
-        // Unregistered first: of two racing destroys, one gets here.
-        let q = Cq::take(cq)?;
-        // SAFETY: our own slot, live while `q` is.
-        let (context, channel) = unsafe { ((*q.c_ptr()).context, (*q.c_ptr()).channel) };
-        let ctx = Context::from_c(context)?;
-        ctx.cqs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&q.sv.id().0);
-        ctx.users.sub();
-        if !channel.is_null() {
-            // A channel with CQs cannot be destroyed, so it is live.
-            if let Ok(ch) = CompChannel::from_c(channel) {
-                ch.users.sub();
-                // SAFETY: live channel.
-                unsafe { (*ch.c_ptr()).refcnt -= 1 };
-            }
-        }
-        drop(q);
-        Ok(())
+    }
+    drop(q);
+    Ok(())
 }
 
 #[no_mangle]
@@ -639,24 +645,21 @@ pub unsafe extern "C" fn ibv_create_srq(
 /// The body of `ibv_create_srq`, for this library's own callers (rdmacm):
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
-pub(crate) fn create_srq_impl(
-    pd: *mut ibv_pd,
-    init: *mut ibv_srq_init_attr,
-) -> Res<*mut ibv_srq> {
-        non_null!(init);
-        let p = Pd::from_c(pd)?;
-        // SAFETY: a readable/writable ibv_srq_init_attr.
-        let init = unsafe { &mut *init };
-        let max_sge = init.attr.max_sge.max(1);
-        let srq = p.sv.create_srq(init.attr.max_wr, max_sge)?;
-        init.attr.max_sge = max_sge;
-        let mut c = ibv_srq::zeroed();
-        // SAFETY: live PD.
-        c.context = unsafe { (*p.c_ptr()).context };
-        c.srq_context = init.srq_context;
-        c.pd = pd;
-        p.users.add();
-        Ok(Srq::into_c(Srq::new(c, srq, init.attr)))
+pub(crate) fn create_srq_impl(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> Res<*mut ibv_srq> {
+    non_null!(init);
+    let p = Pd::from_c(pd)?;
+    // SAFETY: a readable/writable ibv_srq_init_attr.
+    let init = unsafe { &mut *init };
+    let max_sge = init.attr.max_sge.max(1);
+    let srq = p.sv.create_srq(init.attr.max_wr, max_sge)?;
+    init.attr.max_sge = max_sge;
+    let mut c = ibv_srq::zeroed();
+    // SAFETY: live PD.
+    c.context = unsafe { (*p.c_ptr()).context };
+    c.srq_context = init.srq_context;
+    c.pd = pd;
+    p.users.add();
+    Ok(Srq::into_c(Srq::new(c, srq, init.attr)))
 }
 
 #[no_mangle]
@@ -704,16 +707,16 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn destroy_srq_impl(srq: *mut ibv_srq) -> Res<()> {
-        if Srq::from_c(srq)?.users.busy() {
-            return Err(Fail::new(libc::EBUSY, "QPs are still attached to this SRQ"));
-        }
-        let s = Srq::take(srq)?;
-        // SAFETY: our own slot, live while `s` is.
-        if let Ok(p) = Pd::from_c(unsafe { (*s.c_ptr()).pd }) {
-            p.users.sub();
-        }
-        drop(s);
-        Ok(())
+    if Srq::from_c(srq)?.users.busy() {
+        return Err(Fail::new(libc::EBUSY, "QPs are still attached to this SRQ"));
+    }
+    let s = Srq::take(srq)?;
+    // SAFETY: our own slot, live while `s` is.
+    if let Ok(p) = Pd::from_c(unsafe { (*s.c_ptr()).pd }) {
+        p.users.sub();
+    }
+    drop(s);
+    Ok(())
 }
 
 // ---- address handles ----

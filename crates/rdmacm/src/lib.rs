@@ -34,7 +34,10 @@ fn lookup(name: &'static [u8]) -> *mut c_void {
         if !p.is_null() {
             return p;
         }
-        let h = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
+        let h = libc::dlopen(
+            c"libibverbs.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_GLOBAL,
+        );
         if h.is_null() {
             return std::ptr::null_mut();
         }
@@ -58,6 +61,8 @@ fn missing(name: &str) {
 macro_rules! forward {
     ($($ver:literal fn $name:ident($($a:ident: $t:ty),*) $(-> $ret:ty)?, $fail:expr;)+) => {
         $(
+            // `()` is the failure value of the functions returning nothing.
+            #[allow(clippy::unused_unit)]
             #[no_mangle]
             pub unsafe extern "C" fn $name($($a: $t),*) $(-> $ret)? {
                 type F = unsafe extern "C" fn($($t),*) $(-> $ret)?;

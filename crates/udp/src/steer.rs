@@ -172,11 +172,21 @@ impl State {
             .retain(|l| members.iter().any(|m| m.slot == l.slot));
     }
 
+    #[cfg(test)]
     fn format(&self) -> String {
+        self.format_members() + &self.format_listeners()
+    }
+
+    fn format_members(&self) -> String {
         let mut s = format!("{MAGIC}\nsecret {:016x}\n", u64::from_be_bytes(self.secret));
         for m in &self.members {
             s.push_str(&format!("member {} {} {}\n", m.slot, m.inode, m.pid));
         }
+        s
+    }
+
+    fn format_listeners(&self) -> String {
+        let mut s = String::new();
         for l in &self.listeners {
             s.push_str(&format!("listen {} {:08x}\n", l.slot, l.service));
         }
@@ -201,6 +211,9 @@ struct View {
     inodes: Vec<u64>,
 }
 
+/// A file's version as `rundir::version` gives it.
+type FileVersion = (u64, u64, i64, i64);
+
 /// A joined group.
 pub(crate) struct Joined {
     pub(crate) slot: u8,
@@ -218,7 +231,7 @@ pub(crate) struct Joined {
     /// sockets (a death changes the listing). Saves `listen` a measurement
     /// (a probe per index) — which a connection request racing a
     /// listener's registration would otherwise wait out.
-    known: Option<(Option<(u64, u64, i64, i64)>, Vec<Option<u64>>)>,
+    known: Option<(Option<FileVersion>, Vec<Option<u64>>)>,
 }
 
 fn paths(dir: &Path, addr: SocketAddr) -> (PathBuf, PathBuf) {
@@ -229,6 +242,16 @@ fn paths(dir: &Path, addr: SocketAddr) -> (PathBuf, PathBuf) {
     )
 }
 
+/// The listeners live in a file of their own next to the state
+/// (`<addr>-<port>.listen`), rewritten in place: it is only ever read and
+/// written under the group's lock, so it needs no atomic replacement — and
+/// a rename (a journal commit on a disk file system, half a millisecond
+/// here) on every `rdma_listen` would widen the window in which a client's
+/// REQ finds the port not listened on yet.
+fn listen_path(state: &Path) -> PathBuf {
+    state.with_extension("listen")
+}
+
 fn read_state(path: &Path) -> Option<State> {
     use std::io::Read;
     let mut s = String::new();
@@ -236,11 +259,26 @@ fn read_state(path: &Path) -> Option<State> {
         .ok()?
         .read_to_string(&mut s)
         .ok()?;
+    if let Ok(mut f) = rundir::open_file(&listen_path(path), false, false) {
+        let mut l = String::new();
+        if f.read_to_string(&mut l).is_ok() {
+            s.push_str(&l);
+        }
+    }
     State::parse(&s)
 }
 
 fn write_state(path: &Path, st: &State) -> io::Result<()> {
-    rundir::replace_file(path, st.format().as_bytes())
+    rundir::replace_file(path, st.format_members().as_bytes())?;
+    write_listeners(path, st)
+}
+
+/// Rewrite the listeners in place (the caller holds the group's lock).
+fn write_listeners(path: &Path, st: &State) -> io::Result<()> {
+    use std::io::Write;
+    let mut f = rundir::open_file(&listen_path(path), true, true)?;
+    f.set_len(0)?;
+    f.write_all(st.format_listeners().as_bytes())
 }
 
 /// Measure the group's socket array: for each index, the inode of the
@@ -503,14 +541,14 @@ impl Joined {
     /// Another live member listening on it already: `AddrInUse`.
     pub(crate) fn listen(&mut self, sock: &Socket, service: u32, on: bool) -> io::Result<()> {
         let _lock = rundir::lock(&self.lock_path)?;
-        let mut st = read_state(&self.state_path).ok_or_else(|| {
-            io::Error::other(format!("{} is missing", self.state_path.display()))
-        })?;
+        let mut st = read_state(&self.state_path)
+            .ok_or_else(|| io::Error::other(format!("{} is missing", self.state_path.display())))?;
         let array = match self.known.clone() {
-            Some((v, a)) if v == rundir::version(&self.state_path) && {
-                let listed: HashSet<u64> = self.table.read()?.iter().map(|r| r.inode).collect();
-                listed == a.iter().flatten().copied().collect::<HashSet<u64>>()
-            } =>
+            Some((v, a))
+                if v == rundir::version(&self.state_path) && {
+                    let listed: HashSet<u64> = self.table.read()?.iter().map(|r| r.inode).collect();
+                    listed == a.iter().flatten().copied().collect::<HashSet<u64>>()
+                } =>
             {
                 a
             }
@@ -544,8 +582,9 @@ impl Joined {
             st.listeners.retain(|l| !ours(l));
         }
         cbpf::attach_group(sock.as_raw_fd(), &st.program(&array))?;
-        write_state(&self.state_path, &st)?;
-        self.view = view_of(&self.state_path, &st);
+        // Members unchanged: the state file (and its version, which the
+        // array's validity is keyed on) stays as it is.
+        write_listeners(&self.state_path, &st)?;
         self.known = Some((rundir::version(&self.state_path), array));
         Ok(())
     }

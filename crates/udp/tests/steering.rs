@@ -49,7 +49,7 @@ fn two_ports_one_address_one_process() {
     spray(
         &mut c,
         gid,
-        &[sa << 16 | 5, sb << 16 | 0xfff0, free << 16 | 1, 1],
+        &[sa << 16 | 5, sb << 16 | 0xfff0, free << 16 | 1],
         20,
     );
     let got_a = recv_n(&mut a, 20);
@@ -58,12 +58,20 @@ fn two_ports_one_address_one_process() {
     assert_eq!(got_b.len(), 20);
     assert!(got_a.iter().all(|(_, d)| qpn(d) == sa << 16 | 5));
     assert!(got_b.iter().all(|(_, d)| qpn(d) == sb << 16 | 0xfff0));
-    // Nothing else is delivered: the other 40, for slots nobody owns, were
-    // hashed to one of the two and dropped there — and they are the only
-    // datagrams that reached the wrong socket.
+    // Nothing else is delivered: the other 20, for a slot nobody owns,
+    // were hashed to one of the two and dropped there — and they are the
+    // only datagrams that reached the wrong socket.
     assert!(recv_for(&mut a, Duration::from_millis(30)).is_empty());
     assert!(recv_for(&mut b, Duration::from_millis(30)).is_empty());
-    assert_eq!(a.stats().rx_wrong_slot + b.stats().rx_wrong_slot, 40);
+    assert_eq!(a.stats().rx_wrong_slot + b.stats().rx_wrong_slot, 20);
+    // QP1 belongs to no slot: what is not a CM MAD is hashed to a member
+    // and delivered there (the engine drops what is not a MAD).
+    spray(&mut c, gid, &[1], 20);
+    let mut gsi = recv_for(&mut a, Duration::from_millis(50));
+    gsi.extend(recv_for(&mut b, Duration::from_millis(50)));
+    assert_eq!(gsi.len(), 20);
+    assert!(gsi.iter().all(|(_, d)| qpn(d) == 1));
+    assert_eq!(a.stats().rx_wrong_slot + b.stats().rx_wrong_slot, 20);
     assert_eq!(a.stats().steer_repairs + b.stats().steer_repairs, 0);
 
     // A closed port frees its slot for the next one.

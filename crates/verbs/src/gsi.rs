@@ -43,7 +43,10 @@ impl std::fmt::Debug for Mad {
             .field("sgid", &std::net::Ipv6Addr::from(self.sgid))
             .field("src_qp", &self.src_qp)
             .field("class", &self.bytes[1])
-            .field("attr", &u16::from_be_bytes([self.bytes[16], self.bytes[17]]))
+            .field(
+                "attr",
+                &u16::from_be_bytes([self.bytes[16], self.bytes[17]]),
+            )
             .finish()
     }
 }

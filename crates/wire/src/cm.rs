@@ -620,7 +620,12 @@ pub enum CmMsg {
 /// version 2, not a `Send`.
 pub fn parse(m: &[u8; MAD_LEN]) -> Result<(MadHeader, CmMsg)> {
     let h = MadHeader::parse(m);
-    let bad = |what, value: u8| Err(Error::BadField { what, value: value as u64 });
+    let bad = |what, value: u8| {
+        Err(Error::BadField {
+            what,
+            value: value as u64,
+        })
+    };
     if h.base_version != BASE_VERSION {
         return bad("MAD base version", h.base_version);
     }
@@ -958,10 +963,7 @@ mod tests {
 
     #[test]
     fn cma_header_round_trips() {
-        for (src, dst) in [
-            ("10.0.0.1:40000", "10.0.0.2"),
-            ("[fe80::1]:5", "fe80::2"),
-        ] {
+        for (src, dst) in [("10.0.0.1:40000", "10.0.0.2"), ("[fe80::1]:5", "fe80::2")] {
             let h = CmaHdr {
                 src: src.parse().unwrap(),
                 dst: dst.parse().unwrap(),

@@ -67,10 +67,41 @@ pub fn lib_dir() -> &'static Path {
     })
 }
 
+/// `librdmacm.so.1` (our build, which `scripts/build-ibverbs` and a
+/// workspace build make) next to `libibverbs.so.1`; panics saying how to
+/// build it if it is missing.
+#[allow(dead_code)]
+pub fn require_rdmacm() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let dir = lib_dir();
+        let built = profile_dir().join("libsoftrdma_rdmacm.so");
+        assert!(
+            built.exists(),
+            "{} is missing: build it with scripts/build-ibverbs (or cargo build --release -p softrdma-rdmacm)",
+            built.display()
+        );
+        let dst = dir.join("librdmacm.so.1");
+        let fresh = std::fs::metadata(&dst)
+            .ok()
+            .zip(std::fs::metadata(&built).ok())
+            .is_some_and(|(a, b)| a.len() == b.len() && a.modified().ok() >= b.modified().ok());
+        if !fresh {
+            let tmp = dir.join(format!(".librdmacm.so.1.{}", std::process::id()));
+            std::fs::copy(&built, &tmp).unwrap();
+            std::fs::rename(&tmp, &dst).unwrap();
+        }
+    });
+}
+
 /// The path of an installed tool; panics naming its Debian package.
 pub fn tool(name: &str) -> PathBuf {
     let pkg = if name.starts_with("ib_") {
         "perftest"
+    } else if ["rping", "ucmatose", "udaddy"].contains(&name) {
+        "rdmacm-utils"
+    } else if name.starts_with("fi_") {
+        "libfabric-bin"
     } else {
         "ibverbs-utils"
     };

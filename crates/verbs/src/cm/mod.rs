@@ -41,7 +41,11 @@ pub(crate) fn log(msg: &str) {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        eprintln!("softrdma-cm: {}.{:06} {msg}", t.as_secs() % 1000, t.subsec_micros());
+        eprintln!(
+            "softrdma-cm: {}.{:06} {msg}",
+            t.as_secs() % 1000,
+            t.subsec_micros()
+        );
     }
 }
 
@@ -722,7 +726,9 @@ impl CmId {
         let (kind, status) = {
             let mut s = self.st();
             if !matches!(s.phase, Phase::Idle | Phase::Bound | Phase::AddrResolved) {
-                return Err(inval("the ID is in use (resolve the address before connecting)"));
+                return Err(inval(
+                    "the ID is in use (resolve the address before connecting)",
+                ));
             }
             match dev {
                 Some((d, ip)) => {
@@ -844,14 +850,13 @@ impl CmId {
             return Err(inval("too much private data for a connect"));
         }
         if !same_ip_family(src.ip(), dst.ip()) {
-            return Err(inval("source and destination are of different address families"));
+            return Err(inval(
+                "source and destination are of different address families",
+            ));
         }
         let peer_gid = crate::device::ip_to_gid(via.unwrap_or(dst.ip()));
         let service = w::service::id(ps.code(), dst.port());
-        let hdr = CmaHdr {
-            src,
-            dst: dst.ip(),
-        };
+        let hdr = CmaHdr { src, dst: dst.ip() };
         let a = dev.0.clone();
         let mtu = mtu_code(a.eng_port_mtu());
         let resp = clamp_rd(param.responder_resources);
@@ -1107,7 +1112,11 @@ impl CmId {
                 return;
             }
             s.destroyed = true;
-            (std::mem::take(&mut s.listening), s.dev.clone(), s.comm.take())
+            (
+                std::mem::take(&mut s.listening),
+                s.dev.clone(),
+                s.comm.take(),
+            )
         };
         for (d, svc) in listening {
             d.0.unlisten(svc, self);
@@ -1239,7 +1248,12 @@ impl CmId {
         if s.ps == PortSpace::Udp {
             return None;
         }
-        let dev = s.listening.iter().find(|(d, _)| d.0.gid == a.gid)?.0.clone();
+        let dev = s
+            .listening
+            .iter()
+            .find(|(d, _)| d.0.gid == a.gid)?
+            .0
+            .clone();
         let port = s.src.map_or(0, |p| p.port());
         let child = CmId::new(&s.channel, s.ps);
         {
@@ -1315,7 +1329,12 @@ impl CmId {
                 return None;
             }
         }
-        let dev = s.listening.iter().find(|(d, _)| d.0.gid == a.gid)?.0.clone();
+        let dev = s
+            .listening
+            .iter()
+            .find(|(d, _)| d.0.gid == a.gid)?
+            .0
+            .clone();
         let port = s.src.map_or(0, |p| p.port());
         let child = CmId::new(&s.channel, s.ps);
         {
@@ -1448,7 +1467,11 @@ impl CmId {
             } else {
                 s.phase = Phase::Disconnected;
             }
-            (s.channel.clone(), s.agreed.hop_limit, s.agreed.traffic_class)
+            (
+                s.channel.clone(),
+                s.agreed.hop_limit,
+                s.agreed.traffic_class,
+            )
         };
         let ok = rep.status == w::sidr_status::SUCCESS;
         let ud = UdParam {
@@ -1502,7 +1525,9 @@ impl CmId {
 
 fn is_loopback(a: IpAddr) -> bool {
     match a {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(v6.is_loopback(), |v4| v4.is_loopback()),
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(v6.is_loopback(), |v4| v4.is_loopback()),
         IpAddr::V4(v4) => v4.is_loopback(),
     }
 }

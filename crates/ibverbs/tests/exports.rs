@@ -42,6 +42,22 @@ fn soname_and_versioned_exports_match_the_real_library() {
             (w[w.len() - 2].to_string(), w[w.len() - 1].to_string())
         })
         .collect();
+    // Besides libibverbs' own: the rdma_cm functions softrdma's
+    // librdmacm.so.1 forwards to (`softrdma_<name>` for every rdma_*
+    // export of crates/rdmacm/exports.txt), unversioned.
+    let rdmacm: BTreeSet<(String, String)> = include_str!("../../rdmacm/exports.txt")
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|n| n.starts_with("rdma_"))
+        .map(|n| ("Base".to_string(), format!("softrdma_{n}")))
+        .collect();
+    let have_rdmacm: BTreeSet<(String, String)> = have
+        .iter()
+        .filter(|(_, n)| n.starts_with("softrdma_rdma_"))
+        .cloned()
+        .collect();
+    assert_eq!(have_rdmacm, rdmacm, "the rdma_cm functions librdmacm.so.1 forwards to");
+    let have: BTreeSet<(String, String)> = have.difference(&rdmacm).cloned().collect();
     let missing: Vec<_> = want.difference(&have).collect();
     let extra: Vec<_> = have.difference(&want).collect();
     assert!(
@@ -96,4 +112,36 @@ fn every_debian_rdma_binary_loads() {
             out.text()
         );
     }
+}
+
+/// softrdma's librdmacm.so.1: rdma-core 44's soname, and every export of
+/// the real library (crates/rdmacm/exports.txt, from its `objdump -T`)
+/// with the same version, nothing else.
+#[test]
+fn librdmacm_has_the_real_librarys_exports() {
+    common::require_rdmacm();
+    let lib = common::lib_dir().join("librdmacm.so.1");
+    let t = Command::new("objdump").arg("-T").arg(&lib).output().expect("objdump");
+    let t = String::from_utf8(t.stdout).unwrap();
+    let have: BTreeSet<(String, String)> = t
+        .lines()
+        .filter(|l| l.contains(" DF ") && !l.contains("*UND*"))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[w.len() - 2].to_string(), w[w.len() - 1].to_string())
+        })
+        .collect();
+    let want: BTreeSet<(String, String)> = include_str!("../../rdmacm/exports.txt")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next().unwrap().into(), w.next().unwrap().into())
+        })
+        .collect();
+    assert_eq!(want.len(), 68);
+    assert_eq!(have, want);
+    let p = Command::new("objdump").arg("-p").arg(&lib).output().expect("objdump");
+    let p = String::from_utf8(p.stdout).unwrap();
+    assert!(p.contains("SONAME               librdmacm.so.1"), "{p}");
 }

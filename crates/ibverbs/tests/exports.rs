@@ -56,7 +56,10 @@ fn soname_and_versioned_exports_match_the_real_library() {
         .filter(|(_, n)| n.starts_with("softrdma_rdma_"))
         .cloned()
         .collect();
-    assert_eq!(have_rdmacm, rdmacm, "the rdma_cm functions librdmacm.so.1 forwards to");
+    assert_eq!(
+        have_rdmacm, rdmacm,
+        "the rdma_cm functions librdmacm.so.1 forwards to"
+    );
     let have: BTreeSet<(String, String)> = have.difference(&rdmacm).cloned().collect();
     let missing: Vec<_> = want.difference(&have).collect();
     let extra: Vec<_> = have.difference(&want).collect();
@@ -121,7 +124,11 @@ fn every_debian_rdma_binary_loads() {
 fn librdmacm_has_the_real_librarys_exports() {
     common::require_rdmacm();
     let lib = common::lib_dir().join("librdmacm.so.1");
-    let t = Command::new("objdump").arg("-T").arg(&lib).output().expect("objdump");
+    let t = Command::new("objdump")
+        .arg("-T")
+        .arg(&lib)
+        .output()
+        .expect("objdump");
     let t = String::from_utf8(t.stdout).unwrap();
     let have: BTreeSet<(String, String)> = t
         .lines()
@@ -141,7 +148,11 @@ fn librdmacm_has_the_real_librarys_exports() {
         .collect();
     assert_eq!(want.len(), 68);
     assert_eq!(have, want);
-    let p = Command::new("objdump").arg("-p").arg(&lib).output().expect("objdump");
+    let p = Command::new("objdump")
+        .arg("-p")
+        .arg(&lib)
+        .output()
+        .expect("objdump");
     let p = String::from_utf8(p.stdout).unwrap();
     assert!(p.contains("SONAME               librdmacm.so.1"), "{p}");
 }

@@ -19,9 +19,10 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const ADDR: &str = "10.77.0.1";
-
-struct Ns(String);
+/// A namespace and the device's address in it: one address per namespace,
+/// since softrdma's port-sharing state is kept per address in the user's
+/// runtime directory, which namespaces do not separate.
+struct Ns(String, String);
 
 impl Drop for Ns {
     fn drop(&mut self) {
@@ -39,13 +40,11 @@ fn ip(args: &[&str]) {
 
 fn netns() -> Ns {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let name = format!(
-        "srdma-fi-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("srdma-fi-{}-{n}", std::process::id());
+    let addr = format!("10.77.{}.{}", std::process::id() % 250, 1 + n);
     ip(&["netns", "add", &name]);
-    let ns = Ns(name.clone());
+    let ns = Ns(name.clone(), addr.clone());
     ip(&[
         "-n", &name, "link", "add", "fi0", "type", "veth", "peer", "name", "fi1",
     ]);
@@ -54,7 +53,7 @@ fn netns() -> Ns {
         &name,
         "addr",
         "add",
-        &format!("{ADDR}/24"),
+        &format!("{addr}/24"),
         "dev",
         "fi0",
     ]);
@@ -64,7 +63,8 @@ fn netns() -> Ns {
     ns
 }
 
-/// `tool args` in the namespace with our libraries and a device on ADDR.
+/// `tool args` in the namespace with our libraries and a device on its
+/// address.
 fn command(ns: &Ns, tool: &str, args: &[&str]) -> Command {
     common::require_rdmacm();
     let path = common::tool(tool);
@@ -73,7 +73,7 @@ fn command(ns: &Ns, tool: &str, args: &[&str]) -> Command {
         .arg(path)
         .args(args)
         .env("LD_LIBRARY_PATH", common::lib_dir())
-        .env("SOFTRDMA_DEVICES", format!("srdma0={ADDR}"))
+        .env("SOFTRDMA_DEVICES", format!("srdma0={}", ns.1))
         .env_remove("SOFTRDMA_MTU")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -169,7 +169,7 @@ fn pingpong(ns: &Ns, args: &[&str]) -> String {
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut client_args = args.to_vec();
-    client_args.push(ADDR);
+    client_args.push(&ns.1);
     let (cok, cout) = output(
         command(ns, "fi_pingpong", &client_args),
         Duration::from_secs(60),

@@ -91,6 +91,9 @@ pub(crate) struct Conn {
     answer: Option<Box<[u8; MAD_LEN]>>,
 }
 
+/// A held request: its sender, the sender's ID, the MAD.
+type Held = ([u8; 16], u32, Box<[u8; MAD_LEN]>);
+
 #[derive(Default)]
 struct Table {
     conns: HashMap<u32, Conn>,
@@ -100,6 +103,9 @@ struct Table {
     listeners: HashMap<u64, CmId>,
     /// Services whose REQs the port's steering sends here (see `listen`).
     steered: std::collections::HashSet<u64>,
+    /// REQs and SIDR_REQs that arrived for a steered service while it had
+    /// no listener (see `hold`), by service: (sender, its ID, the MAD).
+    held: HashMap<u64, Vec<Held>>,
     next: u32,
 }
 
@@ -179,6 +185,7 @@ impl Agent {
         let mut t = self.table();
         let services: Vec<u64> = t.steered.drain().collect();
         t.listeners.clear();
+        t.held.clear();
         t.conns.clear();
         t.remote.clear();
         drop(t);
@@ -251,10 +258,53 @@ impl Agent {
         if !steered {
             self.eng.lock().port.listen_service(service as u32, true)?;
         }
-        let mut t = self.table();
-        t.steered.insert(service);
-        t.listeners.insert(service, id.clone());
+        let held = {
+            let mut t = self.table();
+            t.steered.insert(service);
+            t.listeners.insert(service, id.clone());
+            t.held.remove(&service).unwrap_or_default()
+        };
+        // Requests that came in the gap between this service's listeners.
+        for (sgid, _, mad) in held {
+            self.on_mad(&sgid, &mad);
+        }
         Ok(())
+    }
+
+    /// A REQ (or SIDR_REQ) from `sgid` with ID `peer_id` for `service`,
+    /// which nobody here listens on: whether to hold it instead of
+    /// rejecting it. A service that stays steered here after its listener
+    /// went (see `listen`) is one this process listens on now and then:
+    /// perftest closes its control listener and listens on the same port
+    /// for its data connections, and its client's REQ can arrive in the
+    /// gap. Such a REQ is held, unanswered, until the service is listened
+    /// on again (it is then served at once) or the requester sends it again
+    /// after its CM response timeout: then it is rejected, as it would have
+    /// been at once without a listener (the cost: a client of a port that
+    /// stopped listening here learns it one REQ timeout later). Bounded:
+    /// a few held per service, the rest rejected.
+    fn hold(
+        &self,
+        t: &mut Table,
+        sgid: &[u8; 16],
+        peer_id: u32,
+        service: u64,
+        mad: &[u8; MAD_LEN],
+    ) -> bool {
+        if !t.steered.contains(&service) {
+            return false;
+        }
+        let q = t.held.entry(service).or_default();
+        if let Some(i) = q.iter().position(|(g, id, _)| g == sgid && *id == peer_id) {
+            q.swap_remove(i);
+            return false; // sent again: answered now
+        }
+        if q.len() >= 16 {
+            return false;
+        }
+        q.push((*sgid, peer_id, Box::new(*mad)));
+        crate::cm::log(&format!("holding a request for {service:#x}"));
+        true
     }
 
     pub fn unlisten(&self, service: u64, id: &CmId) {
@@ -718,6 +768,9 @@ impl Agent {
             return;
         }
         let Some(listener) = t.listeners.get(&req.service_id).cloned() else {
+            if self.hold(&mut t, sgid, req.local_comm_id, req.service_id, mad) {
+                return;
+            }
             drop(t);
             self.refuse(sgid, mad);
             return;
@@ -757,6 +810,9 @@ impl Agent {
             return;
         }
         let Some(listener) = t.listeners.get(&req.service_id).cloned() else {
+            if self.hold(&mut t, sgid, req.request_id, req.service_id, mad) {
+                return;
+            }
             drop(t);
             self.refuse(sgid, mad);
             return;

@@ -11,7 +11,11 @@ use std::process::Command;
 use std::time::Duration;
 
 fn objdump(args: &[&str]) -> String {
-    let lib = common::lib_dir().join("libibverbs.so.1");
+    objdump_of("libibverbs.so.1", args)
+}
+
+fn objdump_of(lib: &str, args: &[&str]) -> String {
+    let lib = common::lib_dir().join(lib);
     let out = Command::new("objdump")
         .args(args)
         .arg(&lib)
@@ -21,19 +25,21 @@ fn objdump(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-#[test]
-fn soname_and_versioned_exports_match_the_real_library() {
-    let want: BTreeSet<(String, String)> = include_str!("../exports.txt")
-        .lines()
+/// (version node, symbol) per line of an exports list.
+fn export_list(text: &str) -> BTreeSet<(String, String)> {
+    text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let mut w = l.split_whitespace();
             (w.next().unwrap().into(), w.next().unwrap().into())
         })
-        .collect();
-    assert_eq!(want.len(), 146);
-    // Defined dynamic symbols: "addr flags section size version name".
-    let have: BTreeSet<(String, String)> = objdump(&["-T"])
+        .collect()
+}
+
+/// The defined dynamic symbols of `lib` with their versions (objdump -T:
+/// "addr flags section size version name").
+fn defined_exports(lib: &str) -> BTreeSet<(String, String)> {
+    objdump_of(lib, &["-T"])
         .lines()
         .filter(|l| l.contains(" DF ") || l.contains(" DO "))
         .filter(|l| !l.contains("*UND*"))
@@ -41,7 +47,14 @@ fn soname_and_versioned_exports_match_the_real_library() {
             let w: Vec<&str> = l.split_whitespace().collect();
             (w[w.len() - 2].to_string(), w[w.len() - 1].to_string())
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn soname_and_versioned_exports_match_the_real_library() {
+    let want = export_list(include_str!("../exports.txt"));
+    assert_eq!(want.len(), 146);
+    let have = defined_exports("libibverbs.so.1");
     // Besides libibverbs' own: the rdma_cm functions softrdma's
     // librdmacm.so.1 forwards to (`softrdma_<name>` for every rdma_*
     // export of crates/rdmacm/exports.txt), unversioned.
@@ -123,36 +136,10 @@ fn every_debian_rdma_binary_loads() {
 #[test]
 fn librdmacm_has_the_real_librarys_exports() {
     common::require_rdmacm();
-    let lib = common::lib_dir().join("librdmacm.so.1");
-    let t = Command::new("objdump")
-        .arg("-T")
-        .arg(&lib)
-        .output()
-        .expect("objdump");
-    let t = String::from_utf8(t.stdout).unwrap();
-    let have: BTreeSet<(String, String)> = t
-        .lines()
-        .filter(|l| l.contains(" DF ") && !l.contains("*UND*"))
-        .map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            (w[w.len() - 2].to_string(), w[w.len() - 1].to_string())
-        })
-        .collect();
-    let want: BTreeSet<(String, String)> = include_str!("../../rdmacm/exports.txt")
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let mut w = l.split_whitespace();
-            (w.next().unwrap().into(), w.next().unwrap().into())
-        })
-        .collect();
+    let have = defined_exports("librdmacm.so.1");
+    let want = export_list(include_str!("../../rdmacm/exports.txt"));
     assert_eq!(want.len(), 68);
     assert_eq!(have, want);
-    let p = Command::new("objdump")
-        .arg("-p")
-        .arg(&lib)
-        .output()
-        .expect("objdump");
-    let p = String::from_utf8(p.stdout).unwrap();
+    let p = objdump_of("librdmacm.so.1", &["-p"]);
     assert!(p.contains("SONAME               librdmacm.so.1"), "{p}");
 }

@@ -28,6 +28,9 @@ enum Cmd {
     Perf(cmd::perf::Args),
     /// rdma-core's ibv_rc/uc/ud_pingpong: same flags, exchange and output.
     Pingpong(cmd::pingpong::Args),
+    /// Run an unmodified RDMA program on softrdma: our libraries, and the
+    /// /sys/class/infiniband and /dev/infiniband files it looks for.
+    Run(cmd::run::Args),
     /// Packet-level RoCE fabric simulator running the real transport.
     Sim(cmd::sim::Args),
 }
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Cmd::Devinfo(a) => cmd::devinfo::run(a),
         Cmd::Perf(a) => cmd::perf::run(a),
         Cmd::Pingpong(a) => cmd::pingpong::run(a),
+        Cmd::Run(a) => cmd::run::run(a),
         Cmd::Sim(a) => cmd::sim::run(a),
     };
     match r {

@@ -144,6 +144,33 @@ pub fn route_source(peer: IpAddr) -> io::Result<IpAddr> {
 }
 
 fn interface_addrs() -> Vec<IpAddr> {
+    interfaces()
+        .into_iter()
+        .map(|(_, ip)| ip)
+        .filter(|ip| match ip {
+            IpAddr::V4(v) => !v.is_loopback(),
+            IpAddr::V6(v) => !v.is_loopback() && (v.segments()[0] & 0xffc0) != 0xfe80,
+        })
+        .collect()
+}
+
+/// The network interface that holds local address `ip` (`lo` for
+/// 127.0.0.1), as rxe's device is bound to one: what its GID's `ndevs`
+/// entry and `device/net/` in sysfs name. `None` if no interface has it.
+pub fn interface_of(ip: IpAddr) -> Option<String> {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    interfaces()
+        .into_iter()
+        .find(|(_, a)| *a == ip)
+        .map(|(name, _)| name)
+}
+
+/// Every address of every interface, with the interface's name, in
+/// `getifaddrs` order.
+fn interfaces() -> Vec<(String, IpAddr)> {
     let mut out = Vec::new();
     let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `ifap` with a list we free below.
@@ -161,16 +188,12 @@ fn interface_addrs() -> Vec<IpAddr> {
                 // SAFETY: family AF_INET means a sockaddr_in.
                 let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
                 let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-                if !ip.is_loopback() {
-                    out.push(IpAddr::V4(ip));
-                }
+                out.push((ifa_name(ifa), IpAddr::V4(ip)));
             } else if fam == libc::AF_INET6 {
                 // SAFETY: family AF_INET6 means a sockaddr_in6.
                 let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
                 let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                if !ip.is_loopback() && (ip.segments()[0] & 0xffc0) != 0xfe80 {
-                    out.push(IpAddr::V6(ip));
-                }
+                out.push((ifa_name(ifa), IpAddr::V6(ip)));
             }
         }
         p = ifa.ifa_next;
@@ -178,6 +201,18 @@ fn interface_addrs() -> Vec<IpAddr> {
     // SAFETY: frees the list getifaddrs allocated, exactly once.
     unsafe { libc::freeifaddrs(ifap) };
     out
+}
+
+/// An `ifaddrs` node's interface name.
+fn ifa_name(ifa: &libc::ifaddrs) -> String {
+    if ifa.ifa_name.is_null() {
+        return String::new();
+    }
+    // SAFETY: a non-null ifa_name of a getifaddrs node is a NUL-terminated
+    // string that lives as long as the list, which outlives this borrow.
+    unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// The device that reaches `peer`: the one on the local address the kernel

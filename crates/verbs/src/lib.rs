@@ -80,7 +80,8 @@ pub use connect::{
     ack_timeout_exponent, rnr_timer_code, ConnectOptions, QpEndpoint, RemoteRegion, RnrRetry,
 };
 pub use device::{
-    by_addr, by_name, devices, for_peer, gid_to_ip, ip_to_gid, route_source, DeviceInfo,
+    by_addr, by_name, devices, for_peer, gid_to_ip, interface_of, ip_to_gid, route_source,
+    DeviceInfo,
 };
 pub use engine::AsyncEvent;
 pub use softrdma_core::cq::CqId;

@@ -3,6 +3,7 @@ pub mod decode;
 pub mod devinfo;
 pub mod perf;
 pub mod pingpong;
+pub mod run;
 pub mod sim;
 
 /// `--cc`'s value: a congestion control name with optional parameters

@@ -429,6 +429,12 @@ fn sync_c(i: &mut Id) -> Res<()> {
     let id = &i.id;
     if let Some(d) = id.device() {
         i.c.verbs = ctx_of(&d)?;
+        // As librdmacm's ucma_get_device: once an ID has a device it has
+        // the device's shared PD (pyverbs' `PD(cmid)` wraps it to create
+        // QPs of its own on the ID's device).
+        if i.c.pd.is_null() {
+            i.c.pd = default_pd(i.c.verbs)?;
+        }
         i.c.route.addr.ibaddr.sgid = d.gid();
     }
     if let Some(s) = id.src_addr() {

@@ -32,8 +32,7 @@ use std::process::ExitCode;
 
 use rustix::mount::{
     fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, open_tree, FsMountFlags,
-    FsOpenFlags, MountAttrFlags, MountFlags, MountPropagationFlags, MoveMountFlags,
-    OpenTreeFlags,
+    FsOpenFlags, MountAttrFlags, MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags,
 };
 use softrdma_verbs::{device_attr, devices, interface_of, DeviceInfo};
 
@@ -48,7 +47,11 @@ pub struct Args {
     #[arg(long)]
     show: bool,
     /// The program to run and its arguments.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROGRAM")]
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
     command: Vec<OsString>,
 }
 
@@ -98,7 +101,10 @@ fn sys_class(devs: &[ViewDevice]) -> Vec<(String, Node)> {
         add("/device", Node::Dir);
         add("/device/net", Node::Dir);
         if let Some(n) = &d.netdev {
-            add(&format!("/device/net/{n}"), Node::Link(format!("../../../../net/{n}")));
+            add(
+                &format!("/device/net/{n}"),
+                Node::Link(format!("../../../../net/{n}")),
+            );
         }
         add("/ports", Node::Dir);
         add("/ports/1", Node::Dir);
@@ -245,15 +251,15 @@ fn enter_namespace(view: &[(String, Node)], ndev: usize) -> io::Result<()> {
     if !root {
         // Map only ourselves: the program runs as the same user.
         std::fs::write("/proc/self/setgroups", "deny")?;
-        std::fs::write(
-            "/proc/self/uid_map",
-            format!("{0} {0} 1\n", uid.as_raw()),
-        )
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot map the user into its namespace: {e}")))?;
-        std::fs::write(
-            "/proc/self/gid_map",
-            format!("{0} {0} 1\n", gid.as_raw()),
+        std::fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", uid.as_raw())).map_err(
+            |e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot map the user into its namespace: {e}"),
+                )
+            },
         )?;
+        std::fs::write("/proc/self/gid_map", format!("{0} {0} 1\n", gid.as_raw()))?;
     }
     // Nothing mounted from here on may propagate to the host.
     rustix::mount::mount_change(
@@ -337,7 +343,11 @@ fn dev_view(base: &Path, ndev: usize) -> io::Result<()> {
     // The staging tmpfs is nodev, which only matters for opening the nodes
     // through it; the overlay on /dev is not nodev.
     for i in 0..ndev {
-        mknod(&dev.join(format!("infiniband/uverbs{i}")), 231, 192 + i as u32)?;
+        mknod(
+            &dev.join(format!("infiniband/uverbs{i}")),
+            231,
+            192 + i as u32,
+        )?;
     }
     mknod(&dev.join("infiniband/rdma_cm"), 10, 58)?;
     let subs = submounts("/dev")?;
@@ -450,12 +460,18 @@ mod tests {
     }
 
     fn get<'a>(v: &'a [(String, Node)], p: &str) -> &'a Node {
-        &v.iter().find(|(q, _)| q == p).unwrap_or_else(|| panic!("no {p}")).1
+        &v.iter()
+            .find(|(q, _)| q == p)
+            .unwrap_or_else(|| panic!("no {p}"))
+            .1
     }
 
     #[test]
     fn the_view_is_laid_out_as_the_kernel_lays_out_rxe() {
-        let v = sys_class(&[dev("srdma0", "127.0.0.1", Some("lo")), dev("srdma1", "::1", None)]);
+        let v = sys_class(&[
+            dev("srdma0", "127.0.0.1", Some("lo")),
+            dev("srdma1", "::1", None),
+        ]);
         let f = |p: &str| match get(&v, p) {
             Node::File(s) => s.clone(),
             n => panic!("{p}: {n:?}"),
@@ -464,7 +480,10 @@ mod tests {
             f("infiniband/srdma0/ports/1/gids/0"),
             "0000:0000:0000:0000:0000:ffff:7f00:0001\n"
         );
-        assert_eq!(f("infiniband/srdma0/ports/1/gid_attrs/types/0"), "RoCE v2\n");
+        assert_eq!(
+            f("infiniband/srdma0/ports/1/gid_attrs/types/0"),
+            "RoCE v2\n"
+        );
         assert_eq!(f("infiniband/srdma0/ports/1/gid_attrs/ndevs/0"), "lo\n");
         assert_eq!(f("infiniband/srdma0/node_guid"), "0250:7fff:fe00:0001\n");
         assert_eq!(f("infiniband/srdma0/ports/1/state"), "4: ACTIVE\n");
@@ -479,12 +498,19 @@ mod tests {
             "0000:0000:0000:0000:0000:0000:0000:0001\n"
         );
         // No interface holds the address: no net entry, no ndev.
-        assert!(!v.iter().any(|(p, _)| p.starts_with("infiniband/srdma1/device/net/")));
-        assert!(!v.iter().any(|(p, _)| p == "infiniband/srdma1/ports/1/gid_attrs/ndevs/0"));
+        assert!(!v
+            .iter()
+            .any(|(p, _)| p.starts_with("infiniband/srdma1/device/net/")));
+        assert!(!v
+            .iter()
+            .any(|(p, _)| p == "infiniband/srdma1/ports/1/gid_attrs/ndevs/0"));
         // Parents come before children, so writing in order works.
         for (i, (p, _)) in v.iter().enumerate() {
             if let Some((parent, _)) = p.rsplit_once('/') {
-                assert!(v[..i].iter().any(|(q, n)| q == parent && *n == Node::Dir), "{p}");
+                assert!(
+                    v[..i].iter().any(|(q, n)| q == parent && *n == Node::Dir),
+                    "{p}"
+                );
             }
         }
     }

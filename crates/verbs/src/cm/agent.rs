@@ -92,7 +92,7 @@ pub(crate) struct Conn {
 }
 
 /// A held request: its sender, the sender's ID, the MAD.
-type Held = ([u8; 16], u32, Box<[u8; MAD_LEN]>);
+pub type Held = ([u8; 16], u32, Box<[u8; MAD_LEN]>);
 
 #[derive(Default)]
 struct Table {
@@ -129,6 +129,34 @@ fn guid_of(gid: &[u8; 16]) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&gid[8..16]);
     u64::from_be_bytes(b) | 0x0200_0000_0000_0000
+}
+
+/// Every running agent, for [`exit_hook`].
+static RUNNING: Mutex<Vec<std::sync::Weak<Agent>>> = Mutex::new(Vec::new());
+
+/// At process exit, end every connection as the kernel's CM does when a
+/// process's rdma_cm file closes with IDs still open: an established
+/// connection gets a DREQ, a pending REQ or REP a REJ. Without this, a peer
+/// of a process that returns from `main` without destroying its IDs
+/// (perftest's `ib_atomic_lat` server does) waits out its DREQ retries —
+/// minutes — for a DREP nobody will send. One try each, no retransmission:
+/// the process is ending. A process killed by a signal cannot do this; its
+/// peers then learn it when their own DREQs go unanswered, as from a
+/// crashed host.
+extern "C" fn exit_hook() {
+    let agents: Vec<Arc<Agent>> = match RUNNING.try_lock() {
+        Ok(v) => v.iter().filter_map(|w| w.upgrade()).collect(),
+        Err(_) => return,
+    };
+    for a in agents {
+        if a.stop.load(Ordering::Acquire) {
+            continue;
+        }
+        let comms: Vec<u32> = a.table().conns.keys().copied().collect();
+        for c in comms {
+            a.forget(c);
+        }
+    }
 }
 
 fn random_u32() -> u32 {
@@ -169,6 +197,19 @@ impl Agent {
             .name("softrdma-cm".into())
             .spawn(move || me.run())?;
         *a.thread.lock().unwrap() = Some(h);
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        HOOK.call_once(|| {
+            // SAFETY: exit_hook is an extern "C" fn with no arguments, what
+            // atexit takes. glibc's atexit is libc_nonshared's wrapper of
+            // __cxa_atexit with this object's __dso_handle, so if a
+            // program unloads this library before exiting, the hook runs
+            // at the dlclose, never after the code is gone.
+            unsafe { libc::atexit(exit_hook) };
+        });
+        let mut running = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+        running.retain(|w| w.strong_count() > 0);
+        running.push(Arc::downgrade(&a));
+        drop(running);
         Ok(a)
     }
 
@@ -243,7 +284,12 @@ impl Agent {
     /// a client's REQ sent right after is not lost to the registration.
     /// The cost: another process cannot listen on that port at this
     /// address before this device closes (EADDRINUSE).
-    pub fn listen(&self, service: u64, id: &CmId) -> io::Result<()> {
+    ///
+    /// Returns the requests held for `service` while nobody listened (see
+    /// `hold`): the caller hands them to [`Agent::serve_held`] once `id`
+    /// is listening — on every device it listens on — so that they meet a
+    /// listener that takes them.
+    pub fn listen(&self, service: u64, id: &CmId) -> io::Result<Vec<Held>> {
         crate::cm::log(&format!("listen {service:#x} on slot {}", self.slot));
         let steered = {
             let t = self.table();
@@ -264,11 +310,15 @@ impl Agent {
             t.listeners.insert(service, id.clone());
             t.held.remove(&service).unwrap_or_default()
         };
-        // Requests that came in the gap between this service's listeners.
+        Ok(held)
+    }
+
+    /// Serve requests that came in the gap between a service's listeners
+    /// (what [`Agent::listen`] returned), now that it is listened on.
+    pub fn serve_held(&self, held: Vec<Held>) {
         for (sgid, _, mad) in held {
             self.on_mad(&sgid, &mad);
         }
-        Ok(())
     }
 
     /// A REQ (or SIDR_REQ) from `sgid` with ID `peer_id` for `service`,

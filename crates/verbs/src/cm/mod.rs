@@ -804,18 +804,34 @@ impl CmId {
             ));
         }
         let mut done: Vec<(Cm, u64)> = Vec::new();
+        let mut held = Vec::new();
         for d in devs {
-            if let Err(e) = d.0.listen(service, self) {
-                for (d, s) in &done {
-                    d.0.unlisten(*s, self);
+            match d.0.listen(service, self) {
+                Ok(h) => held.push((d.clone(), h)),
+                Err(e) => {
+                    for (d, s) in &done {
+                        d.0.unlisten(*s, self);
+                    }
+                    // Not served: they are held again, as before.
+                    for (d, h) in held {
+                        d.0.serve_held(h);
+                    }
+                    return Err(Error::Io(e));
                 }
-                return Err(Error::Io(e));
             }
             done.push((d, service));
         }
-        let mut s = self.st();
-        s.listening = done;
-        s.phase = Phase::Listening;
+        {
+            let mut s = self.st();
+            s.listening = done;
+            s.phase = Phase::Listening;
+        }
+        // Only now, with the ID listening: a request held while nobody
+        // listened, served before this, would find no listener in the ID
+        // and be rejected.
+        for (d, h) in held {
+            d.0.serve_held(h);
+        }
         Ok(())
     }
 

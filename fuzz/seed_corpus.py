@@ -3,7 +3,8 @@
 
     python3 fuzz/seed_corpus.py [EXTRA.pcap ...]
 
-decode_frame gets every frame of every golden capture (and of the extra
+decode_frame gets every frame of every golden capture, the CM MADs of
+golden/cm included (and of the extra
 files, e.g. target/tmp/tshark_every_opcode.pcap, which the tshark test
 writes: one packet of every opcode); pcap_file gets the capture files.
 """
@@ -14,7 +15,11 @@ import sys
 
 root = pathlib.Path(__file__).resolve().parent
 golden = root.parent / "crates" / "wire" / "tests" / "golden"
-files = sorted(golden.glob("*.pcap")) + [pathlib.Path(p) for p in sys.argv[1:]]
+files = (
+    sorted(golden.glob("*.pcap"))
+    + sorted(golden.glob("cm/*.pcap"))
+    + [pathlib.Path(p) for p in sys.argv[1:]]
+)
 frames_dir = root / "corpus" / "decode_frame"
 pcaps_dir = root / "corpus" / "pcap_file"
 frames_dir.mkdir(parents=True, exist_ok=True)

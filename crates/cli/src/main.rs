@@ -20,7 +20,8 @@ struct Cli {
 enum Cmd {
     /// nccl-tests' benchmarks over softrdma: all_reduce_perf, all_gather_perf, ...
     Coll(cmd::coll::Args),
-    /// Decode the RoCEv2 packets of a pcap file, one line each.
+    /// Decode the RoCEv2 packets of a pcap file, one line each (CM MADs to
+    /// QP 1 field by field).
     Decode(cmd::decode::Args),
     /// Show the devices and their attributes (like ibv_devinfo).
     Devinfo(cmd::devinfo::Args),

@@ -417,3 +417,586 @@ fn summary_malformed(summary: &str) -> usize {
     let (_, rest) = summary.split_once("; ").unwrap();
     rest.split(' ').next().unwrap().parse().unwrap()
 }
+
+// ---------------------------------------------------------------------------
+// CM MADs on QP 1: the golden captures of the kernel's rdma_cm
+// (crates/wire/tests/golden/cm; its README documents every field).
+
+fn cm_golden(name: &str) -> PathBuf {
+    golden_dir().join("cm").join(name)
+}
+
+/// The decoded text of a CM capture: every packet line (frame number,
+/// rest) after checking that all of them have a good ICRC and that the
+/// summary counts them all.
+fn cm_lines(name: &str) -> Vec<(usize, String)> {
+    let file = cm_golden(name);
+    let out = softrdma(&["decode", "--strict"], &file);
+    assert!(out.status.success(), "{name}: {}", out.status);
+    let text = stdout(&out);
+    let (lines, summary) = text_lines(&text);
+    let n = lines.len();
+    assert_eq!(
+        summary,
+        format!(
+            "{n} RoCEv2 packets: {n} ICRC ok, 0 ICRC BAD; 0 malformed; 0 non-RoCE frames skipped"
+        ),
+        "{name}"
+    );
+    for (f, rest) in &lines {
+        assert!(rest.ends_with(" ICRC ok"), "{name} frame {f}: {rest}");
+    }
+    lines
+        .into_iter()
+        .map(|(f, rest)| (f, rest.to_owned()))
+        .collect()
+}
+
+/// The line of frame `frame`.
+fn frame_line(lines: &[(usize, String)], frame: usize) -> &str {
+    &lines
+        .iter()
+        .find(|l| l.0 == frame)
+        .unwrap_or_else(|| panic!("no frame {frame}"))
+        .1
+}
+
+/// The start of every QP1 line of the two VMs' captures: vm2 (client,
+/// 10.91.47.12) to vm1 (server, 10.91.47.11) or back, with the BTH PSN of
+/// the node's QP1 counter.
+fn qp1(from_client: bool, psn: u32) -> String {
+    let (s, d) = if from_client {
+        ("10.91.47.12", "10.91.47.11")
+    } else {
+        ("10.91.47.11", "10.91.47.12")
+    };
+    format!(
+        "{s}:55410 > {d}:4791 UD Send Only qp=0x000001 psn={psn} ackreq DETH qkey=0x80010000 srcqp=0x000001 payload=256"
+    )
+}
+
+/// rping: REQ, REP, RTU, then (after the data) DREQ and DREP, with the
+/// values the README's section 3 reads from the bytes: TID = 2 << 32 | the
+/// byte-reversed Comm ID, ServiceID RDMA_PS_TCP port 7174, QPN 0x11 both
+/// sides, Starting PSNs 0xf531e6 (REQ) and 0x2546b0 (REP), responder
+/// resources and initiator depth 1, path MTU 3 (1024), RC, retry 7 / RNR
+/// retry 7, the rdma_cm header's 10.91.47.12:41320 > 10.91.47.11.
+#[test]
+fn rping_cm_handshake_and_disconnect_lines() {
+    let l = cm_lines("cm_rping.pcap");
+    let tid = "tid=0x00000002c193bf35";
+    assert_eq!(
+        frame_line(&l, 1),
+        format!(
+            "{} CM REQ {tid} local_id=0x35bf93c1 service=0x0000000001061c06 (RDMA_PS_TCP port 7174) \
+             qpn=0x000011 start_psn=16069094 resp_res=1 init_depth=1 mtu=1024 transport=RC retry=7 rnr_retry=7 \
+             rdma_cm 10.91.47.12:41320 > 10.91.47.11:7174 ICRC ok",
+            qp1(true, 0)
+        )
+    );
+    assert_eq!(0xf531e6, 16069094);
+    assert_eq!(
+        frame_line(&l, 2),
+        format!(
+            "{} CM REP {tid} local_id=0xfa60f732 remote_id=0x35bf93c1 qpn=0x000011 start_psn=2442928 \
+             resp_res=1 init_depth=1 rnr_retry=7 ICRC ok",
+            qp1(false, 0)
+        )
+    );
+    assert_eq!(0x2546b0, 2442928);
+    assert_eq!(
+        frame_line(&l, 3),
+        format!(
+            "{} CM RTU {tid} local_id=0x35bf93c1 remote_id=0xfa60f732 ICRC ok",
+            qp1(true, 1)
+        )
+    );
+    assert_eq!(
+        frame_line(&l, 40),
+        format!(
+            "{} CM DREQ {tid} local_id=0x35bf93c1 remote_id=0xfa60f732 remote_qpn=0x000011 ICRC ok",
+            qp1(true, 2)
+        )
+    );
+    assert_eq!(
+        frame_line(&l, 41),
+        format!(
+            "{} CM DREP {tid} local_id=0xfa60f732 remote_id=0x35bf93c1 ICRC ok",
+            qp1(false, 1)
+        )
+    );
+    // The data in between is RC to QP 0x11, with no MAD.
+    let data: Vec<&(usize, String)> = l.iter().filter(|x| (4..=39).contains(&x.0)).collect();
+    assert_eq!(data.len(), 36);
+    for (n, rest) in data {
+        assert!(
+            rest.contains(" RC ") && rest.contains(" qp=0x000011 ") && !rest.contains(" CM "),
+            "frame {n}: {rest}"
+        );
+    }
+}
+
+/// The two REJs: to a port nobody listens on (reason 8, no Comm ID of its
+/// own), and rdma_reject() of ucmatose's second REQ (reason 28).
+#[test]
+fn rej_lines_name_the_reason() {
+    let l = cm_lines("cm_reject.pcap");
+    assert_eq!(
+        frame_line(&l, 1),
+        format!(
+            "{} CM REQ tid=0x00000002c193bf34 local_id=0x34bf93c1 service=0x000000000106270f (RDMA_PS_TCP port 9999) \
+             qpn=0x000012 start_psn=16305347 resp_res=1 init_depth=1 mtu=1024 transport=RC retry=7 rnr_retry=7 \
+             rdma_cm 10.91.47.12:52061 > 10.91.47.11:9999 ICRC ok",
+            qp1(true, 3)
+        )
+    );
+    assert_eq!(
+        frame_line(&l, 2),
+        format!(
+            "{} CM REJ reason 8 (invalid service ID) tid=0x00000002c193bf34 local_id=0x00000000 remote_id=0x34bf93c1 \
+             rejected=REQ ICRC ok",
+            qp1(false, 2)
+        )
+    );
+    let l = cm_lines("cm_ucmatose_server_c1.pcap");
+    assert_eq!(
+        frame_line(&l, 4),
+        format!(
+            "{} CM REJ reason 28 (consumer defined) tid=0x00000002c193bf31 local_id=0xfc60f732 remote_id=0x31bf93c1 \
+             rejected=REQ ICRC ok",
+            qp1(false, 5)
+        )
+    );
+    // The server-side DREQ: its TID is formed from the server's Comm ID.
+    assert_eq!(
+        frame_line(&l, 6),
+        format!(
+            "{} CM DREQ tid=0x0000000232f760fd local_id=0xfd60f732 remote_id=0x36bf93c1 remote_qpn=0x000014 ICRC ok",
+            qp1(false, 6)
+        )
+    );
+    // ucmatose asks for retry 5 and RNR retry 0.
+    assert!(
+        frame_line(&l, 1).contains(" retry=5 rnr_retry=0 "),
+        "{}",
+        frame_line(&l, 1)
+    );
+}
+
+/// udaddy's SIDR: the request in RDMA_PS_UDP with its rdma_cm header, the
+/// reply with the server's UD QPN and rdma_cm's UDP Q_Key.
+#[test]
+fn sidr_lines_show_service_qpn_and_qkey() {
+    let l = cm_lines("cm_udaddy.pcap");
+    assert_eq!(
+        frame_line(&l, 1),
+        format!(
+            "{} CM SIDR_REQ tid=0x00000002c193bf37 req_id=0x37bf93c1 service=0x0000000001111c06 (RDMA_PS_UDP port 7174) \
+             rdma_cm 10.91.47.12:36065 > 10.91.47.11:7174 ICRC ok",
+            qp1(true, 4)
+        )
+    );
+    assert_eq!(
+        frame_line(&l, 2),
+        format!(
+            "{} CM SIDR_REP status 0 (success) tid=0x00000002c193bf37 req_id=0x37bf93c1 qpn=0x000012 qkey=0x01234567 \
+             service=0x0000000001111c06 (RDMA_PS_UDP port 7174) ICRC ok",
+            qp1(false, 3)
+        )
+    );
+    // The UD data that follows uses that QPN and Q_Key.
+    assert!(l
+        .iter()
+        .any(|(_, r)| r.contains(" qp=0x000012 ") && r.contains(" qkey=0x01234567 ")));
+}
+
+/// Over IPv6 the rdma_cm header carries 16-byte addresses.
+#[test]
+fn ipv6_req_line_has_ipv6_rdma_cm_addresses() {
+    let l = cm_lines("cm_rping_ipv6.pcap");
+    assert_eq!(
+        frame_line(&l, 1),
+        "[fe80::5054:ff:fe91:4712]:55410 > [fe80::5054:ff:fe91:4711]:4791 UD Send Only qp=0x000001 psn=41 ackreq \
+         DETH qkey=0x80010000 srcqp=0x000001 payload=256 CM REQ tid=0x00000002c193bf39 local_id=0x39bf93c1 \
+         service=0x0000000001061c06 (RDMA_PS_TCP port 7174) qpn=0x00001d start_psn=9748341 resp_res=1 init_depth=1 \
+         mtu=1024 transport=RC retry=7 rnr_retry=7 \
+         rdma_cm [fe80::5054:ff:fe91:4712]:38815 > [fe80::5054:ff:fe91:4711]:7174 ICRC ok"
+    );
+}
+
+/// All 77 MADs of the ten captures are CM messages the decoder names, in
+/// the numbers the README counts; no other packet shows a MAD.
+#[test]
+fn every_golden_cm_mad_is_named() {
+    let mut files: Vec<String> = std::fs::read_dir(golden_dir().join("cm"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".pcap"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 10, "{files:?}");
+    let mut kinds = std::collections::BTreeMap::new();
+    for f in &files {
+        for (n, rest) in cm_lines(f) {
+            let to_qp1 = rest.contains(" qp=0x000001 ");
+            let cm = rest
+                .split_once(" payload=256 CM ")
+                .map(|(_, m)| m.split(' ').next().unwrap().to_owned());
+            assert_eq!(to_qp1, cm.is_some(), "{f} frame {n}: {rest}");
+            assert!(!rest.contains("MAD"), "{f} frame {n}: {rest}");
+            if let Some(k) = cm {
+                *kinds.entry(k).or_insert(0) += 1;
+            }
+        }
+    }
+    let want: std::collections::BTreeMap<String, usize> = [
+        ("DREP", 11),
+        ("DREQ", 12),
+        ("REJ", 2),
+        ("REP", 10),
+        ("REQ", 28),
+        ("RTU", 10),
+        ("SIDR_REP", 2),
+        ("SIDR_REQ", 2),
+    ]
+    .into_iter()
+    .map(|(k, n)| (k.to_owned(), n))
+    .collect();
+    assert_eq!(kinds, want);
+    assert_eq!(kinds.values().sum::<usize>(), 77);
+}
+
+/// `--json` carries the same MAD as an object: every header field, and the
+/// CM message's fields under "cm".
+#[test]
+fn json_carries_the_cm_mad() {
+    let json = stdout(&softrdma(
+        &["decode", "--json"],
+        &cm_golden("cm_rping.pcap"),
+    ));
+    let objs: Vec<Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(
+        objs[0]["mad"],
+        serde_json::json!({
+            "base_version": 1, "class": 7, "class_version": 2, "method": 3, "status": 0,
+            "class_specific": 0, "tid": 0x0000_0002_c193_bf35_u64, "attr_id": 0x10, "attr_mod": 0,
+            "trailing": 0, "class_name": "CM",
+            "cm": {
+                "msg": "REQ", "local_comm_id": 0x35bf_93c1_u32, "service_id": 0x0106_1c06,
+                "port_space": "RDMA_PS_TCP", "port": 7174, "local_qpn": 0x11,
+                "starting_psn": 0xf5_31e6, "responder_resources": 1, "initiator_depth": 1,
+                "path_mtu": 3, "path_mtu_bytes": 1024, "transport": "RC", "retry_count": 7,
+                "rnr_retry_count": 7, "srq": false, "pkey": 0xffff,
+                "rdma_cm": {"src": "10.91.47.12", "sport": 41320, "dst": "10.91.47.11", "dport": 7174}
+            }
+        })
+    );
+    assert_eq!(
+        objs[1]["mad"]["cm"],
+        serde_json::json!({
+            "msg": "REP", "local_comm_id": 0xfa60_f732_u32, "remote_comm_id": 0x35bf_93c1_u32,
+            "local_qpn": 0x11, "starting_psn": 0x25_46b0, "responder_resources": 1,
+            "initiator_depth": 1, "rnr_retry_count": 7, "srq": false
+        })
+    );
+    // Data packets have no "mad".
+    assert!(objs[3].get("mad").is_none(), "{}", objs[3]);
+    let json = stdout(&softrdma(
+        &["decode", "--json"],
+        &cm_golden("cm_udaddy.pcap"),
+    ));
+    let rep: Value = serde_json::from_str(json.lines().nth(1).unwrap()).unwrap();
+    assert_eq!(
+        rep["mad"]["cm"],
+        serde_json::json!({
+            "msg": "SIDR_REP", "request_id": 0x37bf_93c1_u32, "status": 0, "status_name": "success",
+            "qpn": 0x12, "qkey": 0x0123_4567, "service_id": 0x0111_1c06,
+            "port_space": "RDMA_PS_UDP", "port": 7174
+        })
+    );
+}
+
+// ---------------------------------------------------------------------------
+// MADs the kernel never sent: other classes, other methods and versions,
+// broken rdma_cm headers, short and long payloads.
+
+use softrdma_wire::cm::{self, CmMsg};
+
+const SYN_SRC: &str = "10.0.0.1:55410";
+const SYN_DST: &str = "10.0.0.2:4791";
+
+/// A UD SEND Only to QP 1 carrying `payload`, in an IPv4 frame whose ICRC
+/// is right.
+fn qp1_frame(payload: &[u8], psn: u32) -> Vec<u8> {
+    use softrdma_wire::ext::DethRepr;
+    use softrdma_wire::packet::ExtRepr;
+    use softrdma_wire::{frame, icrc, BthRepr, Opcode, PacketRepr, Psn};
+    let repr = PacketRepr {
+        bth: BthRepr {
+            opcode: Opcode::UD_SEND_ONLY,
+            dest_qp: 1,
+            ack_req: true,
+            psn: Psn::new(psn),
+            ..Default::default()
+        },
+        ext: ExtRepr {
+            deth: Some(DethRepr {
+                qkey: 0x8001_0000,
+                src_qp: 1,
+            }),
+            ..Default::default()
+        },
+        payload_len: payload.len(),
+    };
+    let mut roce = vec![0u8; repr.wire_len()];
+    repr.emit_with_payload(&mut roce, payload);
+    let (src, dst): (SocketAddr, SocketAddr) = (SYN_SRC.parse().unwrap(), SYN_DST.parse().unwrap());
+    let (SocketAddr::V4(s), SocketAddr::V4(d)) = (src, dst) else {
+        unreachable!()
+    };
+    let udp_len = (roce.len() + 8) as u16;
+    let ip = icrc::ipv4_header(s.ip().octets(), d.ip().octets(), 0, true, udp_len);
+    let udp = icrc::udp_header(src.port(), dst.port(), udp_len);
+    icrc::fill(&ip, &udp, &mut roce);
+    let mut out = Vec::new();
+    frame::build_frame(src, dst, 0, &roce, &mut out);
+    out
+}
+
+fn write_capture(name: &str, frames: &[Vec<u8>]) -> PathBuf {
+    let path = scratch(name);
+    let mut w = PcapWriter::new(std::fs::File::create(&path).unwrap(), 65535).unwrap();
+    for f in frames {
+        w.write_frame(std::time::Duration::ZERO, f).unwrap();
+    }
+    w.flush().unwrap();
+    path
+}
+
+/// The golden rping REQ, as a value, and its TID.
+fn golden_req() -> (u64, cm::ReqRepr) {
+    let bytes = std::fs::read(cm_golden("cm_rping.pcap")).unwrap();
+    let file = softrdma_wire::pcap::PcapFile::parse(&bytes).unwrap();
+    let rec = file.records().next().unwrap().unwrap();
+    let u = softrdma_wire::frame::parse_ethernet_udp(rec.data)
+        .unwrap()
+        .unwrap();
+    let p = softrdma_wire::Packet::new_checked(u.payload).unwrap();
+    let m: &[u8; cm::MAD_LEN] = p.payload().try_into().unwrap();
+    let (h, msg) = cm::parse(m).unwrap();
+    let CmMsg::Req(r) = msg else { panic!() };
+    (h.tid, *r)
+}
+
+#[test]
+fn unusual_mads_say_what_they_are() {
+    let (tid, req) = golden_req();
+    let emit = |m: CmMsg| m.emit(tid).to_vec();
+    let req_mad = emit(CmMsg::Req(Box::new(req)));
+    let with = |at: usize, v: u8| {
+        let mut m = req_mad.clone();
+        m[at] = v;
+        m
+    };
+    let req_text = "CM REQ tid=0x00000002c193bf35 local_id=0x35bf93c1 service=0x0000000001061c06 \
+                    (RDMA_PS_TCP port 7174) qpn=0x000011 start_psn=16069094 resp_res=1 init_depth=1 mtu=1024 \
+                    transport=RC retry=7 rnr_retry=7";
+    // An SA PathRecord query (class 3, Get).
+    let mut sa = vec![0u8; 256];
+    sa[..4].copy_from_slice(&[1, 0x03, 2, 0x01]);
+    sa[8..16].copy_from_slice(&0x1234u64.to_be_bytes());
+    sa[16..18].copy_from_slice(&0x0035u16.to_be_bytes());
+    // A class nobody names, with a status.
+    let mut odd = vec![0u8; 256];
+    odd[..6].copy_from_slice(&[1, 0x77, 1, 0x81, 0x00, 0x04]);
+    // A CM Get of ClassPortInfo.
+    let mut cpi = vec![0u8; 256];
+    cpi[..4].copy_from_slice(&[1, 0x07, 2, 0x01]);
+    cpi[16..18].copy_from_slice(&cm::attr::CLASS_PORT_INFO.to_be_bytes());
+    // rdma_cm headers that do not read: version 5, IP version 5 (private
+    // data starts at MAD offset 24 + 140).
+    let pd = cm::DATA + 140;
+    // A REQ with every optional field: UC, a reserved MTU code, SRQ, a
+    // P_Key, a service ID outside rdma_cm's port spaces.
+    let odd_req = cm::ReqRepr {
+        service_id: 0x1000_0000_0000_0001,
+        transport_service_type: cm::service_type::UC,
+        path_mtu: 0,
+        srq: true,
+        pkey: 0x7fff,
+        ..req
+    };
+    let rej = cm::RejRepr {
+        local_comm_id: 1,
+        remote_comm_id: 2,
+        msg_rejected: 3,
+        reject_info_length: 0,
+        reason: 99,
+        ari: [0; 72],
+        private: [0; cm::private_len::REJ],
+    };
+    let mra = cm::MraRepr {
+        local_comm_id: 1,
+        remote_comm_id: 2,
+        msg_mraed: cm::msg_kind::REP,
+        service_timeout: 21,
+        private: [0; cm::private_len::MRA],
+    };
+    let lap = {
+        let mut m = cm::MadHeader::cm(cm::attr::LAP, 7);
+        let mut b = [0u8; 256];
+        m.emit(&mut b);
+        m.attr_id = 0x0030;
+        let mut c = [0u8; 256];
+        m.emit(&mut c);
+        (b.to_vec(), c.to_vec())
+    };
+    let long = [&req_mad[..], &[0xee; 4]].concat();
+    let cases: Vec<(Vec<u8>, String)> = vec![
+        (
+            sa,
+            "MAD class 0x03 (SA) version 2 method 0x01 attr 0x0035 tid=0x0000000000001234".into(),
+        ),
+        (
+            odd,
+            "MAD class 0x77 version 1 method 0x81 attr 0x0000 tid=0x0000000000000000 mad_status=0x0004".into(),
+        ),
+        (
+            cpi,
+            "MAD class 0x07 (CM) version 2 method 0x01 attr 0x0001 (ClassPortInfo) tid=0x0000000000000000".into(),
+        ),
+        (
+            with(2, 1),
+            "MAD class 0x07 (CM) version 1 method 0x03 attr 0x0010 (REQ) tid=0x00000002c193bf35".into(),
+        ),
+        (
+            with(0, 2),
+            "MAD class 0x07 (CM) version 2 method 0x03 attr 0x0010 (REQ) tid=0x00000002c193bf35 \
+             base_version=2 (expected 1)"
+                .into(),
+        ),
+        (
+            with(pd, 5),
+            format!("{req_text} rdma_cm header unreadable: version 5, expected 0"),
+        ),
+        (
+            with(pd + 1, 0x50),
+            format!("{req_text} rdma_cm header unreadable: IP version 5, expected 4 or 6"),
+        ),
+        (
+            emit(CmMsg::Req(Box::new(odd_req))),
+            "CM REQ tid=0x00000002c193bf35 local_id=0x35bf93c1 service=0x1000000000000001 qpn=0x000011 \
+             start_psn=16069094 resp_res=1 init_depth=1 mtu=reserved(0) transport=UC retry=7 rnr_retry=7 srq \
+             pkey=0x7fff"
+                .into(),
+        ),
+        (
+            emit(CmMsg::Rej(Box::new(rej))),
+            "CM REJ reason 99 tid=0x00000002c193bf35 local_id=0x00000001 remote_id=0x00000002 rejected=3".into(),
+        ),
+        (
+            emit(CmMsg::Mra(Box::new(mra))),
+            "CM MRA tid=0x00000002c193bf35 local_id=0x00000001 remote_id=0x00000002 mraed=REP \
+             service_timeout=21"
+                .into(),
+        ),
+        (lap.0, "CM LAP tid=0x0000000000000007".into()),
+        (lap.1, "CM attr 0x0030 tid=0x0000000000000007".into()),
+        (long, format!("{req_text} rdma_cm 10.91.47.12:41320 > 10.91.47.11:7174 (4 bytes after the MAD)")),
+        (req_mad[..40].to_vec(), "MAD truncated: 40 of 256 bytes".into()),
+        (Vec::new(), "MAD truncated: 0 of 256 bytes".into()),
+    ];
+    let frames: Vec<Vec<u8>> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (p, _))| qp1_frame(p, i as u32))
+        .collect();
+    let path = write_capture("unusual_mads.pcap", &frames);
+    // A MAD that does not read is still a well-formed RoCEv2 packet:
+    // --strict passes.
+    let out = softrdma(&["decode", "--strict"], &path);
+    assert!(out.status.success(), "{}", out.status);
+    let text = stdout(&out);
+    let (lines, summary) = text_lines(&text);
+    assert_eq!(lines.len(), cases.len(), "{text}");
+    for ((n, rest), (i, (payload, mad))) in lines.iter().zip(cases.iter().enumerate()) {
+        assert_eq!(*n, i + 1);
+        assert_eq!(
+            *rest,
+            format!(
+                "{SYN_SRC} > {SYN_DST} UD Send Only qp=0x000001 psn={i} ackreq DETH qkey=0x80010000 \
+                 srcqp=0x000001 payload={} {mad} ICRC ok",
+                payload.len()
+            ),
+            "case {i}"
+        );
+    }
+    assert_eq!(
+        summary,
+        format!(
+            "{0} RoCEv2 packets: {0} ICRC ok, 0 ICRC BAD; 0 malformed; 0 non-RoCE frames skipped",
+            cases.len()
+        )
+    );
+    let json = stdout(&softrdma(&["decode", "--json"], &path));
+    let objs: Vec<Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(objs.len(), cases.len() + 1);
+    assert_eq!(
+        objs[13]["mad"],
+        serde_json::json!({"malformed": "MAD truncated: 40 of 256 bytes"})
+    );
+    assert_eq!(
+        objs[5]["mad"]["cm"]["rdma_cm"],
+        serde_json::json!({"malformed": "version 5, expected 0"})
+    );
+    assert_eq!(objs[0]["mad"]["class_name"], "SA");
+    assert_eq!(objs[0]["mad"].get("cm"), None);
+    assert_eq!(objs[10]["mad"]["cm"]["msg"], "LAP");
+}
+
+/// Every payload length from 0 to 300 bytes to QP 1, and every prefix of
+/// the golden REQ padded out with noise: a line each, no panic; those
+/// shorter than a MAD say how short.
+#[test]
+fn qp1_payloads_of_every_length() {
+    let (tid, req) = golden_req();
+    let req_mad = CmMsg::Req(Box::new(req)).emit(tid);
+    let frames: Vec<Vec<u8>> = (0..=300usize)
+        .map(|n| {
+            let mut p = noise(n as u64 + 1, n);
+            let k = n.min(req_mad.len());
+            p[..k].copy_from_slice(&req_mad[..k]);
+            qp1_frame(&p, n as u32)
+        })
+        .collect();
+    let path = write_capture("qp1_every_length.pcap", &frames);
+    let out = softrdma(&["decode"], &path);
+    assert!(out.status.success(), "{}", out.status);
+    let text = stdout(&out);
+    let (lines, _) = text_lines(&text);
+    assert_eq!(lines.len(), 301);
+    for (n, rest) in lines {
+        let len = n - 1;
+        let want = if len < 256 {
+            format!(" payload={len} MAD truncated: {len} of 256 bytes ICRC ok")
+        } else if len == 256 {
+            " rdma_cm 10.91.47.12:41320 > 10.91.47.11:7174 ICRC ok".to_owned()
+        } else {
+            format!(
+                " rdma_cm 10.91.47.12:41320 > 10.91.47.11:7174 ({} bytes after the MAD) ICRC ok",
+                len - 256
+            )
+        };
+        assert!(rest.ends_with(&want), "length {len}: {rest}");
+    }
+    let json = stdout(&softrdma(&["decode", "--json"], &path));
+    for l in json.lines() {
+        serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+    }
+}

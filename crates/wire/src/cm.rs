@@ -206,6 +206,22 @@ pub mod service_type {
     pub const RC: u8 = 0;
     pub const UC: u8 = 1;
     pub const RD: u8 = 2;
+
+    /// "RC", "UC" or "RD"; None for the reserved value 3.
+    pub fn name(t: u8) -> Option<&'static str> {
+        match t {
+            RC => Some("RC"),
+            UC => Some("UC"),
+            RD => Some("RD"),
+            _ => None,
+        }
+    }
+}
+
+/// The bytes of an IB path MTU code (1 = 256 … 5 = 4096); None for the
+/// reserved codes.
+pub fn path_mtu_bytes(code: u8) -> Option<u32> {
+    (1..=5).contains(&code).then(|| 128 << code)
 }
 
 /// ConnectRequest (IBA table 99).
@@ -370,6 +386,16 @@ pub mod msg_kind {
     pub const REQ: u8 = 0;
     pub const REP: u8 = 1;
     pub const OTHER: u8 = 2;
+
+    /// "REQ", "REP" or "other"; None for the reserved value 3.
+    pub fn name(k: u8) -> Option<&'static str> {
+        match k {
+            REQ => Some("REQ"),
+            REP => Some("REP"),
+            OTHER => Some("other"),
+            _ => None,
+        }
+    }
 }
 
 /// REJ reasons (IBA table 112; the kernel's `enum ib_cm_rej_reason`).
@@ -388,6 +414,48 @@ pub mod rej_reason {
     pub const INVALID_RNR_RETRY: u16 = 29;
     pub const DUPLICATE_LOCAL_COMM_ID: u16 = 30;
     pub const INVALID_CLASS_VERSION: u16 = 31;
+
+    /// The kernel's words for a reason (`ibcm_reject_msg()`,
+    /// drivers/infiniband/core/cm.c); None for a value it does not name.
+    pub fn name(r: u16) -> Option<&'static str> {
+        Some(match r {
+            1 => "no QP",
+            2 => "no EEC",
+            3 => "no resources",
+            4 => "timeout",
+            5 => "unsupported",
+            6 => "invalid comm ID",
+            7 => "invalid comm instance",
+            8 => "invalid service ID",
+            9 => "invalid transport type",
+            10 => "stale conn",
+            11 => "RDC not exist",
+            12 => "invalid GID",
+            13 => "invalid LID",
+            14 => "invalid SL",
+            15 => "invalid traffic class",
+            16 => "invalid hop limit",
+            17 => "invalid packet rate",
+            18 => "invalid alt GID",
+            19 => "invalid alt LID",
+            20 => "invalid alt SL",
+            21 => "invalid alt traffic class",
+            22 => "invalid alt hop limit",
+            23 => "invalid alt packet rate",
+            24 => "port CM redirect",
+            25 => "port redirect",
+            26 => "invalid MTU",
+            27 => "insufficient resp resources",
+            28 => "consumer defined",
+            29 => "invalid RNR retry",
+            30 => "duplicate local comm ID",
+            31 => "invalid class version",
+            32 => "invalid flow label",
+            33 => "invalid alt flow label",
+            35 => "vendor option is not supported",
+            _ => return None,
+        })
+    }
 }
 
 /// Reject (IBA table 111).
@@ -556,6 +624,20 @@ pub mod sidr_status {
     pub const NO_QP: u8 = 3;
     pub const REDIRECT: u8 = 4;
     pub const UNSUPPORTED_VERSION: u8 = 5;
+
+    /// What a status means (IBA table 116, in the kernel's
+    /// `enum ib_cm_sidr_status` terms); None for a reserved value.
+    pub fn name(s: u8) -> Option<&'static str> {
+        Some(match s {
+            SUCCESS => "success",
+            UNSUPPORTED => "unsupported service ID",
+            REJECT => "rejected",
+            NO_QP => "no QP",
+            REDIRECT => "redirect",
+            UNSUPPORTED_VERSION => "unsupported version",
+            _ => return None,
+        })
+    }
 }
 
 /// ServiceIDResolutionResponse (IBA table 115).
@@ -697,7 +779,12 @@ impl CmMsg {
 
 /// The name of a CM attribute.
 pub fn attr_name(a: u16) -> &'static str {
-    match a {
+    known_attr_name(a).unwrap_or("unknown CM attribute")
+}
+
+/// The name of a CM attribute the IBA defines; None for any other value.
+pub fn known_attr_name(a: u16) -> Option<&'static str> {
+    Some(match a {
         attr::CLASS_PORT_INFO => "ClassPortInfo",
         attr::REQ => "REQ",
         attr::MRA => "MRA",
@@ -710,8 +797,8 @@ pub fn attr_name(a: u16) -> &'static str {
         attr::SIDR_REP => "SIDR_REP",
         attr::LAP => "LAP",
         attr::APR => "APR",
-        _ => "unknown CM attribute",
-    }
+        _ => return None,
+    })
 }
 
 /// rdma_cm's service IDs: port space in bits 16..32, port in 0..16
@@ -731,6 +818,25 @@ pub mod service {
     /// one of rdma_cm's.
     pub fn split(id: u64) -> Option<(u16, u16)> {
         (id >> 32 == 0).then_some(((id >> 16) as u16, id as u16))
+    }
+
+    /// The name rdma_cm gives a port space (`enum rdma_ucm_port_space`);
+    /// None for one it does not define.
+    pub fn ps_name(ps: u16) -> Option<&'static str> {
+        match ps {
+            PS_TCP => Some("RDMA_PS_TCP"),
+            PS_UDP => Some("RDMA_PS_UDP"),
+            PS_IB => Some("RDMA_PS_IB"),
+            PS_IPOIB => Some("RDMA_PS_IPOIB"),
+            _ => None,
+        }
+    }
+
+    /// (port space name, port) of a service ID in one of rdma_cm's port
+    /// spaces; None for any other service ID.
+    pub fn rdma_cm(id: u64) -> Option<(&'static str, u16)> {
+        let (ps, port) = split(id)?;
+        Some((ps_name(ps)?, port))
     }
 }
 
@@ -959,6 +1065,52 @@ mod tests {
         m[3] = METHOD_SEND;
         m[1] = 0x03; // SA
         assert!(parse(&m).is_err());
+    }
+
+    #[test]
+    fn names_for_the_decoder() {
+        assert_eq!(
+            rej_reason::name(rej_reason::CONSUMER_REJECT),
+            Some("consumer defined")
+        );
+        assert_eq!(
+            rej_reason::name(rej_reason::INVALID_SERVICE_ID),
+            Some("invalid service ID")
+        );
+        assert_eq!(rej_reason::name(34), None);
+        assert_eq!(rej_reason::name(0), None);
+        assert_eq!(sidr_status::name(sidr_status::SUCCESS), Some("success"));
+        assert_eq!(sidr_status::name(6), None);
+        assert_eq!(msg_kind::name(msg_kind::REP), Some("REP"));
+        assert_eq!(msg_kind::name(3), None);
+        assert_eq!(service_type::name(service_type::UC), Some("UC"));
+        assert_eq!(service_type::name(3), None);
+        let mtus: Vec<_> = (0..=6).map(path_mtu_bytes).collect();
+        assert_eq!(
+            mtus,
+            [
+                None,
+                Some(256),
+                Some(512),
+                Some(1024),
+                Some(2048),
+                Some(4096),
+                None
+            ]
+        );
+        assert_eq!(
+            service::rdma_cm(service::id(service::PS_TCP, 7174)),
+            Some(("RDMA_PS_TCP", 7174))
+        );
+        assert_eq!(
+            service::rdma_cm(service::id(service::PS_IPOIB, 1)),
+            Some(("RDMA_PS_IPOIB", 1))
+        );
+        assert_eq!(service::rdma_cm(service::id(0x0107, 1)), None);
+        assert_eq!(service::rdma_cm(1 << 32 | 0x0106_0001), None);
+        assert_eq!(known_attr_name(attr::LAP), Some("LAP"));
+        assert_eq!(known_attr_name(0x30), None);
+        assert_eq!(attr_name(0x30), "unknown CM attribute");
     }
 
     #[test]

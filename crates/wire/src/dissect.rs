@@ -1,11 +1,15 @@
 //! A captured frame turned into what an RDMA engineer reads: addresses,
-//! opcode, QP, PSN and every extension header, plus whether the ICRC holds.
+//! opcode, QP, PSN and every extension header, plus whether the ICRC holds;
+//! for a datagram to QP 1 (the GSI), the management datagram it carries: a
+//! CM message field by field, with the addresses of the rdma_cm header in
+//! its private data, or any other class's header.
 //! This is the engine of `softrdma decode`; it never panics, whatever the
 //! bytes, and says in one line why a packet could not be read.
 
 use core::fmt::{self, Write as _};
 use std::net::SocketAddr;
 
+use crate::cm::{self, CmMsg, CmaHdr, MadHeader};
 use crate::frame::{parse_ethernet_udp, UdpFrame};
 use crate::opcode::len;
 use crate::packet::{Packet, PacketRepr};
@@ -41,7 +45,47 @@ pub enum Dissection {
         dst: SocketAddr,
         repr: PacketRepr,
         icrc: IcrcCheck,
+        /// The management datagram of a UD packet to QP 1; None for any
+        /// other packet.
+        mad: Option<Mad>,
     },
+}
+
+/// The queue pair management datagrams (CM, SA, …) are sent to: the GSI.
+pub const GSI_QP: u32 = 1;
+
+/// What a UD packet to QP 1 carries: a management datagram (MAD), read as
+/// far as its bytes allow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mad {
+    /// The payload is shorter than a MAD's 256 bytes.
+    Truncated { have: usize },
+    /// A whole MAD.
+    Whole {
+        header: MadHeader,
+        /// The CM message, for a CM `Send` of CM class version 2 (base
+        /// version 1); None for any other class, version or method.
+        cm: Option<CmMsg>,
+        /// Payload bytes after the 256 of the MAD (a GSI datagram has
+        /// none).
+        trailing: usize,
+    },
+}
+
+impl Mad {
+    /// Read the payload of a packet to QP 1.
+    pub fn parse(payload: &[u8]) -> Mad {
+        let Some(m) = payload.first_chunk::<{ cm::MAD_LEN }>() else {
+            return Mad::Truncated {
+                have: payload.len(),
+            };
+        };
+        Mad::Whole {
+            header: MadHeader::parse(m),
+            cm: cm::parse(m).ok().map(|(_, msg)| msg),
+            trailing: payload.len() - cm::MAD_LEN,
+        }
+    }
 }
 
 fn addrs(f: &UdpFrame<'_>) -> (SocketAddr, SocketAddr) {
@@ -77,6 +121,8 @@ pub fn dissect(frame: &[u8]) -> Dissection {
     };
     let n = f.payload.len();
     let computed = icrc::compute(f.ip_header, f.udp_header, &f.payload[..n - len::ICRC]);
+    let mad =
+        (repr.bth.dest_qp == GSI_QP && repr.ext.deth.is_some()).then(|| Mad::parse(pkt.payload()));
     Dissection::Roce {
         src,
         dst,
@@ -85,6 +131,254 @@ pub fn dissect(frame: &[u8]) -> Dissection {
             carried: pkt.icrc(),
             computed,
         },
+        mad,
+    }
+}
+
+/// The name of a management class (IBA table 134 and the kernel's
+/// `IB_MGMT_CLASS_*`), for the classes a decoder may meet on QP 1.
+fn mgmt_class_name(c: u8) -> Option<&'static str> {
+    Some(match c {
+        0x01 => "SM",
+        0x81 => "SM directed route",
+        0x03 => "SA",
+        0x04 => "PerfMgt",
+        0x05 => "BM",
+        0x06 => "DevMgt",
+        cm::MGMT_CLASS_CM => "CM",
+        0x08 => "SNMP",
+        0x10 => "DevAdm",
+        0x11 => "BootMgt",
+        0x12 => "BIS",
+        0x21 => "CC",
+        0x09..=0x0f | 0x30..=0x4f => "vendor",
+        _ => return None,
+    })
+}
+
+/// The rdma_cm addresses of a REQ or SIDR_REQ whose service ID is in one
+/// of rdma_cm's port spaces: the active side's address and port, and the
+/// passive side's address with the service ID's port. None when the
+/// service is not rdma_cm's, or is `RDMA_PS_IB` without the header (an
+/// `AF_IB` connection carries none).
+fn cma_addrs(service_id: u64, private: &[u8]) -> Option<Result<(SocketAddr, SocketAddr), Error>> {
+    let (ps, port) = cm::service::split(service_id)?;
+    cm::service::ps_name(ps)?;
+    match CmaHdr::parse(private) {
+        Ok(h) => Some(Ok((h.src, SocketAddr::new(h.dst, port)))),
+        Err(_) if ps == cm::service::PS_IB => None,
+        Err(e) => Some(Err(e)),
+    }
+}
+
+/// Why an rdma_cm header could not be read, in a few words.
+fn cma_problem(e: &Error) -> String {
+    match *e {
+        Error::BadField { value, .. } => {
+            format!("version {value}, expected {}", CmaHdr::VERSION)
+        }
+        Error::BadIpVersion(v) => format!("IP version {v}, expected 4 or 6"),
+        e => e.to_string(),
+    }
+}
+
+fn write_service(f: &mut fmt::Formatter<'_>, id: u64) -> fmt::Result {
+    write!(f, " service=0x{id:016x}")?;
+    if let Some((ps, port)) = cm::service::rdma_cm(id) {
+        write!(f, " ({ps} port {port})")?;
+    }
+    Ok(())
+}
+
+fn write_cma(f: &mut fmt::Formatter<'_>, service_id: u64, private: &[u8]) -> fmt::Result {
+    match cma_addrs(service_id, private) {
+        None => Ok(()),
+        Some(Ok((s, d))) => write!(f, " rdma_cm {s} > {d}"),
+        Some(Err(e)) => write!(f, " rdma_cm header unreadable: {}", cma_problem(&e)),
+    }
+}
+
+fn write_ids(f: &mut fmt::Formatter<'_>, local: u32, remote: u32) -> fmt::Result {
+    write!(f, " local_id=0x{local:08x} remote_id=0x{remote:08x}")
+}
+
+fn write_kind(f: &mut fmt::Formatter<'_>, key: &str, k: u8) -> fmt::Result {
+    match cm::msg_kind::name(k) {
+        Some(n) => write!(f, " {key}={n}"),
+        None => write!(f, " {key}={k}"),
+    }
+}
+
+fn write_pkey(f: &mut fmt::Formatter<'_>, pkey: u16) -> fmt::Result {
+    if pkey != crate::bth::DEFAULT_PKEY {
+        write!(f, " pkey=0x{pkey:04x}")?;
+    }
+    Ok(())
+}
+
+/// One CM message: its name, the transaction ID, the communication IDs
+/// and what else it says that an RDMA engineer reads.
+fn write_cm(f: &mut fmt::Formatter<'_>, h: &MadHeader, msg: &CmMsg) -> fmt::Result {
+    let tid = h.tid;
+    match msg {
+        CmMsg::Req(r) => {
+            write!(
+                f,
+                "CM REQ tid=0x{tid:016x} local_id=0x{:08x}",
+                r.local_comm_id
+            )?;
+            write_service(f, r.service_id)?;
+            write!(
+                f,
+                " qpn=0x{:06x} start_psn={} resp_res={} init_depth={}",
+                r.local_qpn, r.starting_psn, r.responder_resources, r.initiator_depth
+            )?;
+            match cm::path_mtu_bytes(r.path_mtu) {
+                Some(b) => write!(f, " mtu={b}")?,
+                None => write!(f, " mtu=reserved({})", r.path_mtu)?,
+            }
+            match cm::service_type::name(r.transport_service_type) {
+                Some(t) => write!(f, " transport={t}")?,
+                None => write!(f, " transport=reserved({})", r.transport_service_type)?,
+            }
+            write!(
+                f,
+                " retry={} rnr_retry={}",
+                r.retry_count, r.rnr_retry_count
+            )?;
+            if r.srq {
+                f.write_str(" srq")?;
+            }
+            write_pkey(f, r.pkey)?;
+            write_cma(f, r.service_id, &r.private)
+        }
+        CmMsg::Rep(r) => {
+            write!(f, "CM REP tid=0x{tid:016x}")?;
+            write_ids(f, r.local_comm_id, r.remote_comm_id)?;
+            write!(
+                f,
+                " qpn=0x{:06x} start_psn={} resp_res={} init_depth={} rnr_retry={}",
+                r.local_qpn,
+                r.starting_psn,
+                r.responder_resources,
+                r.initiator_depth,
+                r.rnr_retry_count
+            )?;
+            if r.srq {
+                f.write_str(" srq")?;
+            }
+            Ok(())
+        }
+        CmMsg::Rtu(r) => {
+            write!(f, "CM RTU tid=0x{tid:016x}")?;
+            write_ids(f, r.local_comm_id, r.remote_comm_id)
+        }
+        CmMsg::Rej(r) => {
+            write!(f, "CM REJ reason {}", r.reason)?;
+            if let Some(n) = cm::rej_reason::name(r.reason) {
+                write!(f, " ({n})")?;
+            }
+            write!(f, " tid=0x{tid:016x}")?;
+            write_ids(f, r.local_comm_id, r.remote_comm_id)?;
+            write_kind(f, "rejected", r.msg_rejected)
+        }
+        CmMsg::Mra(r) => {
+            write!(f, "CM MRA tid=0x{tid:016x}")?;
+            write_ids(f, r.local_comm_id, r.remote_comm_id)?;
+            write_kind(f, "mraed", r.msg_mraed)?;
+            write!(f, " service_timeout={}", r.service_timeout)
+        }
+        CmMsg::Dreq(r) => {
+            write!(f, "CM DREQ tid=0x{tid:016x}")?;
+            write_ids(f, r.local_comm_id, r.remote_comm_id)?;
+            write!(f, " remote_qpn=0x{:06x}", r.remote_qpn)
+        }
+        CmMsg::Drep(r) => {
+            write!(f, "CM DREP tid=0x{tid:016x}")?;
+            write_ids(f, r.local_comm_id, r.remote_comm_id)
+        }
+        CmMsg::SidrReq(r) => {
+            write!(
+                f,
+                "CM SIDR_REQ tid=0x{tid:016x} req_id=0x{:08x}",
+                r.request_id
+            )?;
+            write_service(f, r.service_id)?;
+            write_pkey(f, r.pkey)?;
+            write_cma(f, r.service_id, &r.private)
+        }
+        CmMsg::SidrRep(r) => {
+            write!(f, "CM SIDR_REP status {}", r.status)?;
+            if let Some(n) = cm::sidr_status::name(r.status) {
+                write!(f, " ({n})")?;
+            }
+            write!(
+                f,
+                " tid=0x{tid:016x} req_id=0x{:08x} qpn=0x{:06x} qkey=0x{:08x}",
+                r.request_id, r.qpn, r.qkey
+            )?;
+            write_service(f, r.service_id)
+        }
+        CmMsg::Other(a) => match cm::known_attr_name(*a) {
+            Some(n) => write!(f, "CM {n} tid=0x{tid:016x}"),
+            None => write!(f, "CM attr 0x{a:04x} tid=0x{tid:016x}"),
+        },
+    }
+}
+
+/// A MAD that is not a CM `Send`: its class, version, method, attribute
+/// and transaction ID.
+fn write_mad_header(f: &mut fmt::Formatter<'_>, h: &MadHeader) -> fmt::Result {
+    write!(f, "MAD class 0x{:02x}", h.mgmt_class)?;
+    if let Some(n) = mgmt_class_name(h.mgmt_class) {
+        write!(f, " ({n})")?;
+    }
+    write!(
+        f,
+        " version {} method 0x{:02x} attr 0x{:04x}",
+        h.class_version, h.method, h.attr_id
+    )?;
+    if h.mgmt_class == cm::MGMT_CLASS_CM {
+        if let Some(n) = cm::known_attr_name(h.attr_id) {
+            write!(f, " ({n})")?;
+        }
+    }
+    write!(f, " tid=0x{:016x}", h.tid)?;
+    if h.base_version != cm::BASE_VERSION {
+        write!(
+            f,
+            " base_version={} (expected {})",
+            h.base_version,
+            cm::BASE_VERSION
+        )?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for Mad {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mad::Truncated { have } => {
+                write!(f, "MAD truncated: {have} of {} bytes", cm::MAD_LEN)
+            }
+            Mad::Whole {
+                header,
+                cm,
+                trailing,
+            } => {
+                match cm {
+                    Some(msg) => write_cm(f, header, msg)?,
+                    None => write_mad_header(f, header)?,
+                }
+                if header.status != 0 {
+                    write!(f, " mad_status=0x{:04x}", header.status)?;
+                }
+                if *trailing > 0 {
+                    write!(f, " ({trailing} bytes after the MAD)")?;
+                }
+                Ok(())
+            }
+        }
     }
 }
 
@@ -106,6 +400,7 @@ impl fmt::Display for Line<'_> {
                 dst,
                 repr,
                 icrc,
+                mad,
             } => {
                 let b = &repr.bth;
                 write!(
@@ -161,6 +456,9 @@ impl fmt::Display for Line<'_> {
                     write!(f, " IETH rkey=0x{:08x}", h.rkey)?;
                 }
                 write!(f, " payload={}", repr.payload_len)?;
+                if let Some(m) = mad {
+                    write!(f, " {m}")?;
+                }
                 if icrc.ok() {
                     f.write_str(" ICRC ok")
                 } else {
@@ -190,6 +488,188 @@ fn json_str(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// `,"key":"value"`.
+fn json_kv(o: &mut String, key: &str, value: &str) {
+    let _ = write!(o, ",\"{key}\":");
+    json_str(o, value);
+}
+
+/// `,"key":"name"` for a value with a name, `,"key":N` for one without.
+fn json_named(o: &mut String, key: &str, name: Option<&str>, value: u64) {
+    match name {
+        Some(n) => json_kv(o, key, n),
+        None => {
+            let _ = write!(o, ",\"{key}\":{value}");
+        }
+    }
+}
+
+fn json_service(o: &mut String, id: u64) {
+    let _ = write!(o, ",\"service_id\":{id}");
+    if let Some((ps, port)) = cm::service::rdma_cm(id) {
+        json_kv(o, "port_space", ps);
+        let _ = write!(o, ",\"port\":{port}");
+    }
+}
+
+fn json_cma(o: &mut String, service_id: u64, private: &[u8]) {
+    match cma_addrs(service_id, private) {
+        None => {}
+        Some(Ok((s, d))) => {
+            o.push_str(",\"rdma_cm\":{\"src\":");
+            json_str(o, &s.ip().to_string());
+            let _ = write!(o, ",\"sport\":{},\"dst\":", s.port());
+            json_str(o, &d.ip().to_string());
+            let _ = write!(o, ",\"dport\":{}}}", d.port());
+        }
+        Some(Err(e)) => {
+            o.push_str(",\"rdma_cm\":{\"malformed\":");
+            json_str(o, &cma_problem(&e));
+            o.push('}');
+        }
+    }
+}
+
+fn json_ids(o: &mut String, local: u32, remote: u32) {
+    let _ = write!(o, ",\"local_comm_id\":{local},\"remote_comm_id\":{remote}");
+}
+
+/// The MAD of a packet to QP 1 as a JSON object: every common header
+/// field, and for a CM message its fields under `"cm"`.
+fn json_mad(o: &mut String, m: &Mad) {
+    let (h, msg, trailing) = match m {
+        Mad::Truncated { .. } => {
+            o.push_str("{\"malformed\":");
+            json_str(o, &m.to_string());
+            o.push('}');
+            return;
+        }
+        Mad::Whole {
+            header,
+            cm,
+            trailing,
+        } => (header, cm, trailing),
+    };
+    let _ = write!(
+        o,
+        "{{\"base_version\":{},\"class\":{},\"class_version\":{},\"method\":{},\"status\":{},\"class_specific\":{},\"tid\":{},\"attr_id\":{},\"attr_mod\":{},\"trailing\":{}",
+        h.base_version,
+        h.mgmt_class,
+        h.class_version,
+        h.method,
+        h.status,
+        h.class_specific,
+        h.tid,
+        h.attr_id,
+        h.attr_mod,
+        trailing
+    );
+    if let Some(n) = mgmt_class_name(h.mgmt_class) {
+        json_kv(o, "class_name", n);
+    }
+    if let Some(msg) = msg {
+        o.push_str(",\"cm\":{\"msg\":");
+        match msg {
+            CmMsg::Other(a) => json_str(o, cm::known_attr_name(*a).unwrap_or("unknown")),
+            _ => json_str(o, msg.name()),
+        }
+        json_cm(o, msg);
+        o.push('}');
+    }
+    o.push('}');
+}
+
+fn json_cm(o: &mut String, msg: &CmMsg) {
+    match msg {
+        CmMsg::Req(r) => {
+            let _ = write!(o, ",\"local_comm_id\":{}", r.local_comm_id);
+            json_service(o, r.service_id);
+            let _ = write!(
+                o,
+                ",\"local_qpn\":{},\"starting_psn\":{},\"responder_resources\":{},\"initiator_depth\":{},\"path_mtu\":{}",
+                r.local_qpn, r.starting_psn, r.responder_resources, r.initiator_depth, r.path_mtu
+            );
+            if let Some(b) = cm::path_mtu_bytes(r.path_mtu) {
+                let _ = write!(o, ",\"path_mtu_bytes\":{b}");
+            }
+            json_named(
+                o,
+                "transport",
+                cm::service_type::name(r.transport_service_type),
+                r.transport_service_type.into(),
+            );
+            let _ = write!(
+                o,
+                ",\"retry_count\":{},\"rnr_retry_count\":{},\"srq\":{},\"pkey\":{}",
+                r.retry_count, r.rnr_retry_count, r.srq, r.pkey
+            );
+            json_cma(o, r.service_id, &r.private);
+        }
+        CmMsg::Rep(r) => {
+            json_ids(o, r.local_comm_id, r.remote_comm_id);
+            let _ = write!(
+                o,
+                ",\"local_qpn\":{},\"starting_psn\":{},\"responder_resources\":{},\"initiator_depth\":{},\"rnr_retry_count\":{},\"srq\":{}",
+                r.local_qpn,
+                r.starting_psn,
+                r.responder_resources,
+                r.initiator_depth,
+                r.rnr_retry_count,
+                r.srq
+            );
+        }
+        CmMsg::Rtu(r) => json_ids(o, r.local_comm_id, r.remote_comm_id),
+        CmMsg::Drep(r) => json_ids(o, r.local_comm_id, r.remote_comm_id),
+        CmMsg::Rej(r) => {
+            json_ids(o, r.local_comm_id, r.remote_comm_id);
+            let _ = write!(o, ",\"reason\":{}", r.reason);
+            if let Some(n) = cm::rej_reason::name(r.reason) {
+                json_kv(o, "reason_name", n);
+            }
+            json_named(
+                o,
+                "rejected",
+                cm::msg_kind::name(r.msg_rejected),
+                r.msg_rejected.into(),
+            );
+        }
+        CmMsg::Mra(r) => {
+            json_ids(o, r.local_comm_id, r.remote_comm_id);
+            json_named(
+                o,
+                "mraed",
+                cm::msg_kind::name(r.msg_mraed),
+                r.msg_mraed.into(),
+            );
+            let _ = write!(o, ",\"service_timeout\":{}", r.service_timeout);
+        }
+        CmMsg::Dreq(r) => {
+            json_ids(o, r.local_comm_id, r.remote_comm_id);
+            let _ = write!(o, ",\"remote_qpn\":{}", r.remote_qpn);
+        }
+        CmMsg::SidrReq(r) => {
+            let _ = write!(o, ",\"request_id\":{}", r.request_id);
+            json_service(o, r.service_id);
+            let _ = write!(o, ",\"pkey\":{}", r.pkey);
+            json_cma(o, r.service_id, &r.private);
+        }
+        CmMsg::SidrRep(r) => {
+            let _ = write!(
+                o,
+                ",\"request_id\":{},\"status\":{}",
+                r.request_id, r.status
+            );
+            if let Some(n) = cm::sidr_status::name(r.status) {
+                json_kv(o, "status_name", n);
+            }
+            let _ = write!(o, ",\"qpn\":{},\"qkey\":{}", r.qpn, r.qkey);
+            json_service(o, r.service_id);
+        }
+        // The attribute ID is the MAD header's.
+        CmMsg::Other(_) => {}
+    }
+}
+
 /// One JSON object (a JSON-lines record) for a dissected frame.
 pub fn to_json(number: usize, d: &Dissection) -> String {
     let mut o = String::with_capacity(256);
@@ -215,6 +695,7 @@ pub fn to_json(number: usize, d: &Dissection) -> String {
             dst,
             repr,
             icrc,
+            mad,
         } => {
             push_addrs(&mut o, src, dst);
             let b = &repr.bth;
@@ -270,10 +751,14 @@ pub fn to_json(number: usize, d: &Dissection) -> String {
             if let Some(h) = e.ieth {
                 let _ = write!(o, ",\"ieth\":{{\"rkey\":{}}}", h.rkey);
             }
+            let _ = write!(o, ",\"payload_len\":{}", repr.payload_len);
+            if let Some(m) = mad {
+                o.push_str(",\"mad\":");
+                json_mad(&mut o, m);
+            }
             let _ = write!(
                 o,
-                ",\"payload_len\":{},\"icrc_ok\":{},\"icrc_carried\":{},\"icrc_computed\":{}",
-                repr.payload_len,
+                ",\"icrc_ok\":{},\"icrc_carried\":{},\"icrc_computed\":{}",
                 icrc.ok(),
                 icrc.carried,
                 icrc.computed

@@ -223,7 +223,7 @@ proptest! {
         let mut fr = Vec::new();
         frame::build_frame(path.src, path.dst, path.ident, &buf, &mut fr);
         match dissect(&fr) {
-            Dissection::Roce { src, dst, repr: got, icrc } => {
+            Dissection::Roce { src, dst, repr: got, icrc, .. } => {
                 prop_assert_eq!((src, dst), (path.src, path.dst));
                 prop_assert_eq!(got, normalized(&repr));
                 prop_assert!(icrc.ok(), "{:?}", icrc);

@@ -1,4 +1,6 @@
-//! `softrdma decode FILE.pcap`: one line per RoCEv2 packet.
+//! `softrdma decode FILE.pcap`: one line per RoCEv2 packet; a datagram to
+//! QP 1 also shows its MAD (a CM message with its key fields, or another
+//! class's header), on the same line before the ICRC verdict.
 
 use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;

@@ -114,6 +114,15 @@ struct State {
     secret: [u8; 8],
     members: Vec<Member>,
     listeners: Vec<Listener>,
+    /// The group's socket array (each index's socket inode) as the member
+    /// that last changed the group measured it, or empty. Valid while the
+    /// kernel lists exactly these sockets in the group: the array changes
+    /// only when a socket joins (appended) or leaves (the last moves into
+    /// its place), and either changes the set. A member that listens can
+    /// then re-steer without measuring (a probe per socket, a millisecond
+    /// or more), which keeps the window in which a REQ for a service just
+    /// listened on still meets "nobody listens" short.
+    array: Vec<Option<u64>>,
 }
 
 const MAGIC: &str = "softrdma-steer 2";
@@ -128,9 +137,18 @@ impl State {
         let v = u64::from_str_radix(hex, 16).ok()?;
         let mut members = Vec::new();
         let mut listeners = Vec::new();
+        let mut array = Vec::new();
         for l in lines {
             let f: Vec<&str> = l.split_whitespace().collect();
             match f.as_slice() {
+                ["array", socks @ ..] if array.is_empty() => {
+                    for x in socks {
+                        array.push(match *x {
+                            "-" => None,
+                            i => Some(i.parse().ok()?),
+                        });
+                    }
+                }
                 ["member", slot, inode, pid] => members.push(Member {
                     slot: slot.parse().ok()?,
                     inode: inode.parse().ok()?,
@@ -147,6 +165,7 @@ impl State {
             secret: v.to_be_bytes(),
             members,
             listeners,
+            array,
         })
     }
 
@@ -182,6 +201,16 @@ impl State {
         for m in &self.members {
             s.push_str(&format!("member {} {} {}\n", m.slot, m.inode, m.pid));
         }
+        if !self.array.is_empty() {
+            s.push_str("array");
+            for x in &self.array {
+                match x {
+                    Some(i) => s.push_str(&format!(" {i}")),
+                    None => s.push_str(" -"),
+                }
+            }
+            s.push('\n');
+        }
         s
     }
 
@@ -211,9 +240,6 @@ struct View {
     inodes: Vec<u64>,
 }
 
-/// A file's version as `rundir::version` gives it.
-type FileVersion = (u64, u64, i64, i64);
-
 /// A joined group.
 pub(crate) struct Joined {
     pub(crate) slot: u8,
@@ -225,13 +251,12 @@ pub(crate) struct Joined {
     table: Table,
     /// Table repairs this port made after finding the group changed.
     pub(crate) repairs: u64,
-    /// The socket array as last measured, and the state file's version
-    /// written with it: still the array while the file is that version
-    /// (every join and leave rewrites it) and the kernel lists the same
-    /// sockets (a death changes the listing). Saves `listen` a measurement
-    /// (a probe per index) — which a connection request racing a
-    /// listener's registration would otherwise wait out.
-    known: Option<(Option<FileVersion>, Vec<Option<u64>>)>,
+    /// The socket array as this member last measured or used it: still
+    /// the array while the kernel lists the same sockets (see
+    /// `State::array`). Saves `listen` a measurement (a probe per index) —
+    /// which a connection request racing a listener's registration would
+    /// otherwise wait out.
+    known: Option<Vec<Option<u64>>>,
 }
 
 fn paths(dir: &Path, addr: SocketAddr) -> (PathBuf, PathBuf) {
@@ -496,6 +521,7 @@ pub(crate) fn join(sock: &Socket, addr: SocketAddr, dir: &Path) -> Result<Joined
         secret,
         members,
         listeners,
+        array: array.clone(),
     };
     st.prune_listeners();
     cbpf::attach_group(fd, &st.program(&array)).map_err(failed)?;
@@ -506,7 +532,7 @@ pub(crate) fn join(sock: &Socket, addr: SocketAddr, dir: &Path) -> Result<Joined
         inode,
         lock_path,
         view: view_of(&state_path, &st),
-        known: Some((rundir::version(&state_path), array)),
+        known: Some(array),
         state_path,
         table,
         repairs: 0,
@@ -526,10 +552,13 @@ impl Joined {
         let mut st = st;
         st.members.retain(|m| m.inode != self.inode);
         st.prune_listeners();
+        st.array.clear();
         if let Ok(mut array) = measure_retrying(self.addr, st.secret, &mut self.table) {
             if let Some(i) = array.iter().position(|&x| x == Some(self.inode)) {
+                // The kernel moves the last socket into the leaver's place.
                 array.swap_remove(i);
                 let _ = cbpf::attach_group(sock.as_raw_fd(), &st.program(&array));
+                st.array = array;
             }
         }
         drop(sock);
@@ -543,15 +572,16 @@ impl Joined {
         let _lock = rundir::lock(&self.lock_path)?;
         let mut st = read_state(&self.state_path)
             .ok_or_else(|| io::Error::other(format!("{} is missing", self.state_path.display())))?;
-        let array = match self.known.clone() {
-            Some((v, a))
-                if v == rundir::version(&self.state_path) && {
-                    let listed: HashSet<u64> = self.table.read()?.iter().map(|r| r.inode).collect();
-                    listed == a.iter().flatten().copied().collect::<HashSet<u64>>()
-                } =>
-            {
-                a
-            }
+        // The array: ours from the last time, or the state's (measured by
+        // whoever last changed the group), if the kernel lists exactly its
+        // sockets; measured otherwise.
+        let listed: HashSet<u64> = self.table.read()?.iter().map(|r| r.inode).collect();
+        let valid = |a: &[Option<u64>]| {
+            !a.is_empty() && listed == a.iter().flatten().copied().collect::<HashSet<u64>>()
+        };
+        let array = match &self.known {
+            Some(a) if valid(a) => a.clone(),
+            _ if valid(&st.array) => st.array.clone(),
             _ => measure_retrying(self.addr, st.secret, &mut self.table)?,
         };
         let live: HashSet<u64> = array.iter().flatten().copied().collect();
@@ -585,7 +615,7 @@ impl Joined {
         // Members unchanged: the state file (and its version, which the
         // array's validity is keyed on) stays as it is.
         write_listeners(&self.state_path, &st)?;
-        self.known = Some((rundir::version(&self.state_path), array));
+        self.known = Some(array);
         Ok(())
     }
 
@@ -615,6 +645,7 @@ impl Joined {
         let mut st = st;
         st.members.retain(|m| live.contains(&m.inode));
         st.prune_listeners();
+        st.array = array.clone();
         cbpf::attach_group(sock.as_raw_fd(), &st.program(&array))?;
         write_state(&self.state_path, &st)?;
         self.view = view_of(&self.state_path, &st);
@@ -655,8 +686,11 @@ mod tests {
                 slot: 255,
                 service: 0x0106_4e20,
             }],
+            array: vec![Some(1), None, Some(12345)],
         };
         assert_eq!(State::parse(&st.format()), Some(st.clone()));
+        assert!(st.format().contains("\narray 1 - 12345\n"));
+        assert_eq!(State::parse(&(st.format() + "array 1\n")), None);
         // The previous format (no listeners) is not this one.
         assert_eq!(State::parse("softrdma-steer 1\nsecret 00\n"), None);
         assert_eq!(State::parse(&(st.format() + "listen 1 xyz\n")), None);

@@ -303,6 +303,7 @@ impl Agent {
         };
         if !steered {
             self.eng.lock().port.listen_service(service as u32, true)?;
+            crate::cm::log(&format!("steered {service:#x} on slot {}", self.slot));
         }
         let held = {
             let mut t = self.table();

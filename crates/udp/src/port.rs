@@ -248,6 +248,29 @@ impl Port {
         }
     }
 
+    /// A CM MAD for `slot` (not this port's; the slot is in the MAD's
+    /// content, which the receive path does not read) reached this port:
+    /// whether another live member owns the slot. Then it was misdelivered
+    /// and the group is re-steered; otherwise nobody owns it (its process
+    /// is gone) and the MAD is this port's to answer.
+    pub fn misdelivered_cm(&mut self, slot: u8) -> bool {
+        let Some(j) = &mut self.joined else {
+            return false;
+        };
+        match j.misdelivered_cm(&self.sock, slot) {
+            Ok(owned) => {
+                if owned {
+                    self.stats.rx_wrong_slot += 1;
+                }
+                owned
+            }
+            Err(_) => {
+                self.stats.steer_repair_errors += 1;
+                false
+            }
+        }
+    }
+
     /// This port's GID: the IPv6 address, or the IPv4-mapped one.
     pub fn local_gid(&self) -> [u8; 16] {
         gid_of(self.local.addr.ip())

@@ -653,6 +653,36 @@ impl Joined {
         Ok(true)
     }
 
+    /// A CM message for `slot` (not ours) arrived: whether another live
+    /// member owns that slot (then it was misdelivered, and the steering
+    /// is repaired — re-measured even if the group looks unchanged, since
+    /// a group that did not change cannot misdeliver unless its array was
+    /// wrong). `false`: nobody owns the slot (its process is gone), and
+    /// the message is ours to answer as for a forgotten ID.
+    pub(crate) fn misdelivered_cm(&mut self, sock: &Socket, slot: u8) -> io::Result<bool> {
+        let repaired = self.misdelivered(sock, slot)?;
+        if !self.view.owned[slot as usize] {
+            return Ok(false);
+        }
+        if !repaired {
+            let _lock = rundir::lock(&self.lock_path)?;
+            let Some(mut st) = read_state(&self.state_path) else {
+                return Ok(true);
+            };
+            let array = measure_retrying(self.addr, st.secret, &mut self.table)?;
+            let live: HashSet<u64> = array.iter().flatten().copied().collect();
+            st.members.retain(|m| live.contains(&m.inode));
+            st.prune_listeners();
+            st.array = array.clone();
+            cbpf::attach_group(sock.as_raw_fd(), &st.program(&array))?;
+            write_state(&self.state_path, &st)?;
+            self.view = view_of(&self.state_path, &st);
+            self.known = Some(array);
+            self.repairs += 1;
+        }
+        Ok(self.view.owned[slot as usize])
+    }
+
     /// Whether the members the kernel lists are not those of the view.
     fn group_differs(&mut self) -> io::Result<bool> {
         let rows = self.table.read()?;

@@ -178,6 +178,8 @@ pub(crate) struct State {
     /// Replies the engine owes to MADs nobody in this process takes (a
     /// REQ for a service nobody listens on): sent after the receive.
     gsi_out: Vec<([u8; 16], [u8; crate::gsi::MAD_LEN])>,
+    /// CM MADs received for another slot, to check against the group.
+    gsi_foreign: Vec<crate::gsi::Mad>,
     /// The PSN of QP1's next MAD.
     gsi_psn: u32,
 }
@@ -242,6 +244,22 @@ impl softrdma_core::Offload for PeerOffload<'_> {
     }
 }
 
+/// A MAD for this port: to the connection manager, or — with none in this
+/// process — answered as nobody's (`crate::cm::unclaimed`).
+fn take_mad(
+    gsi: &crate::gsi::Inbox,
+    out: &mut Vec<([u8; 16], [u8; crate::gsi::MAD_LEN])>,
+    mad: crate::gsi::Mad,
+) {
+    if gsi.is_open() {
+        gsi.push(mad);
+    } else if let Some(reply) = crate::cm::unclaimed(&mad.bytes) {
+        if out.len() < 64 {
+            out.push((mad.sgid, reply));
+        }
+    }
+}
+
 impl State {
     fn now(&self) -> Nanos {
         self.origin.elapsed().as_nanos() as Nanos
@@ -259,22 +277,23 @@ impl State {
                 mem,
                 gsi,
                 gsi_out,
+                gsi_foreign,
                 ..
             } = self;
+            let slot = port.slot();
             match port.recv(|m, bytes| {
                 if crate::gsi::for_qp1(bytes) {
                     match crate::gsi::parse(bytes, m.sgid) {
                         None => {
                             gsi.drops.fetch_add(1, Ordering::Relaxed);
                         }
-                        Some(mad) if gsi.is_open() => gsi.push(mad),
-                        Some(mad) => {
-                            if let Some(reply) = crate::cm::unclaimed(&mad.bytes) {
-                                if gsi_out.len() < 64 {
-                                    gsi_out.push((mad.sgid, reply));
-                                }
+                        // For another slot: decided below, with the port.
+                        Some(mad) if crate::gsi::cm_slot(&mad.bytes).is_some_and(|s| s != slot) => {
+                            if gsi_foreign.len() < 16 {
+                                gsi_foreign.push(mad);
                             }
                         }
+                        Some(mad) => take_mad(gsi, gsi_out, mad),
                     }
                     return;
                 }
@@ -288,6 +307,28 @@ impl State {
             }) {
                 Ok(n) => p.rx = n > 0,
                 Err(e) => eprintln!("softrdma: receive failed: {e}"),
+            }
+            // A CM MAD for another slot. Every message but a request is
+            // steered by the receiver's ID, whose top byte is the slot of
+            // the process that handed it out (crates/udp's cbpf). Another
+            // live process's slot: the steering was stale or wrong (a
+            // member changed, or a measurement erred) — not ours to
+            // answer (a DREP for a DREQ meant for another process ends the
+            // peer's connection while that process never hears of it), so
+            // it is dropped, the sender resends after its timeout, and the
+            // group is re-steered. A slot nobody holds any more (its
+            // process ended): taken here, to be answered as the kernel's
+            // CM answers for an ID it forgot.
+            while let Some(mad) = self.gsi_foreign.pop() {
+                let s = crate::gsi::cm_slot(&mad.bytes).expect("foreign");
+                if self.port.misdelivered_cm(s) {
+                    crate::cm::log(&format!(
+                        "a CM message for slot {s} came to slot {}: dropped, steering repaired",
+                        self.port.slot()
+                    ));
+                } else {
+                    take_mad(&self.gsi, &mut self.gsi_out, mad);
+                }
             }
             while let Some((gid, mad)) = self.gsi_out.pop() {
                 let _ = self.send_mad(gid, &mad);
@@ -734,6 +775,7 @@ impl Engine {
                 udp_total: 0,
                 gsi: Arc::new(crate::gsi::Inbox::new()?),
                 gsi_out: Vec::new(),
+                gsi_foreign: Vec::new(),
                 gsi_psn: 0,
             }),
             shm,

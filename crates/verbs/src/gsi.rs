@@ -76,6 +76,27 @@ pub(crate) fn parse(datagram: &[u8], sgid: [u8; 16]) -> Option<Mad> {
     })
 }
 
+/// The slot a CM MAD is steered by: the top byte of the receiver's ID it
+/// carries (every message but a REQ or SIDR_REQ: the RemoteCommID, or a
+/// SIDR_REP's RequestID), which softrdma's CM gives the slot of the
+/// process that handed the ID out. `None` for requests, other classes and
+/// IDs with no slot (top byte 0: not one of ours).
+pub(crate) fn cm_slot(mad: &[u8; MAD_LEN]) -> Option<u8> {
+    use softrdma_wire::cm::{self as w, CmMsg};
+    let (_, msg) = w::parse(mad).ok()?;
+    let id = match &msg {
+        CmMsg::Rep(m) => m.remote_comm_id,
+        CmMsg::Rtu(m) => m.remote_comm_id,
+        CmMsg::Rej(m) => m.remote_comm_id,
+        CmMsg::Mra(m) => m.remote_comm_id,
+        CmMsg::Dreq(m) => m.remote_comm_id,
+        CmMsg::Drep(m) => m.remote_comm_id,
+        CmMsg::SidrRep(m) => m.request_id,
+        CmMsg::Req(_) | CmMsg::SidrReq(_) | CmMsg::Other(_) => return None,
+    };
+    Some((id >> 24) as u8).filter(|&s| s != 0)
+}
+
 /// The BTH and DETH of a MAD sent from QP1 to QP1 (UD SEND ONLY, default
 /// P_Key, AckReq set, GSI Q_Key), with packet sequence number `psn` (a
 /// counter from 0, as the kernel's QP1).

@@ -209,6 +209,7 @@ impl Pair {
             src_qp: 0,
             wc_flags: 0,
             vendor_err: 0,
+            sl: 0,
         };
         Pair {
             a,

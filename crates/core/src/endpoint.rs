@@ -150,6 +150,11 @@ impl RxMeta {
         g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff
     }
 
+    /// Whether the packet came over IPv4 (its source GID is IPv4-mapped).
+    pub(crate) fn over_ipv4(&self) -> bool {
+        Self::is_v4(&self.sgid)
+    }
+
     /// The 40-byte GRH a UD receive buffer starts with: for RoCEv2 over
     /// IPv4, 20 undefined (zero) bytes then the IPv4 header; over IPv6, the
     /// IPv6 header. `roce_len` is the UDP payload length.

@@ -104,6 +104,12 @@ pub struct Completion {
     pub src_qp: u32,
     pub wc_flags: u32,
     pub vendor_err: u32,
+    /// UD receive: the packet's network type in the SL field, as mlx5
+    /// reports it on RoCE (2: IPv4, 1: IPv6; RoCE v2 carries no SL). UCX
+    /// before 1.19 reads it to find the destination GID in the GRH and
+    /// drops a datagram whose SL says otherwise (rxe reports 0 there).
+    /// 0 in every other completion.
+    pub sl: u8,
 }
 
 impl Default for Completion {
@@ -140,6 +146,7 @@ impl Completion {
             src_qp: 0,
             wc_flags: 0,
             vendor_err: 0,
+            sl: 0,
         }
     }
 }

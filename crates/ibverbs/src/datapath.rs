@@ -239,7 +239,7 @@ fn wc_from(c: &sv::Completion) -> ibv_wc {
         wc_flags: c.wc_flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: c.sl,
         dlid_path_bits: 0,
     }
 }

@@ -797,6 +797,7 @@ impl Fabric {
                     src_qp: 0,
                     wc_flags: 0,
                     vendor_err: 0,
+                    sl: 0,
                 };
                 64
             ],

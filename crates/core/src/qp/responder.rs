@@ -969,6 +969,7 @@ impl Qp {
         c.byte_len = total as u32;
         c.src_qp = deth.src_qp;
         c.wc_flags |= wc_flags::GRH;
+        c.sl = if meta.over_ipv4() { 2 } else { 1 };
         if let Some(i) = repr.ext.immdt {
             c.wc_flags |= wc_flags::WITH_IMM;
             c.imm_or_inv = i.imm;

@@ -194,6 +194,7 @@ impl Host {
             src_qp: 0,
             wc_flags: 0,
             vendor_err: 0,
+            sl: 0,
         }; 64];
         let mut v = Vec::new();
         loop {

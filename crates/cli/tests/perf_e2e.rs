@@ -217,3 +217,41 @@ fn softrdma_transport_is_honoured() {
         "rdma: stderr does not say why:\n{err}"
     );
 }
+
+/// `-R`: the exchange and the data QPs through rdma_cm, server and client
+/// as separate processes; perftest's banner lines and every byte checked.
+#[test]
+fn write_bw_with_rdma_cm() {
+    let port = "19387";
+    let srv = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["perf", "write_bw", "-R", "--check", "-n", "200", "-p", port])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("server");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let cli = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args([
+            "perf",
+            "write_bw",
+            "-R",
+            "--check",
+            "-n",
+            "200",
+            "-p",
+            port,
+            "127.0.0.1",
+        ])
+        .output()
+        .expect("client");
+    let srv = srv.wait_with_output().expect("server output");
+    for (who, o) in [("client", &cli), ("server", &srv)] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{who}: {out}");
+        assert!(out.contains(" rdma_cm QPs\t : ON"), "{who}: {out}");
+        assert!(out.contains(" Data ex. method : rdma_cm"), "{who}: {out}");
+        assert!(
+            out.contains(" --check: every byte verified"),
+            "{who}: {out}"
+        );
+    }
+}

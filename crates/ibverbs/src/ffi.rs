@@ -70,6 +70,7 @@ impl From<softrdma_verbs::Error> for Fail {
             // Rust conveniences.
             e @ softrdma_verbs::Error::Completion(_) => Fail::new(libc::EIO, e.to_string()),
             e @ softrdma_verbs::Error::Timeout(_) => Fail::new(libc::ETIMEDOUT, e.to_string()),
+            e @ softrdma_verbs::Error::Rejected(_) => Fail::new(libc::ECONNREFUSED, e.to_string()),
         }
     }
 }

@@ -111,6 +111,9 @@ pub enum Error {
     Completion(Completion),
     /// Nothing happened within the time the caller allowed.
     Timeout(&'static str),
+    /// The peer turned a connection (or UD service request) down: its
+    /// reason and private data ([`cm::connect`], [`cm::resolve_ud`]).
+    Rejected(cm::Rejection),
 }
 
 impl std::fmt::Display for Error {
@@ -124,6 +127,7 @@ impl std::fmt::Display for Error {
                 c.wr_id, c.opcode, c.status, c.status as u32, c.vendor_err
             ),
             Error::Timeout(what) => write!(f, "timed out waiting for {what}"),
+            Error::Rejected(r) => write!(f, "{r}"),
         }
     }
 }

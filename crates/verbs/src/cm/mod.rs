@@ -21,6 +21,12 @@
 //! services answered with Q_Key `0x01234567` (`RDMA_UDP_QKEY`).
 
 mod agent;
+mod blocking;
+
+pub use blocking::{
+    connect, ready_ud, resolve_ud, CmOptions, Connection, Listener, Rejection, Request, UdListener,
+    UdPeer, UdRequest,
+};
 
 pub(crate) use agent::Agent;
 use agent::State;
@@ -291,6 +297,15 @@ struct ChanInner {
 /// it can sit in any poll or epoll set. A handle: clones name one channel.
 #[derive(Clone)]
 pub struct EventChannel(Arc<ChanInner>);
+
+impl std::fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("fd", &self.fd())
+            .field("pending", &self.pending())
+            .finish()
+    }
+}
 
 impl EventChannel {
     /// A new channel (`rdma_create_event_channel`).

@@ -194,6 +194,10 @@ pub struct Args {
     /// Verify every byte that moved (both sides must be softrdma with --check).
     #[arg(long)]
     pub check: bool,
+    /// Connect the QPs with rdma_cm, and exchange the test's parameters over
+    /// an rdma_cm connection of their own instead of TCP (perftest's -R).
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
     /// Impairments at the IO layer, e.g. loss=0.05,reorder=0.05,dup=0.01,corrupt=0.001,seed=7.
     #[arg(long)]
     pub fault: Option<FaultConfig>,
@@ -276,6 +280,7 @@ pub struct Params {
     pub events: bool,
     pub gbits: bool,
     pub check: bool,
+    pub rdma_cm: bool,
     pub no_peak: bool,
 }
 
@@ -415,6 +420,7 @@ impl Params {
             events: a.events,
             gbits: a.report_gbits,
             check: a.check,
+            rdma_cm: a.rdma_cm,
             no_peak: a.duration.is_some() || (t.is_bw() && iters > 20000),
         })
     }
@@ -426,42 +432,76 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         return loopback(&a);
     }
     let client = a.host.is_some();
-    let chan = match &a.host {
-        Some(h) => {
-            let ip = resolve(h)?;
-            oob::Channel::connect(
-                ip,
+    if a.rdma_cm && p.conn == QpType::Uc {
+        println!("{}", report::RESULT_LINE);
+        println!(" UC is not supported in librdmacm");
+        return Ok(ExitCode::from(1));
+    }
+    if a.rdma_cm && p.conn == QpType::Ud {
+        return Err(" -R with UD: not yet supported by softrdma perf (RC only)".into());
+    }
+    let patience = Duration::from_secs(if a.loopback { 20 } else { 2 });
+    let mut ctx = None;
+    let (chan, dev) = if a.rdma_cm {
+        // The device first: the exchange itself runs on it.
+        let dev = match (&a.device, &a.host) {
+            (Some(n), _) => softrdma_verbs::by_name(n)?,
+            (None, Some(h)) => softrdma_verbs::by_addr(softrdma_verbs::route_source(resolve(h)?)?)?,
+            (None, None) => softrdma_verbs::devices()?
+                .into_iter()
+                .next()
+                .ok_or("no softrdma device")?,
+        };
+        // One context for the exchange and the data QPs: rdma_cm keeps a
+        // port it listened on steered to the device that listened.
+        let c = softrdma_verbs::Context::open(&dev, &open_options(&a))?;
+        let chan = match &a.host {
+            Some(h) => oob::Channel::connect_cm(
+                &c,
+                resolve(h)?,
                 a.port,
-                Duration::from_secs(if a.loopback { 20 } else { 2 }),
-            )?
-        }
-        None => {
-            if !a.tsv {
-                println!("\n************************************");
-                println!("* Waiting for client to connect... *");
-                println!("************************************");
+                patience.max(Duration::from_secs(20)),
+            )?,
+            None => {
+                if !a.tsv {
+                    println!("\n************************************");
+                    println!("* Waiting for client to connect... *");
+                    println!("************************************");
+                }
+                oob::Channel::listen_cm(&c, a.port)?
             }
-            oob::Channel::listen(a.port)?
-        }
+        };
+        ctx = Some(c);
+        (chan, dev)
+    } else {
+        let chan = match &a.host {
+            Some(h) => {
+                let ip = resolve(h)?;
+                oob::Channel::connect(ip, a.port, patience)?
+            }
+            None => {
+                if !a.tsv {
+                    println!("\n************************************");
+                    println!("* Waiting for client to connect... *");
+                    println!("************************************");
+                }
+                oob::Channel::listen(a.port)?
+            }
+        };
+        // Device: named, or the one whose address this connection uses.
+        let dev = match &a.device {
+            Some(n) => softrdma_verbs::by_name(n)?,
+            None if client => {
+                softrdma_verbs::by_addr(softrdma_verbs::route_source(chan.peer_ip()?)?)?
+            }
+            None => softrdma_verbs::by_addr(chan.local_ip()?)?,
+        };
+        (chan, dev)
     };
-    // Device: named, or the one whose address this connection uses.
-    let dev = match &a.device {
-        Some(n) => softrdma_verbs::by_name(n)?,
-        None if client => softrdma_verbs::by_addr(softrdma_verbs::route_source(chan.peer_ip()?)?)?,
-        None => softrdma_verbs::by_addr(chan.local_ip()?)?,
-    };
-    let opts = softrdma_verbs::OpenOptions {
-        fault: a.fault,
-        pcap: a.pcap.clone(),
-        port_mtu: None,
-        transport: a.transport.map(TransportArg::verbs),
-        cc: a
-            .cc
-            .as_deref()
-            .map(|n| softrdma_core::cc::CcConfig::parse(n).expect("clap checked the spec")),
-        selective_repeat: a.recovery.as_deref().map(|r| r == "sr"),
-    };
-    let out = setup::run_test(&p, &dev, &opts, chan, a.tsv)?;
+    let mut chan = chan;
+    chan.port = a.port;
+    let opts = open_options(&a);
+    let out = setup::run_test(&p, &dev, &opts, ctx, chan, a.tsv)?;
     *LAST_TRANSPORT.lock().unwrap() = out.transport;
     if a.stats {
         println!("{}", out.stats);
@@ -522,6 +562,20 @@ fn loopback(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         return Ok(ExitCode::from(1));
     }
     Ok(code)
+}
+
+fn open_options(a: &Args) -> softrdma_verbs::OpenOptions {
+    softrdma_verbs::OpenOptions {
+        fault: a.fault,
+        pcap: a.pcap.clone(),
+        port_mtu: None,
+        transport: a.transport.map(TransportArg::verbs),
+        cc: a
+            .cc
+            .as_deref()
+            .map(|n| softrdma_core::cc::CcConfig::parse(n).expect("clap checked the spec")),
+        selective_repeat: a.recovery.as_deref().map(|r| r == "sr"),
+    }
 }
 
 fn cpu_seconds(who: libc::c_int) -> f64 {
@@ -594,6 +648,9 @@ fn server_args(a: &Args, port: u16) -> Vec<String> {
     }
     if a.check {
         v.push("--check".into());
+    }
+    if a.rdma_cm {
+        v.push("-R".into());
     }
     if a.report_gbits {
         v.push("--report_gbits".into());

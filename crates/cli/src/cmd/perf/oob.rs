@@ -10,8 +10,34 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use softrdma_verbs::{
+    cm, AccessFlags, Context, Cq, Mr, Pd, Qp, QpAttr, QpInitAttr, QpState, QpType,
+};
+
 /// The version we announce; perftest refuses peers below 5.70.
 const VERSION: &str = "6.06";
+
+/// `cm::connect`, again while the service is not listened on yet (the
+/// REQ answered "invalid service ID") until `deadline`: perftest's client
+/// may start before its server.
+pub fn connect_retrying(
+    ctx: &Context,
+    to: SocketAddr,
+    qp: &Qp,
+    opts: &cm::CmOptions,
+    deadline: Instant,
+) -> softrdma_verbs::Result<cm::Connection> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let o = opts.clone().with_timeout(left.max(Duration::from_secs(5)));
+        match cm::connect(ctx, to, qp, &[], &o) {
+            Err(softrdma_verbs::Error::Rejected(r)) if r.no_listener() && !left.is_zero() => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
+}
 
 /// One QP's connection record (`struct pingpong_dest` on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -82,8 +108,91 @@ fn bad(msg: &str) -> io::Error {
 
 /// The TCP channel to the peer.
 pub struct Channel {
-    s: TcpStream,
+    s: Link,
     pub client: bool,
+    /// The port the test runs on (`-p`); with `-R` the data QPs connect
+    /// to it too.
+    pub port: u16,
+}
+
+/// What carries the exchange: perftest's TCP socket, or (`-R`) an RC
+/// connection of its own made through rdma_cm, one SEND each way per
+/// message, as perftest's `comm->rdma_ctx` (`rdma_write_data`,
+/// `rdma_read_data`).
+enum Link {
+    Tcp(TcpStream),
+    Cm(Box<CmLink>),
+}
+
+/// The control connection of `-R`. Fields drop in order: the CM state
+/// first (its DREQ), then the QP and what it uses.
+struct CmLink {
+    conn: cm::Connection,
+    qp: Qp,
+    cq: Cq,
+    mr: Mr,
+    _pd: Pd,
+}
+
+/// Where the control connection's receive lands and its send comes from.
+const CM_RECV: usize = 0;
+const CM_SEND: usize = 4096;
+const CM_BUF: usize = 8192;
+
+impl CmLink {
+    fn open(ctx: &Context) -> io::Result<(Pd, Qp, Cq, Mr)> {
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(4, None).map_err(verr)?;
+        let qp = pd
+            .create_qp(&QpInitAttr::new(QpType::Rc, &cq))
+            .map_err(verr)?;
+        let mr = pd
+            .alloc_mr(CM_BUF, AccessFlags::LOCAL_WRITE)
+            .map_err(verr)?;
+        let a = QpAttr {
+            port_num: 1,
+            qp_access_flags: AccessFlags::LOCAL_WRITE,
+            ..Default::default()
+        };
+        qp.modify_to(QpState::Init, &a).map_err(verr)?;
+        qp.recv(2, mr.slice(CM_RECV..CM_SEND).map_err(verr)?)
+            .map_err(verr)?;
+        Ok((pd, qp, cq, mr))
+    }
+
+    fn write(&self, mine: &[u8]) -> io::Result<()> {
+        self.mr.write(CM_SEND, mine);
+        self.qp
+            .send(
+                1,
+                self.mr.slice(CM_SEND..CM_SEND + mine.len()).map_err(verr)?,
+            )
+            .map_err(verr)?;
+        self.cq.wait(1, None).map_err(verr)?;
+        Ok(())
+    }
+
+    fn read(&self, theirs: &mut [u8]) -> io::Result<()> {
+        let c = self.cq.wait(2, None).map_err(verr)?;
+        if c.byte_len as usize != theirs.len() {
+            return Err(bad(&format!(
+                "the peer's rdma_cm message is {} bytes, {} expected",
+                c.byte_len,
+                theirs.len()
+            )));
+        }
+        self.mr.read(CM_RECV, theirs);
+        self.qp
+            .recv(2, self.mr.slice(CM_RECV..CM_SEND).map_err(verr)?)
+            .map_err(verr)
+    }
+}
+
+fn verr(e: softrdma_verbs::Error) -> io::Error {
+    match e {
+        softrdma_verbs::Error::Io(e) => e,
+        e => io::Error::other(e.to_string()),
+    }
 }
 
 /// Values both sides settle in the prologue.
@@ -103,7 +212,11 @@ impl Channel {
         })?;
         let (s, _) = l.accept()?;
         s.set_nodelay(true)?;
-        Ok(Channel { s, client: false })
+        Ok(Channel {
+            s: Link::Tcp(s),
+            client: false,
+            port: 0,
+        })
     }
 
     /// Connect to a server, retrying for `patience` while it starts.
@@ -113,7 +226,11 @@ impl Channel {
             match TcpStream::connect(SocketAddr::new(host, port)) {
                 Ok(s) => {
                     s.set_nodelay(true)?;
-                    return Ok(Channel { s, client: true });
+                    return Ok(Channel {
+                        s: Link::Tcp(s),
+                        client: true,
+                        port,
+                    });
                 }
                 Err(e) if start.elapsed() < patience => {
                     let _ = e;
@@ -130,22 +247,108 @@ impl Channel {
     }
 
     /// Local address of the connection: a server picks its device by it.
+    /// `-R`: take perftest's control connection through rdma_cm on
+    /// `dev`, at `port` (the listener goes away once connected, as
+    /// perftest's `rdma_server_connect` leaves the port for the data QPs).
+    pub fn listen_cm(ctx: &Context, port: u16) -> io::Result<Channel> {
+        let dev = ctx.device();
+        let (pd, qp, cq, mr) = CmLink::open(ctx)?;
+        let l = cm::Listener::bind(ctx, SocketAddr::new(dev.addr, port)).map_err(|e| {
+            io::Error::other(format!("cannot listen with rdma_cm on port {port}: {e}"))
+        })?;
+        let opts = cm::CmOptions::default().with_timeout(Duration::from_secs(30));
+        let conn = loop {
+            let req = match l.next_request(Duration::from_secs(3600)) {
+                Ok(r) => r,
+                Err(softrdma_verbs::Error::Timeout(_)) => continue,
+                Err(e) => return Err(verr(e)),
+            };
+            break req.accept(&qp, &[], &opts).map_err(verr)?;
+        };
+        drop(l);
+        Ok(Channel {
+            s: Link::Cm(Box::new(CmLink {
+                conn,
+                qp,
+                cq,
+                mr,
+                _pd: pd,
+            })),
+            client: false,
+            port: 0,
+        })
+    }
+
+    /// `-R`, the client: connect the control connection through rdma_cm,
+    /// retrying for `patience` while nobody listens yet.
+    pub fn connect_cm(
+        ctx: &Context,
+        host: IpAddr,
+        port: u16,
+        patience: Duration,
+    ) -> io::Result<Channel> {
+        let start = Instant::now();
+        let (pd, qp, cq, mr) = CmLink::open(ctx)?;
+        let to = SocketAddr::new(host, port);
+        let conn = connect_retrying(ctx, to, &qp, &cm::CmOptions::default(), start + patience)
+            .map_err(|e| io::Error::other(format!("rdma_cm connect to {to} failed: {e}")))?;
+        Ok(Channel {
+            s: Link::Cm(Box::new(CmLink {
+                conn,
+                qp,
+                cq,
+                mr,
+                _pd: pd,
+            })),
+            client: true,
+            port: 0,
+        })
+    }
+
     pub fn local_ip(&self) -> io::Result<IpAddr> {
-        Ok(self.s.local_addr()?.ip())
+        match &self.s {
+            Link::Tcp(s) => Ok(s.local_addr()?.ip()),
+            Link::Cm(c) => c
+                .conn
+                .local_addr()
+                .map(|a| a.ip())
+                .ok_or_else(|| bad("the rdma_cm connection has no local address")),
+        }
     }
 
     pub fn peer_ip(&self) -> io::Result<IpAddr> {
-        Ok(self.s.peer_addr()?.ip())
+        match &self.s {
+            Link::Tcp(s) => Ok(s.peer_addr()?.ip()),
+            Link::Cm(c) => c
+                .conn
+                .peer_addr()
+                .map(|a| a.ip())
+                .ok_or_else(|| bad("the rdma_cm connection has no peer address")),
+        }
+    }
+
+    fn write(&mut self, mine: &[u8]) -> io::Result<()> {
+        match &mut self.s {
+            Link::Tcp(s) => s.write_all(mine),
+            Link::Cm(c) => c.write(mine),
+        }
+    }
+
+    fn read(&mut self, theirs: &mut [u8]) -> io::Result<()> {
+        match &mut self.s {
+            Link::Tcp(s) => s.read_exact(theirs),
+            Link::Cm(c) => c.read(theirs),
+        }
     }
 
     /// One lock-step exchange of equal-size messages.
     pub fn xchg(&mut self, mine: &[u8], theirs: &mut [u8]) -> io::Result<()> {
         if self.client {
-            self.s.write_all(mine)?;
-            self.s.read_exact(theirs)
+            self.write(mine)?;
+            self.read(theirs)
         } else {
-            self.s.read_exact(theirs)?;
-            self.s.write_all(mine)
+            self.read(theirs)?;
+            self.write(mine)
         }
         .map_err(|e| {
             io::Error::new(
@@ -219,11 +422,17 @@ impl Channel {
     /// perftest's close: a last handshake, then "done" (never read back).
     pub fn close(mut self, mine: &Dest) -> io::Result<()> {
         self.handshake(mine)?;
-        self.s.write_all(b"done\0")?;
-        let _ = self.s.shutdown(std::net::Shutdown::Write);
-        let _ = self.s.set_read_timeout(Some(Duration::from_millis(200)));
+        let s = match &mut self.s {
+            Link::Tcp(s) => s,
+            // perftest's rdma_cm exchange ends with the handshake; the
+            // connection's DREQ follows when it is dropped.
+            Link::Cm(_) => return Ok(()),
+        };
+        s.write_all(b"done\0")?;
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
         let mut sink = [0u8; 64];
-        while let Ok(n) = self.s.read(&mut sink) {
+        while let Ok(n) = s.read(&mut sink) {
             if n == 0 {
                 break;
             }

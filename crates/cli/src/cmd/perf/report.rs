@@ -94,6 +94,8 @@ pub struct Banner<'a> {
     pub inline: u32,
     pub outstand_reads: Option<u32>,
     pub events: bool,
+    /// `-R`: the QPs connected, and the parameters exchanged, by rdma_cm.
+    pub rdma_cm: bool,
 }
 
 impl Banner<'_> {
@@ -128,8 +130,13 @@ impl Banner<'_> {
             let _ = writeln!(o, " Outstand reads  : {}", r);
         }
         let _ = writeln!(o, " Max inline data : {}[B]", self.inline);
-        let _ = writeln!(o, " rdma_cm QPs\t : OFF");
-        let _ = writeln!(o, " Data ex. method : Ethernet");
+        if self.rdma_cm {
+            let _ = writeln!(o, " rdma_cm QPs\t : ON");
+            let _ = writeln!(o, " Data ex. method : rdma_cm");
+        } else {
+            let _ = writeln!(o, " rdma_cm QPs\t : OFF");
+            let _ = writeln!(o, " Data ex. method : Ethernet");
+        }
         if self.events {
             let _ = writeln!(o, " Using Events    : ON");
         }

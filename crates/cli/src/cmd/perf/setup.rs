@@ -148,6 +148,7 @@ pub fn run_test(
     p: &Params,
     dev: &DeviceInfo,
     opts: &OpenOptions,
+    ctx: Option<Context>,
     mut chan: Channel,
     quiet: bool,
 ) -> Result<Outcome, Box<dyn std::error::Error>> {
@@ -163,7 +164,11 @@ pub fn run_test(
         return Err(" Max message size in UD cannot be greater than MTU".into());
     }
 
-    let ctx = Context::open(dev, opts)?;
+    // -R: the context the exchange already runs on.
+    let ctx = match ctx {
+        Some(c) => c,
+        None => Context::open(dev, opts)?,
+    };
     let pd = ctx.alloc_pd();
     let slice = inc((p.buf_size as usize).max(cycle), cl);
     let ud_extra = if p.conn == QpType::Ud { cl } else { 0 };
@@ -270,6 +275,7 @@ pub fn run_test(
             AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS
         };
         a.qp_state = QpState::Init;
+        // -R: rdma_cm moves the QP (from INIT on, as rdma_create_qp leaves it).
         qp.modify(&a, mask)?;
         qps.push(qp);
     }
@@ -346,12 +352,47 @@ pub fn run_test(
         inline: p.inline,
         outstand_reads: matches!(verb, Verb::Read | Verb::Atomic).then_some(p.outs as u32),
         events: p.events,
+        rdma_cm: p.rdma_cm,
     };
     let say = |s: &str| {
         if !quiet {
             println!("{s}");
         }
     };
+
+    // -R: the data QPs connect through rdma_cm before the exchange of
+    // their records (perftest's create_rdma_cm_connection), to the test's
+    // port, which the control connection's listener has left.
+    let mut _conns = Vec::new();
+    if p.rdma_cm {
+        let o = cm::CmOptions {
+            timeout: std::time::Duration::from_secs(30),
+            responder_resources: out_reads.min(16) as u8,
+            initiator_depth: out_reads.min(16) as u8,
+            ..Default::default()
+        };
+        if client {
+            let to = std::net::SocketAddr::new(chan.peer_ip()?, chan.port);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            for qp in &r.qps {
+                _conns.push(
+                    super::oob::connect_retrying(&r.ctx, to, qp, &o, deadline).map_err(|e| {
+                        format!(" rdma_cm connect of a data QP to {to} failed: {e}")
+                    })?,
+                );
+            }
+        } else {
+            let at = std::net::SocketAddr::new(dev.addr, chan.port);
+            let l = cm::Listener::bind(&r.ctx, at)
+                .map_err(|e| format!(" rdma_cm listen at {at} failed: {e}"))?;
+            for qp in &r.qps {
+                _conns.push(
+                    l.accept(qp, &[], &o)
+                        .map_err(|e| format!(" rdma_cm accept of a data QP failed: {e}"))?,
+                );
+            }
+        }
+    }
 
     // The message sequence of each test (perftest 4.5, see oob.rs).
     let lat_leading = matches!(p.test, Test::WriteLat | Test::ReadLat | Test::AtomicLat);
@@ -366,7 +407,9 @@ pub fn run_test(
     }
     let rts = !p.test.is_bw() || client;
     for i in 0..n {
-        connect(&r, i, rts, p)?;
+        if !p.rdma_cm {
+            connect(&r, i, rts, p)?;
+        }
     }
     if p.test == Test::SendBw || p.test == Test::SendLat {
         chan.handshake(&mine[0])?;

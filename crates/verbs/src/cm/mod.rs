@@ -397,7 +397,8 @@ impl Cm {
 struct Agreed {
     peer_gid: [u8; 16],
     peer_qpn: u32,
-    /// The PSN the peer sends from (our RQ PSN).
+    /// The Starting PSN of the peer's REQ or REP: the PSN our sends start
+    /// from (our SQ PSN; see [`IdState::psn`]).
     peer_psn: u32,
     /// max_dest_rd_atomic and max_rd_atomic.
     responder_resources: u8,
@@ -439,7 +440,12 @@ struct IdState {
     /// (device, service) pairs a listening ID takes REQs for.
     listening: Vec<(Cm, u64)>,
     comm: Option<u32>,
-    /// Our starting PSN (the QP's SQ PSN), chosen at connect or accept.
+    /// The Starting PSN of our REQ or REP, chosen at creation: the PSN the
+    /// peer's sends start from, so our QP's RQ PSN. This is how the
+    /// kernel's IB CM reads the field: the active side's RQ PSN is its
+    /// REQ's Starting PSN and its SQ PSN the REP's, the passive side's the
+    /// other way round (`cm_init_qp_rtr_attr`/`cm_init_qp_rts_attr`;
+    /// crates/wire/tests/golden/cm/README.md, section 4).
     psn: u32,
     agreed: Agreed,
     tos: Option<u8>,
@@ -1128,8 +1134,9 @@ impl CmId {
 
     /// `rdma_init_qp_attr`: the attributes (and mask) that move the ID's
     /// QP to `state` — INIT (port, P_Key index, access or Q_Key), RTR
-    /// (path, peer QP, its PSN, responder resources) or RTS (our PSN,
-    /// timeouts and retries, initiator depth).
+    /// (path, peer QP, the RQ PSN we offered, responder resources) or RTS
+    /// (the SQ PSN the peer offered, timeouts and retries, initiator
+    /// depth).
     pub fn init_qp_attr(&self, state: QpState) -> Result<(QpAttr, AttrMask)> {
         let s = self.st();
         let ud = s.qp_type == QpType::Ud;
@@ -1164,7 +1171,7 @@ impl CmId {
                 }
                 attr.path_mtu = mtu_of(a.path_mtu);
                 attr.dest_qp_num = a.peer_qpn;
-                attr.rq_psn = a.peer_psn;
+                attr.rq_psn = s.psn;
                 attr.av = AddressVector {
                     dgid: a.peer_gid,
                     sgid_index: 0,
@@ -1190,7 +1197,7 @@ impl CmId {
                 if !matches!(s.phase, Phase::Connecting | Phase::Connected) || a.peer_qpn == 0 {
                     return Err(inval("the ID has no peer yet (no REQ or REP)"));
                 }
-                attr.sq_psn = s.psn;
+                attr.sq_psn = a.peer_psn;
                 if rc {
                     attr.timeout = a.ack_timeout;
                     attr.retry_cnt = a.retry_count;

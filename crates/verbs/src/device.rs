@@ -168,6 +168,49 @@ pub fn interface_of(ip: IpAddr) -> Option<String> {
         .map(|(name, _)| name)
 }
 
+/// The MTU of the network interface that holds local address `ip`
+/// (`SIOCGIFMTU`); `None` if no interface has it.
+pub fn interface_mtu(ip: IpAddr) -> Option<u32> {
+    let name = interface_of(ip)?;
+    let bytes = name.as_bytes();
+    if bytes.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: an all-zero ifreq is valid (a name and a union of integers).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: a plain datagram socket, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFMTU reads the NUL-terminated name of `req` and writes
+    // its `ifru_mtu`; `req` outlives the call.
+    let r = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) };
+    // SAFETY: `fd` is ours, closed once.
+    unsafe { libc::close(fd) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFMTU filled in the union's MTU member.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    u32::try_from(mtu).ok()
+}
+
+/// The largest IB MTU whose RoCEv2 packets fit an Ethernet MTU of
+/// `netdev_mtu` bytes, as the kernel derives a RoCE path MTU
+/// (`iboe_get_mtu`: the MTU less GRH, UDP, BTH, XRC and AtomicETH headers
+/// and the ICRC, 96 bytes): 1500 gives 1024, 9000 gives 4096.
+pub fn roce_mtu(netdev_mtu: u32) -> Option<crate::Mtu> {
+    let room = netdev_mtu.checked_sub(40 + 8 + 12 + 4 + 28 + 4)?;
+    crate::Mtu::ALL
+        .into_iter()
+        .rev()
+        .find(|m| m.bytes() <= room)
+}
+
 /// Every address of every interface, with the interface's name, in
 /// `getifaddrs` order.
 fn interfaces() -> Vec<(String, IpAddr)> {
@@ -236,6 +279,15 @@ mod tests {
             "{e}"
         );
         assert!(parse_list("justaname").is_err());
+        // rxe's active MTUs: 1500 -> 1024, 9000 -> 4096 (the rxe peer's
+        // Ethernet MTUs), loopback's 65536 -> 4096.
+        assert_eq!(roce_mtu(1500), Some(crate::Mtu::B1024));
+        assert_eq!(roce_mtu(2144), Some(crate::Mtu::B2048));
+        assert_eq!(roce_mtu(2143), Some(crate::Mtu::B1024));
+        assert_eq!(roce_mtu(9000), Some(crate::Mtu::B4096));
+        assert_eq!(roce_mtu(65536), Some(crate::Mtu::B4096));
+        assert_eq!(roce_mtu(300), None);
+        assert_eq!(interface_mtu("127.0.0.1".parse().unwrap()), Some(65536));
         assert_eq!(
             gid_to_ip(ip_to_gid("10.1.2.3".parse().unwrap())),
             "10.1.2.3".parse::<IpAddr>().unwrap()

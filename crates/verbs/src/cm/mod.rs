@@ -864,7 +864,7 @@ impl CmId {
         let service = w::service::id(ps.code(), dst.port());
         let hdr = CmaHdr { src, dst: dst.ip() };
         let a = dev.0.clone();
-        let mtu = mtu_code(a.eng_port_mtu());
+        let mtu = mtu_code(a.path_mtu());
         let resp = clamp_rd(param.responder_resources);
         let init = clamp_rd(param.initiator_depth);
         let ack_timeout = ack.unwrap_or(DEFAULT_ACK_TIMEOUT);
@@ -1279,7 +1279,7 @@ impl CmId {
                 // The peer's initiator depth is what it asks us to serve.
                 responder_resources: clamp_rd(req.initiator_depth),
                 initiator_depth: clamp_rd(req.responder_resources),
-                path_mtu: req.path_mtu.min(mtu_code(a.eng_port_mtu())),
+                path_mtu: req.path_mtu.min(mtu_code(a.path_mtu())),
                 retry_count: req.retry_count,
                 rnr_retry_count: req.rnr_retry_count,
                 ack_timeout: req.primary.local_ack_timeout,
@@ -1559,7 +1559,16 @@ const MIN_RNR_TIMER: u8 = 12;
 const PACKET_RATE: u8 = 0;
 
 impl Agent {
-    fn eng_port_mtu(&self) -> Mtu {
-        self.eng.lock().ep.config().port_mtu
+    /// The path MTU this device offers: its port's active MTU, at most
+    /// the largest that fits the MTU of the interface its address is on,
+    /// as the kernel's rdma_cm sets a RoCE path's (`iboe_get_mtu` of the
+    /// netdev's MTU). A REQ for 4096 from a device on a 1500-byte link
+    /// would have a kernel peer send 4096-byte payloads it cannot carry.
+    fn path_mtu(&self) -> Mtu {
+        let port = self.eng.lock().ep.config().port_mtu;
+        match crate::device::interface_mtu(self.addr).and_then(crate::device::roce_mtu) {
+            Some(link) => port.min(link),
+            None => port,
+        }
     }
 }

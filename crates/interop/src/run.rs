@@ -18,6 +18,12 @@ pub struct Env {
     pub out: PathBuf,
     /// rxe's path MTU at this boot (1024 or 4096).
     pub path_mtu: u32,
+    /// `XDG_RUNTIME_DIR` of our programs: where softrdma keeps the port
+    /// steering state of an address (mode 0700). The suite's own, so that
+    /// another softrdma on this host using the same address in another
+    /// network namespace (another rxe peer's 10.91.47.1) shares nothing
+    /// with it.
+    pub rundir: PathBuf,
 }
 
 impl Env {
@@ -68,6 +74,25 @@ impl Outcome {
 }
 
 const PORT: u16 = 18515;
+/// rping's default port (its `-p`).
+const RPING_PORT: u16 = 7174;
+/// rping's default buffer size (its `-S`).
+const RPING_SIZE: u32 = 64;
+
+/// Whether the program pair connects by rdma_cm (its listener is an
+/// rdma_cm ID, not a TCP socket).
+fn by_rdma_cm(c: &Combo) -> bool {
+    matches!(c.program, Program::Rping | Program::LibraryCm(_))
+}
+
+/// The port a server listens on: TCP for the verbs tools' exchange, the
+/// rdma_cm port (RDMA_PS_TCP) for rping and perftest -R.
+fn port_of(c: &Combo) -> u16 {
+    match c.program {
+        Program::Rping => RPING_PORT,
+        _ => PORT,
+    }
+}
 
 /// Markers of a failure in either program's output.
 const BAD: [&str; 8] = [
@@ -108,8 +133,21 @@ fn limit_for(c: &Combo) -> Duration {
     })
 }
 
-/// The VM-side command line.
-fn vm_cmd(c: &Combo, env: &Env, host: Option<&str>) -> String {
+/// rping's command line (after `rping`): `-s -a <own address>` as the
+/// server, `-c -a <server>` as the client.
+fn rping_args(c: &Combo, server: bool, addr: &str) -> Vec<String> {
+    let mut v: Vec<String> = vec![if server { "-s" } else { "-c" }.into()];
+    v.extend(["-a".into(), addr.into(), "-v".into()]);
+    v.extend(["-C".into(), c.iters.to_string()]);
+    if let Some(size) = c.size {
+        v.extend(["-S".into(), size.to_string()]);
+    }
+    v
+}
+
+/// The VM-side command line; `vm` is the VM's own address (an rping
+/// server binds it).
+fn vm_cmd(c: &Combo, env: &Env, host: Option<&str>, vm: &str) -> String {
     let gid = match c.gid {
         Gid::V4 => 1,
         Gid::V6 => 0,
@@ -118,7 +156,14 @@ fn vm_cmd(c: &Combo, env: &Env, host: Option<&str>) -> String {
         Program::Perf(t) | Program::RxePair(t) | Program::Library(t) => {
             format!("ib_{t} -d rxe0 -F -x {gid} -n {}", c.iters)
         }
+        Program::LibraryCm(t) => format!("ib_{t} -R -d rxe0 -F -x {gid} -n {}", c.iters),
         Program::Pingpong(t) => format!("ibv_{t}_pingpong -d rxe0 -g {gid} -n {} -c", c.iters),
+        Program::Rping => {
+            return format!(
+                "rping {}",
+                rping_args(c, host.is_none(), host.unwrap_or(vm)).join(" ")
+            )
+        }
     };
     for f in common_flags(c, env) {
         s.push(' ');
@@ -156,8 +201,12 @@ fn common_flags(c: &Combo, env: &Env) -> Vec<String> {
     v
 }
 
-/// Our command line (after `softrdma`).
-fn our_args(c: &Combo, env: &Env, host: Option<&str>, seed: u64) -> Vec<String> {
+/// Our command line (after `softrdma`, or the program on our libraries);
+/// `me` is our own address (an rping server binds it).
+fn our_args(c: &Combo, env: &Env, host: Option<&str>, seed: u64, me: &str) -> Vec<String> {
+    if c.program == Program::Rping {
+        return rping_args(c, host.is_none(), host.unwrap_or(me));
+    }
     let mut v: Vec<String> = match c.program {
         Program::Perf(t) => vec![
             "perf".into(),
@@ -182,7 +231,9 @@ fn our_args(c: &Combo, env: &Env, host: Option<&str>, seed: u64) -> Vec<String> 
             "0".into(),
             "-F".into(),
         ],
-        Program::RxePair(_) => unreachable!("no softrdma side"),
+        // rdma_cm picks the device and GID by address.
+        Program::LibraryCm(_) => vec!["-R".into(), "-d".into(), "srdma4".into(), "-F".into()],
+        Program::RxePair(_) | Program::Rping => unreachable!("handled above"),
     };
     v.push("-n".into());
     v.push(c.iters.to_string());
@@ -204,6 +255,55 @@ fn our_args(c: &Combo, env: &Env, host: Option<&str>, seed: u64) -> Vec<String> 
         v.push(h.into());
     }
     v
+}
+
+/// rping -v's ping lines (`ping data: ` on the client, `server ping data:
+/// ` on the server) checked byte for byte: the client must print `iters`
+/// pings, each `rdma-ping-<i>: ` and then rping's pattern (`'A' + i`
+/// onwards, `'A'..='z'` wrapping) to fill the buffer but its last byte, so
+/// `size - 1` characters a line; and the server must print the same lines
+/// (what it READ from the client is what the client got back by the
+/// server's WRITE). What is wrong, if anything.
+pub fn check_pings(server: &str, client: &str, iters: usize, size: usize) -> Vec<String> {
+    let pings = |text: &str, prefix: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .map(str::to_string)
+            .collect()
+    };
+    let cp = pings(client, "ping data: ");
+    let sp = pings(server, "server ping data: ");
+    let mut bad = Vec::new();
+    if cp.len() != iters {
+        bad.push(format!(
+            "the rping client printed {} pings, expected {iters}",
+            cp.len()
+        ));
+    }
+    for (i, l) in cp.iter().enumerate() {
+        let want: String = format!("rdma-ping-{i}: ")
+            .chars()
+            .chain((0..).map(|k| (b'A' + ((i + k) % 58) as u8) as char))
+            .take(size.saturating_sub(1))
+            .collect();
+        if *l != want {
+            bad.push(format!(
+                "rping client's ping {i} is not rping's pattern at -S {size}: {:?}",
+                l.chars().take(80).collect::<String>()
+            ));
+            break;
+        }
+    }
+    if sp != cp {
+        let at = sp.iter().zip(&cp).position(|(a, b)| a != b);
+        bad.push(format!(
+            "the rping server printed {} pings, not the client's {} (first difference: ping {})",
+            sp.len(),
+            cp.len(),
+            at.map_or("-".into(), |i| i.to_string())
+        ));
+    }
+    bad
 }
 
 /// Rows of perftest's result table in `text` (each row's numbers).
@@ -331,17 +431,19 @@ pub fn run(peer: &Peer, env: &Env, c: &Combo, idx: usize) -> Outcome {
     let lines = match c.program {
         Program::RxePair(_) => format!(
             "VM 1: {}\nVM 2: {}",
-            vm_cmd(c, env, None),
-            vm_cmd(c, env, Some(&vm1.ip))
+            vm_cmd(c, env, None, &vm1.ip),
+            vm_cmd(c, env, Some(&vm1.ip), &peer.vms[1].ip)
         ),
         _ => format!(
             "VM 1: {}\nours: {} {}",
-            vm_cmd(c, env, vm_host),
+            vm_cmd(c, env, vm_host, &vm1.ip),
             match c.program {
-                Program::Library(t) => format!("LD_LIBRARY_PATH={} ib_{t}", env.libibverbs_dir()),
+                Program::Library(t) | Program::LibraryCm(t) =>
+                    format!("LD_LIBRARY_PATH={} ib_{t}", env.libibverbs_dir()),
+                Program::Rping => format!("LD_LIBRARY_PATH={} rping", env.libibverbs_dir()),
                 _ => "softrdma".to_string(),
             },
-            our_args(c, env, our_host, idx as u64).join(" ")
+            our_args(c, env, our_host, idx as u64, &peer.host_ip).join(" ")
         ),
     };
     let _ = std::fs::write(
@@ -386,7 +488,7 @@ pub fn run(peer: &Peer, env: &Env, c: &Combo, idx: usize) -> Outcome {
         .find(|l| l.contains("softrdma counters:"))
         .map(|l| l.trim().to_string());
     match c.program {
-        Program::Perf(t) | Program::RxePair(t) | Program::Library(t) => {
+        Program::Perf(t) | Program::RxePair(t) | Program::Library(t) | Program::LibraryCm(t) => {
             // The client measures (a bw server prints the client's report).
             let client_text = match (c.program, c.ours) {
                 (Program::RxePair(_), _) | (_, Ours::Server) => &vm_log,
@@ -418,6 +520,15 @@ pub fn run(peer: &Peer, env: &Env, c: &Combo, idx: usize) -> Outcome {
                 }
             }
         }
+        Program::Rping => {
+            let (server, client) = match c.ours {
+                Ours::Server => (&ours_text, &vm_log),
+                Ours::Client => (&vm_log, &ours_text),
+            };
+            let size = c.size.unwrap_or(RPING_SIZE) as usize;
+            o.problems
+                .extend(check_pings(server, client, c.iters as usize, size));
+        }
     }
     if !o.pass() && !peer.healthy(vm1.n) {
         o.vm_dead = true;
@@ -446,20 +557,34 @@ fn ours_and_vm(
     o: &mut Outcome,
 ) -> (Option<proc::Output>, Option<i32>, String) {
     let vm1 = &peer.vms[0];
+    let port = port_of(c);
+    let listener = if by_rdma_cm(c) {
+        format!("an rdma_cm ID on port {port}")
+    } else {
+        format!("TCP {port}")
+    };
     let ours = |host: Option<&str>| {
-        let args = our_args(c, env, host, seed);
+        let args = our_args(c, env, host, seed, &peer.host_ip);
         let mut cmd = match c.program {
-            Program::Library(t) => {
+            // Debian's programs on our libraries.
+            Program::Library(t) | Program::LibraryCm(t) => {
                 let mut cmd = peer.ns(&[&format!("ib_{t}")]);
+                cmd.env("LD_LIBRARY_PATH", env.libibverbs_dir());
+                cmd
+            }
+            Program::Rping => {
+                let mut cmd = peer.ns(&["rping"]);
                 cmd.env("LD_LIBRARY_PATH", env.libibverbs_dir());
                 cmd
             }
             _ => peer.ns(&[env.softrdma.to_str().expect("utf-8 path")]),
         };
-        cmd.args(&args).env(
-            "SOFTRDMA_DEVICES",
-            format!("srdma4={},srdma6={}", peer.host_ip, peer.host_ll),
-        );
+        cmd.args(&args)
+            .env(
+                "SOFTRDMA_DEVICES",
+                format!("srdma4={},srdma6={}", peer.host_ip, peer.host_ll),
+            )
+            .env("XDG_RUNTIME_DIR", &env.rundir);
         proc::spawn(cmd, limit)
     };
     let mut job: Option<VmJob> = None;
@@ -472,40 +597,70 @@ fn ours_and_vm(
             Ok(mut me) => {
                 let up =
                     proc::wait_until(Duration::from_secs(15), Duration::from_millis(50), || {
-                        peer.ns_listening(PORT) || !me.running()
+                        let l = if by_rdma_cm(c) {
+                            cm_listening(env, &peer.host_ip, port)
+                        } else {
+                            peer.ns_listening(port)
+                        };
+                        l || !me.running()
                     });
                 if up && me.running() {
-                    match peer.spawn_in_vm(vm1.n, tag, &vm_cmd(c, env, Some(&peer.host_ip))) {
+                    let cmd = vm_cmd(c, env, Some(&peer.host_ip), &vm1.ip);
+                    match peer.spawn_in_vm(vm1.n, tag, &cmd) {
                         Ok(j) => job = Some(j),
                         Err(e) => o.problems.push(e),
                     }
                 } else {
                     o.problems
-                        .push("softrdma never listened on TCP 18515".into());
+                        .push(format!("softrdma never listened ({listener})"));
                 }
                 Some(me.wait())
             }
         },
         Ours::Client => {
-            match peer.spawn_in_vm(vm1.n, tag, &vm_cmd(c, env, None)) {
+            match peer.spawn_in_vm(vm1.n, tag, &vm_cmd(c, env, None, &vm1.ip)) {
                 Ok(j) => job = Some(j),
                 Err(e) => o.problems.push(e),
             }
             if job.is_some()
                 && !proc::wait_until(Duration::from_secs(30), Duration::from_millis(100), || {
-                    peer.vm_listening(vm1.n, PORT)
+                    if by_rdma_cm(c) {
+                        peer.vm_cm_listening(vm1.n, port)
+                    } else {
+                        peer.vm_listening(vm1.n, port)
+                    }
                 })
             {
                 o.problems
-                    .push("the VM's program never listened on TCP 18515".into());
+                    .push(format!("the VM's program never listened ({listener})"));
             }
-            match ours(Some(&vm1.ip)) {
+            // perftest -R: see `HeldReq`.
+            let held = match c.program {
+                Program::LibraryCm(_) => match HeldReq::install(peer, &vm1.ip) {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        o.problems.push(e);
+                        None
+                    }
+                },
+                _ => None,
+            };
+            let out = match ours(Some(&vm1.ip)) {
                 Ok(me) => Some(me.wait()),
                 Err(e) => {
                     o.problems.push(format!("cannot start softrdma: {e}"));
                     None
                 }
+            };
+            if let Some(h) = held {
+                let n = h.remove();
+                if n != 1 {
+                    o.problems.push(format!(
+                        "the nft rule held {n} REQs back, expected the test connection's one"
+                    ));
+                }
             }
+            out
         }
     };
     let (code, log) = match &job {
@@ -513,6 +668,87 @@ fn ours_and_vm(
         None => (Some(-1), String::new()),
     };
     (ours_out, code, log)
+}
+
+/// Whether one of our processes listens on rdma_cm port `port`
+/// (RDMA_PS_TCP) at address `ip`: softrdma's port steering lists the
+/// services it takes REQs for in `<rundir>/<ip>-4791.listen`, a line
+/// `listen <slot> <service ID's low 32 bits>` each (crates/udp, steer.rs).
+fn cm_listening(env: &Env, ip: &str, port: u16) -> bool {
+    let want = format!("{:08x}", 0x0106_0000 | port as u32);
+    std::fs::read_to_string(env.rundir.join(format!("{ip}-4791.listen"))).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.starts_with("listen ") && l.ends_with(want.as_str()))
+    })
+}
+
+/// perftest -R with our client against the VM's server: perftest's own
+/// race, which the suite takes out of the way by holding back one REQ.
+///
+/// perftest connects twice: a control connection for its handshake, then
+/// the test connection. Its server listens for the second only after the
+/// handshake, its client connects right after it, so a fast client's REQ
+/// reaches a server that does not listen yet, which the kernel's CM
+/// rejects at once ("invalid service ID"); perftest 4.5's retry after that
+/// REJ reuses the rdma_cm IDs it has just destroyed and fails
+/// (linux-rdma/perftest#93). Against the VM, our client is the fast one:
+/// its REQ came 1 ms after the handshake and the REJ 2 ms later, where a
+/// kernel client in another VM takes 22 ms (golden/cm/cm_write_bw_R).
+///
+/// So an nftables rule in the namespace drops the first transmission of
+/// the second REQ our side sends to the VM (UDP 4791, BTH DestQP 1, MAD
+/// class CM, attribute REQ): our CM sends it again after the CM response
+/// timeout (4.3 s), by then the VM's server listens, and the test
+/// connection comes up through a REQ retransmission the kernel accepts.
+struct HeldReq<'a> {
+    peer: &'a Peer,
+}
+
+const NFT_TABLE: &str = "softrdma_interop_cm";
+
+impl<'a> HeldReq<'a> {
+    fn nft(peer: &Peer, args: &str) -> proc::Output {
+        let mut v = vec!["nft"];
+        v.extend(args.split_whitespace());
+        proc::run(peer.ns(&v), Duration::from_secs(10))
+    }
+
+    fn install(peer: &'a Peer, vm: &str) -> Result<HeldReq<'a>, String> {
+        let _ = Self::nft(peer, &format!("delete table inet {NFT_TABLE}"));
+        for cmd in [
+            format!("add table inet {NFT_TABLE}"),
+            format!("add chain inet {NFT_TABLE} out {{ type filter hook output priority 0 ; }}"),
+            // UDP header 8 bytes, BTH 12, DETH 8, then the MAD: BTH
+            // DestQP at bits 104..128, the MAD's class at 232..240 and its
+            // attribute ID at 352..368 from the UDP header. numgen counts
+            // the REQs only: the first (control) passes, the second is
+            // dropped, its retransmission passes.
+            format!(
+                "add rule inet {NFT_TABLE} out ip daddr {vm} udp dport 4791 \
+                 @th,104,24 1 @th,232,8 0x07 @th,352,16 0x0010 \
+                 numgen inc mod 2 1 counter drop"
+            ),
+        ] {
+            let o = Self::nft(peer, &cmd);
+            if !o.ok() {
+                let _ = Self::nft(peer, &format!("delete table inet {NFT_TABLE}"));
+                return Err(format!("nft {cmd}: {}: {}", o.status(), o.text.trim()));
+            }
+        }
+        Ok(HeldReq { peer })
+    }
+
+    /// Remove the rule; how many REQs it dropped.
+    fn remove(self) -> u64 {
+        let l = Self::nft(self.peer, &format!("list table inet {NFT_TABLE}"));
+        let _ = Self::nft(self.peer, &format!("delete table inet {NFT_TABLE}"));
+        l.text
+            .split("counter packets ")
+            .nth(1)
+            .and_then(|x| x.split_whitespace().next())
+            .and_then(|x| x.parse().ok())
+            .unwrap_or(0)
+    }
 }
 
 /// perftest against perftest between VM 1 (server) and VM 2 (client).
@@ -525,7 +761,7 @@ fn rxe_pair(
     o: &mut Outcome,
 ) -> (Option<proc::Output>, Option<i32>, String) {
     let (vm1, vm2) = (&peer.vms[0], &peer.vms[1]);
-    let srv = match peer.spawn_in_vm(vm1.n, &format!("{tag}-s"), &vm_cmd(c, env, None)) {
+    let srv = match peer.spawn_in_vm(vm1.n, &format!("{tag}-s"), &vm_cmd(c, env, None, &vm1.ip)) {
         Ok(j) => j,
         Err(e) => {
             o.problems.push(e);
@@ -537,7 +773,11 @@ fn rxe_pair(
     }) {
         o.problems.push("VM 1 never listened on TCP 18515".into());
     }
-    let cli = peer.spawn_in_vm(vm2.n, &format!("{tag}-c"), &vm_cmd(c, env, Some(&vm1.ip)));
+    let cli = peer.spawn_in_vm(
+        vm2.n,
+        &format!("{tag}-c"),
+        &vm_cmd(c, env, Some(&vm1.ip), &vm2.ip),
+    );
     let (code, log) = match &cli {
         Ok(j) => peer.wait_vm(j, limit),
         Err(e) => (None, e.clone()),
@@ -567,5 +807,44 @@ pub fn find_softrdma() -> Result<PathBuf, String> {
             "{} does not exist: build it first (cargo build --release --bin softrdma; ./scripts/test does)",
             p.display()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// rping -v's lines as rping 44 prints them (rping_test_client's
+    /// pattern: ping i starts at 'A' + i, wraps after 'z').
+    fn rping_lines(prefix: &str, iters: usize, size: usize) -> String {
+        (0..iters)
+            .map(|i| {
+                let mut l = format!("rdma-ping-{i}: ");
+                let mut ch = b'A' + (i % 58) as u8;
+                while l.len() < size - 1 {
+                    l.push(ch as char);
+                    ch = if ch == b'z' { b'A' } else { ch + 1 };
+                }
+                format!("{prefix}{l}\n")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rping_pings_are_checked_byte_for_byte() {
+        for size in [64, 10_000] {
+            let c = rping_lines("ping data: ", 10, size);
+            let s = rping_lines("server ping data: ", 10, size);
+            assert!(check_pings(&s, &c, 10, size).is_empty(), "-S {size}");
+            // A missing ping, a wrong byte, a line cut by interleaved
+            // stderr: each is reported.
+            assert!(!check_pings(&s, &c, 11, size).is_empty());
+            let bad = c.replacen("CDEF", "CDEG", 1);
+            assert!(!check_pings(&s, &bad, 10, size).is_empty());
+            let cut = format!("{}\nclient DISCONNECT EVENT...\n", &c[..c.len() - 20]);
+            assert!(!check_pings(&s, &cut, 10, size).is_empty());
+            let s9: String = s.lines().take(9).map(|l| format!("{l}\n")).collect();
+            assert!(!check_pings(&s9, &c, 10, size).is_empty());
+        }
     }
 }

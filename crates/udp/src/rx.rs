@@ -221,11 +221,11 @@ impl Receiver {
                 match verdict {
                     Err(Bad::Short) => stats.rx_malformed += 1,
                     Err(Bad::Icrc) => stats.icrc_bad += 1,
-                    // QP1 (the GSI) is in no slot: its MADs are steered by
-                    // their content and taken by every member.
-                    Ok(_) if slot.is_some_and(|s| chunk[5] != s) && chunk[5..8] != [0, 0, 1] => {
+                    Ok(_) if slot.is_some_and(|s| steered_slot(chunk).is_some_and(|t| t != s)) => {
                         stats.rx_wrong_slot += 1;
-                        events.wrong_slot.get_or_insert(chunk[5]);
+                        events
+                            .wrong_slot
+                            .get_or_insert(steered_slot(chunk).unwrap_or(0));
                     }
                     Ok((_, _, recovered)) => {
                         stats.icrc_recovered += recovered as u64;
@@ -239,6 +239,41 @@ impl Receiver {
         }
         Ok(good)
     }
+}
+
+/// The QPN slot the group program steers a datagram (UDP payload, BTH
+/// first) by, as `crate::cbpf`'s program reads it: the top byte of its
+/// destination QP; for QP1 (the GSI), a CM reply's — the top byte of the
+/// ID it names, the requester's request ID of a SIDR_REP, the receiver's
+/// communication ID of any other (softrdma puts its slot there). `None`
+/// for what goes by listener or by hash: REQs and SIDR_REQs, other MADs,
+/// an ID naming slot 0. A shared member that gets a datagram steered by
+/// another slot has a stale table (a member died without leaving): such
+/// a datagram is counted, dropped and taken as the evidence that repairs
+/// the table — a CM reply as much as a data packet (a REP that a stale
+/// table sent to the wrong member was otherwise taken in silently, and
+/// the connection hung: the REQ resent every 4.3 s, each REP answering it
+/// lost the same way).
+pub(crate) fn steered_slot(d: &[u8]) -> Option<u8> {
+    use crate::cbpf::gsi;
+    if d.len() < 8 {
+        return None;
+    }
+    if d[5..8] != [0, 0, 1] {
+        return Some(d[5]);
+    }
+    if d.len() < gsi::MIN_LEN as usize
+        || u32::from(d[gsi::MGMT_CLASS_AT as usize]) != gsi::MGMT_CLASS_CM
+    {
+        return None;
+    }
+    let at = gsi::ATTR_AT as usize;
+    let id_at = match u32::from(u16::from_be_bytes([d[at], d[at + 1]])) {
+        gsi::ATTR_REQ | gsi::ATTR_SIDR_REQ => return None,
+        gsi::ATTR_SIDR_REP => gsi::REQUEST_ID_AT,
+        _ => gsi::REMOTE_COMM_ID_AT,
+    };
+    Some(d[id_at as usize]).filter(|&s| s != 0)
 }
 
 /// The IP address of a GID, in the family of the socket.
@@ -275,5 +310,48 @@ fn check(
         }
         (SocketAddr::V6(s), SocketAddr::V6(t)) if checker.ipv6(s, t, d) => Ok((0, true, false)),
         _ => Err(Bad::Icrc),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::steered_slot;
+
+    /// A QP1 datagram (BTH, DETH, then a MAD) of management class `class`
+    /// and attribute `attr`, with `id` at both the local (44) and the
+    /// remote (48) communication ID offsets' first byte.
+    fn mad(class: u8, attr: u16, local: u8, remote: u8) -> Vec<u8> {
+        let mut d = vec![0u8; 20 + 256];
+        d[0] = 0x64; // UD SEND ONLY
+        d[5..8].copy_from_slice(&[0, 0, 1]);
+        d[20] = 1; // base version
+        d[21] = class;
+        d[36..38].copy_from_slice(&attr.to_be_bytes());
+        d[44] = local;
+        d[48] = remote;
+        d
+    }
+
+    #[test]
+    fn datagrams_name_the_slot_they_are_steered_by() {
+        // Data: the destination QP's top byte, slot 0 included.
+        let mut data = vec![0u8; 40];
+        data[5..8].copy_from_slice(&[3, 1, 0]);
+        assert_eq!(steered_slot(&data), Some(3));
+        data[5..8].copy_from_slice(&[0, 0, 0x11]);
+        assert_eq!(steered_slot(&data), Some(0));
+        assert_eq!(steered_slot(&data[..7]), None);
+        // CM replies: the receiver's communication ID (REP, RTU, REJ, MRA,
+        // DREQ, DREP), a SIDR_REP's request ID.
+        for attr in [0x0013u16, 0x0014, 0x0012, 0x0011, 0x0015, 0x0016] {
+            assert_eq!(steered_slot(&mad(7, attr, 9, 4)), Some(4), "{attr:#x}");
+        }
+        assert_eq!(steered_slot(&mad(7, 0x0018, 5, 9)), Some(5));
+        // By listener or hash: REQ, SIDR_REQ, another class, slot 0, a runt.
+        assert_eq!(steered_slot(&mad(7, 0x0010, 9, 4)), None);
+        assert_eq!(steered_slot(&mad(7, 0x0017, 9, 4)), None);
+        assert_eq!(steered_slot(&mad(1, 0x0013, 9, 4)), None);
+        assert_eq!(steered_slot(&mad(7, 0x0013, 9, 0)), None);
+        assert_eq!(steered_slot(&mad(7, 0x0013, 9, 4)[..59]), None);
     }
 }

@@ -65,6 +65,8 @@ pub struct Outcome {
     pub vm_dead: bool,
     /// What happened to an earlier attempt, when this one is a rerun.
     pub rerun_of: Option<String>,
+    /// What the table should say about a pass (a tolerated exit).
+    pub notes: Vec<String>,
 }
 
 impl Outcome {
@@ -306,6 +308,27 @@ pub fn check_pings(server: &str, client: &str, iters: usize, size: usize) -> Vec
     bad
 }
 
+/// Whether rping's output ends in its own teardown race: rping's main
+/// thread, its pings done and DISCONNECTED seen, destroys its ID and event
+/// channel while its CM thread goes back to rdma_get_cm_event on that
+/// channel; the call fails and the thread calls `exit(-1)` (rping.c,
+/// `cm_thread`). librdmacm's read(2) gets EBADF ("Bad file descriptor",
+/// seen in the VM's rping server, 1 run in 20 under TCG), ours EINVAL (a
+/// destroyed channel). Only this, as its last line after the DISCONNECT
+/// message; everything rping printed before is checked as usual.
+pub fn rping_teardown_race(text: &str) -> bool {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let Some(last) = lines.last() else {
+        return false;
+    };
+    let disconnected = lines.iter().any(|l| l.contains("DISCONNECT EVENT..."));
+    disconnected
+        && matches!(
+            last.trim(),
+            "rdma_get_cm_event: Bad file descriptor" | "rdma_get_cm_event: Invalid argument"
+        )
+}
+
 /// Rows of perftest's result table in `text` (each row's numbers).
 pub fn result_rows(text: &str) -> Vec<Vec<f64>> {
     let mut rows = Vec::new();
@@ -363,6 +386,7 @@ pub fn run(peer: &Peer, env: &Env, c: &Combo, idx: usize) -> Outcome {
         netem_dropped: None,
         vm_dead: false,
         rerun_of: None,
+        notes: Vec::new(),
     };
     let tag = format!("{:03}-{}", idx, slug(c));
     let pcap = env.out.join(format!("{tag}.pcap"));
@@ -457,8 +481,22 @@ pub fn run(peer: &Peer, env: &Env, c: &Combo, idx: usize) -> Outcome {
             vm_log
         ),
     );
+    // rping's own teardown race, on either side (see `rping_teardown_race`).
+    let ours_race = c.program == Program::Rping
+        && ours_out
+            .as_ref()
+            .is_some_and(|x| x.code == Some(255) && rping_teardown_race(&x.text));
+    let vm_race =
+        c.program == Program::Rping && vm_code == Some(255) && rping_teardown_race(&vm_log);
+    for (race, who) in [(ours_race, "ours"), (vm_race, "the VM's")] {
+        if race {
+            o.notes.push(format!(
+                "{who} rping exited 255 after its pings: its CM thread's rdma_get_cm_event on the channel main had destroyed"
+            ));
+        }
+    }
     if let Some(out) = &ours_out {
-        if !out.ok() {
+        if !out.ok() && !ours_race {
             o.problems.push(format!(
                 "softrdma: {}: {}",
                 out.status(),
@@ -468,6 +506,7 @@ pub fn run(peer: &Peer, env: &Env, c: &Combo, idx: usize) -> Outcome {
     }
     match vm_code {
         Some(0) => {}
+        Some(_) if vm_race => {}
         Some(k) => o
             .problems
             .push(format!("VM program: exit {k}: {}", tail(&vm_log, 3))),
@@ -828,6 +867,23 @@ mod tests {
                 format!("{prefix}{l}\n")
             })
             .collect()
+    }
+
+    #[test]
+    fn only_rpings_own_teardown_race_is_tolerated() {
+        let race = "server ping data: x\nserver DISCONNECT EVENT...\nwait for RDMA_READ_ADV state 10\nrdma_get_cm_event: Bad file descriptor\n";
+        assert!(rping_teardown_race(race));
+        assert!(rping_teardown_race(
+            &race.replace("Bad file descriptor", "Invalid argument")
+        ));
+        // Not after a disconnect, or something else last: a failure.
+        assert!(!rping_teardown_race(
+            "rdma_get_cm_event: Bad file descriptor\n"
+        ));
+        assert!(!rping_teardown_race(&format!(
+            "{race}cq completion failed status 12\n"
+        )));
+        assert!(!rping_teardown_race(""));
     }
 
     #[test]

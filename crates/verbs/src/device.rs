@@ -134,12 +134,21 @@ pub fn by_addr(ip: IpAddr) -> io::Result<DeviceInfo> {
 /// The local address the kernel would use to reach `peer` (no packet is
 /// sent: a UDP socket is connected and asked for its name).
 pub fn route_source(peer: IpAddr) -> io::Result<IpAddr> {
+    route_source_to(SocketAddr::new(peer, 4791))
+}
+
+/// [`route_source`] for a socket address, whose IPv6 scope (the interface
+/// of a link-local peer, `fe80::…%eth0`) the route needs: without it the
+/// kernel cannot pick an interface and refuses the connect.
+pub fn route_source_to(peer: SocketAddr) -> io::Result<IpAddr> {
     let bind: SocketAddr = match peer {
-        IpAddr::V4(_) => "0.0.0.0:0".parse().expect("literal"),
-        IpAddr::V6(_) => "[::]:0".parse().expect("literal"),
+        SocketAddr::V4(_) => "0.0.0.0:0".parse().expect("literal"),
+        SocketAddr::V6(_) => "[::]:0".parse().expect("literal"),
     };
     let s = UdpSocket::bind(bind)?;
-    s.connect(SocketAddr::new(peer, 4791))?;
+    let mut to = peer;
+    to.set_port(4791);
+    s.connect(to)?;
     Ok(s.local_addr()?.ip())
 }
 

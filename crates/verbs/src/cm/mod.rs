@@ -707,7 +707,9 @@ impl CmId {
         let bound = self.st().src;
         let local = match src.or(bound) {
             Some(s) if !s.ip().is_unspecified() => Ok(s.ip()),
-            _ => crate::device::route_source(dst.ip()),
+            // With the destination's scope: a link-local peer's route is
+            // its interface's.
+            _ => crate::device::route_source_to(dst),
         };
         let dev = local.ok().and_then(|ip| {
             devices

@@ -278,9 +278,13 @@ pub fn matrix(path_mtu: u32) -> Vec<Combo> {
     // rdma_cm: rping with its default size and with one of several
     // packets at either path MTU (RDMA READ and WRITE of FIRST/MIDDLE/LAST),
     // and the bandwidth tests whose connections rdma_cm sets up.
-    for size in [None, Some(RPING_LARGE)] {
+    for (gid, size) in [
+        (Gid::V4, None),
+        (Gid::V4, Some(RPING_LARGE)),
+        (Gid::V6, None),
+    ] {
         for ours in BOTH {
-            let mut c = Combo::new(Group::RdmaCm, Program::Rping, ours, Gid::V4);
+            let mut c = Combo::new(Group::RdmaCm, Program::Rping, ours, gid);
             c.size = size;
             c.iters = 10;
             v.push(c);
@@ -375,6 +379,7 @@ mod tests {
                 ] {
                     assert!(has(Group::RdmaCm, &name, Gid::V4, ours), "{name}");
                 }
+                assert!(has(Group::RdmaCm, "rping", Gid::V6, ours));
                 assert_eq!(
                     has(Group::Sweep, "send_lat", Gid::V4, ours),
                     mtu == 4096,

@@ -135,6 +135,63 @@ fn limit_for(c: &Combo) -> Duration {
     })
 }
 
+/// The addresses the programs name on their command lines: the host's
+/// (for the VM's client), the VM's own (its server binds it), the VM's
+/// (for our client) and our own (our server binds it). IPv4 for an IPv4
+/// GID; for an IPv6 GID (rping) the link-local ones with the interface on
+/// the side that names them, `fe80::…%eth0` in the VM, `%rxebr0` here.
+pub struct Addrs {
+    pub host_for_vm: String,
+    pub vm_self: String,
+    pub vm_for_host: String,
+    pub host_self: String,
+}
+
+/// The IPv6 link-local address of a MAC (EUI-64, as the VMs' kernels form
+/// theirs): 52:54:00:91:47:11 -> fe80::5054:ff:fe91:4711.
+pub fn link_local(mac: &str) -> Option<std::net::Ipv6Addr> {
+    let b: Vec<u8> = mac
+        .split(':')
+        .map(|x| u8::from_str_radix(x, 16))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let [m0, m1, m2, m3, m4, m5] = b[..] else {
+        return None;
+    };
+    let g = |hi: u8, lo: u8| (hi as u16) << 8 | lo as u16;
+    Some(std::net::Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        g(m0 ^ 2, m1),
+        g(m2, 0xff),
+        g(0xfe, m3),
+        g(m4, m5),
+    ))
+}
+
+pub fn addrs(peer: &Peer, c: &Combo) -> Addrs {
+    let vm = &peer.vms[0];
+    match (c.gid, by_rdma_cm(c)) {
+        (Gid::V6, true) => {
+            let vm_ll = link_local(&vm.mac).map_or(String::new(), |a| a.to_string());
+            Addrs {
+                host_for_vm: format!("{}%eth0", peer.host_ll),
+                vm_self: format!("{vm_ll}%eth0"),
+                vm_for_host: format!("{vm_ll}%rxebr0"),
+                host_self: format!("{}%rxebr0", peer.host_ll),
+            }
+        }
+        _ => Addrs {
+            host_for_vm: peer.host_ip.clone(),
+            vm_self: vm.ip.clone(),
+            vm_for_host: vm.ip.clone(),
+            host_self: peer.host_ip.clone(),
+        },
+    }
+}
+
 /// rping's command line (after `rping`): `-s -a <own address>` as the
 /// server, `-c -a <server>` as the client.
 fn rping_args(c: &Combo, server: bool, addr: &str) -> Vec<String> {
@@ -448,9 +505,10 @@ pub fn run(peer: &Peer, env: &Env, c: &Combo, idx: usize) -> Outcome {
         .map(|x| x.text.clone())
         .unwrap_or_default();
     // The command lines, as a reader would retype them.
+    let a = addrs(peer, c);
     let (vm_host, our_host) = match c.ours {
-        Ours::Server => (Some(peer.host_ip.as_str()), None),
-        Ours::Client => (None, Some(vm1.ip.as_str())),
+        Ours::Server => (Some(a.host_for_vm.as_str()), None),
+        Ours::Client => (None, Some(a.vm_for_host.as_str())),
     };
     let lines = match c.program {
         Program::RxePair(_) => format!(
@@ -460,14 +518,14 @@ pub fn run(peer: &Peer, env: &Env, c: &Combo, idx: usize) -> Outcome {
         ),
         _ => format!(
             "VM 1: {}\nours: {} {}",
-            vm_cmd(c, env, vm_host, &vm1.ip),
+            vm_cmd(c, env, vm_host, &a.vm_self),
             match c.program {
                 Program::Library(t) | Program::LibraryCm(t) =>
                     format!("LD_LIBRARY_PATH={} ib_{t}", env.libibverbs_dir()),
                 Program::Rping => format!("LD_LIBRARY_PATH={} rping", env.libibverbs_dir()),
                 _ => "softrdma".to_string(),
             },
-            our_args(c, env, our_host, idx as u64, &peer.host_ip).join(" ")
+            our_args(c, env, our_host, idx as u64, &a.host_self).join(" ")
         ),
     };
     let _ = std::fs::write(
@@ -596,6 +654,7 @@ fn ours_and_vm(
     o: &mut Outcome,
 ) -> (Option<proc::Output>, Option<i32>, String) {
     let vm1 = &peer.vms[0];
+    let a = addrs(peer, c);
     let port = port_of(c);
     let listener = if by_rdma_cm(c) {
         format!("an rdma_cm ID on port {port}")
@@ -603,7 +662,7 @@ fn ours_and_vm(
         format!("TCP {port}")
     };
     let ours = |host: Option<&str>| {
-        let args = our_args(c, env, host, seed, &peer.host_ip);
+        let args = our_args(c, env, host, seed, &a.host_self);
         let mut cmd = match c.program {
             // Debian's programs on our libraries.
             Program::Library(t) | Program::LibraryCm(t) => {
@@ -637,14 +696,18 @@ fn ours_and_vm(
                 let up =
                     proc::wait_until(Duration::from_secs(15), Duration::from_millis(50), || {
                         let l = if by_rdma_cm(c) {
-                            cm_listening(env, &peer.host_ip, port)
+                            let me = match c.gid {
+                                Gid::V4 => &peer.host_ip,
+                                Gid::V6 => &peer.host_ll,
+                            };
+                            cm_listening(env, me, port)
                         } else {
                             peer.ns_listening(port)
                         };
                         l || !me.running()
                     });
                 if up && me.running() {
-                    let cmd = vm_cmd(c, env, Some(&peer.host_ip), &vm1.ip);
+                    let cmd = vm_cmd(c, env, Some(&a.host_for_vm), &a.vm_self);
                     match peer.spawn_in_vm(vm1.n, tag, &cmd) {
                         Ok(j) => job = Some(j),
                         Err(e) => o.problems.push(e),
@@ -657,7 +720,7 @@ fn ours_and_vm(
             }
         },
         Ours::Client => {
-            match peer.spawn_in_vm(vm1.n, tag, &vm_cmd(c, env, None, &vm1.ip)) {
+            match peer.spawn_in_vm(vm1.n, tag, &vm_cmd(c, env, None, &a.vm_self)) {
                 Ok(j) => job = Some(j),
                 Err(e) => o.problems.push(e),
             }
@@ -684,7 +747,7 @@ fn ours_and_vm(
                 },
                 _ => None,
             };
-            let out = match ours(Some(&vm1.ip)) {
+            let out = match ours(Some(&a.vm_for_host)) {
                 Ok(me) => Some(me.wait()),
                 Err(e) => {
                     o.problems.push(format!("cannot start softrdma: {e}"));
@@ -867,6 +930,15 @@ mod tests {
                 format!("{prefix}{l}\n")
             })
             .collect()
+    }
+
+    #[test]
+    fn link_local_addresses_are_the_macs_eui64() {
+        assert_eq!(
+            link_local("52:54:00:91:47:11").unwrap().to_string(),
+            "fe80::5054:ff:fe91:4711"
+        );
+        assert!(link_local("52:54:00:91:47").is_none());
     }
 
     #[test]

@@ -245,6 +245,20 @@ fn channel(p: *mut rdma_event_channel) -> Res<&'static Channel> {
     Ok(unsafe { &*(p as *const Channel) })
 }
 
+/// A handle of the channel behind the application's pointer, for a call
+/// that waits on it: its own reference, taken under the registry's lock,
+/// so that the wait outlives an `rdma_destroy_event_channel` made
+/// meanwhile by another thread (see `softrdma_rdma_get_cm_event`).
+fn channel_handle(p: *mut rdma_event_channel) -> Res<EventChannel> {
+    let live = lock(&LIVE);
+    if p.is_null() || !live.channels.contains_key(&(p as usize)) {
+        return Err(Fail::inval("not a live rdma_event_channel"));
+    }
+    // SAFETY: registered, and it stays so while we hold the lock
+    // (`free_channel` unregisters under it before dropping the box).
+    Ok(unsafe { &*(p as *const Channel) }.ch.clone())
+}
+
 fn check_id(p: *mut rdma_cm_id) -> Res<()> {
     if p.is_null() || !lock(&LIVE).ids.contains_key(&(p as usize)) {
         return Err(Fail::inval(format!("{p:?} is not a live rdma_cm_id")));
@@ -1186,15 +1200,24 @@ pub unsafe extern "C" fn softrdma_rdma_get_cm_event(
 ) -> c_int {
     minus_one("rdma_get_cm_event", || {
         crate::non_null!(out);
-        let c = channel(ch)?;
+        // Our own reference to the channel, not the application's box: a
+        // program may destroy the channel while one of its threads waits
+        // here. rping does — its CM thread sits in rdma_get_cm_event when
+        // main calls rdma_destroy_id, rdma_destroy_event_channel and
+        // free; librdmacm's thread then stays blocked in read(2) until the
+        // process exits, and so does this wait (no event comes for a
+        // destroyed channel's IDs). Waiting on the freed box instead
+        // crashed rping's client at exit, 2 runs in 40 on loopback (exit
+        // 139, after all its pings).
+        let c = channel_handle(ch)?;
         // SAFETY: F_GETFL on the channel's descriptor.
-        let nonblock = unsafe { libc::fcntl(c.c.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+        let nonblock = unsafe { libc::fcntl(c.fd(), libc::F_GETFL) } & libc::O_NONBLOCK != 0;
         loop {
             let ev = if nonblock {
-                c.ch.try_get()
+                c.try_get()
                     .ok_or_else(|| Fail::new(libc::EAGAIN, "no event waiting"))?
             } else {
-                c.ch.get(None).expect("waits for ever")
+                c.get(None).expect("waits for ever")
             };
             if let Some(e) = deliver(ev)? {
                 // SAFETY: writable out pointer.
@@ -1835,6 +1858,51 @@ pub unsafe extern "C" fn softrdma_rdma_set_local_ece(
 mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
+
+    /// rping's teardown: its CM thread waits in rdma_get_cm_event while
+    /// main destroys the channel and frees it; the wait must not touch the
+    /// freed channel when it wakes (it waited on the application's box,
+    /// and rping's client crashed at exit now and then), and must go on
+    /// waiting, as librdmacm's read(2) does.
+    #[test]
+    fn a_waiter_outlives_the_channel_it_waits_on() {
+        // SAFETY: the exported calls, with pointers they handed out.
+        let ch = unsafe { softrdma_rdma_create_event_channel() };
+        assert!(!ch.is_null());
+        // Another handle, so the descriptor stays open to ring it below as
+        // an event would.
+        let bell = channel(ch).unwrap().ch.clone();
+        let fd = bell.fd();
+        let chp = ch as usize;
+        let waiter = std::thread::spawn(move || {
+            let mut ev = std::ptr::null_mut();
+            // SAFETY: a live channel when the call starts.
+            unsafe { softrdma_rdma_get_cm_event(chp as *mut rdma_event_channel, &mut ev) }
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // SAFETY: destroyed once, as rping does, while the thread waits.
+        unsafe { softrdma_rdma_destroy_event_channel(ch) };
+        // The freed box is reused by allocations like it.
+        let reuse: Vec<Box<[u64; 2]>> = (0..64).map(|i| Box::new([i; 2])).collect();
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: an eventfd of ours, kept open by `bell`.
+        assert_eq!(unsafe { libc::write(fd, one.as_ptr().cast(), 8) }, 8);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // Quiet again (nothing was queued), so the waiter sleeps.
+        let mut buf = [0u8; 8];
+        // SAFETY: as above.
+        unsafe { libc::read(fd, buf.as_mut_ptr().cast(), 8) };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(
+            !waiter.is_finished(),
+            "the wait ended on a destroyed channel"
+        );
+        drop(reuse);
+        // The channel itself is gone for new calls.
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: a stale pointer, which the call must refuse.
+        assert_eq!(unsafe { softrdma_rdma_get_cm_event(ch, &mut ev) }, -1);
+    }
 
     /// The layout of the structures above, compared with what the C
     /// compiler computes from the installed `<rdma/rdma_cma.h>`.

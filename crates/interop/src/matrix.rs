@@ -35,6 +35,13 @@ pub enum Program {
     /// perftest against perftest, rxe against rxe between the two VMs: the
     /// reference figures for the same session (no softrdma involved).
     RxePair(&'static str),
+    /// Debian's `rping -v` on softrdma's drop-in `librdmacm.so.1` and
+    /// `libibverbs.so.1` against the VM's `rping` on the kernel's rdma_cm:
+    /// every ping's bytes checked on both sides.
+    Rping,
+    /// perftest's `ib_<test> -R` (QPs connected by rdma_cm) on softrdma's
+    /// two libraries against the VM's, on the kernel's rdma_cm.
+    LibraryCm(&'static str),
 }
 
 /// Which part of the issue a combination covers (a table section each).
@@ -46,6 +53,7 @@ pub enum Group {
     Pingpong,
     Loss,
     Library,
+    RdmaCm,
     Reference,
 }
 
@@ -60,6 +68,9 @@ impl Group {
                 "RC under loss (VM: netem loss 2%, not for rc_pingpong; ours: --fault loss=0.02)"
             }
             Group::Library => "perftest on softrdma's libibverbs.so.1 against perftest on rxe",
+            Group::RdmaCm => {
+                "rdma_cm: rping and perftest -R on softrdma's librdmacm.so.1 against the kernel's rdma_cm"
+            }
             Group::Reference => "rxe against rxe (reference figures, no softrdma)",
         }
     }
@@ -105,6 +116,11 @@ impl Combo {
             Program::Perf(t) | Program::RxePair(t) => t.to_string(),
             Program::Library(t) => format!("ib_{t} on libibverbs.so.1"),
             Program::Pingpong(t) => format!("{t}_pingpong"),
+            Program::Rping => match self.size {
+                Some(s) => format!("rping -S {s}"),
+                None => "rping".into(),
+            },
+            Program::LibraryCm(t) => format!("ib_{t} -R on librdmacm.so.1"),
         };
         match self.atomic {
             Some("CMP_AND_SWAP") => format!("{base} CAS"),
@@ -162,6 +178,9 @@ const PERFTESTS: [(&str, Option<&str>); 9] = [
     ("send_lat", None),
     ("atomic_lat", Some("FETCH_AND_ADD")),
 ];
+
+/// rping's large buffer (`-S`): more than one packet at path MTU 4096.
+pub const RPING_LARGE: u32 = 10_000;
 
 /// Iterations: a second or two of TCG time each. Latency tests and
 /// atomics move 2 or 8 bytes per iteration; the other bandwidth tests
@@ -256,6 +275,28 @@ pub fn matrix(path_mtu: u32) -> Vec<Combo> {
             v.push(c);
         }
     }
+    // rdma_cm: rping with its default size and with one of several
+    // packets at either path MTU (RDMA READ and WRITE of FIRST/MIDDLE/LAST),
+    // and the bandwidth tests whose connections rdma_cm sets up.
+    for (gid, size) in [
+        (Gid::V4, None),
+        (Gid::V4, Some(RPING_LARGE)),
+        (Gid::V6, None),
+    ] {
+        for ours in BOTH {
+            let mut c = Combo::new(Group::RdmaCm, Program::Rping, ours, gid);
+            c.size = size;
+            c.iters = 10;
+            v.push(c);
+        }
+    }
+    for t in ["write_bw", "read_bw", "send_bw"] {
+        for ours in BOTH {
+            let mut c = Combo::new(Group::RdmaCm, Program::LibraryCm(t), ours, Gid::V4);
+            c.iters = iters_for(t);
+            v.push(c);
+        }
+    }
     for (t, atomic) in PERFTESTS {
         if atomic == Some("CMP_AND_SWAP") {
             continue;
@@ -331,6 +372,14 @@ mod tests {
                     assert!(has(Group::Library, &name, Gid::V4, ours), "{name}");
                 }
                 assert!(has(Group::Sweep, "write_bw", Gid::V4, ours));
+                for name in [
+                    "rping".to_string(),
+                    format!("rping -S {RPING_LARGE}"),
+                    "ib_write_bw -R on librdmacm.so.1".into(),
+                ] {
+                    assert!(has(Group::RdmaCm, &name, Gid::V4, ours), "{name}");
+                }
+                assert!(has(Group::RdmaCm, "rping", Gid::V6, ours));
                 assert_eq!(
                     has(Group::Sweep, "send_lat", Gid::V4, ours),
                     mtu == 4096,

@@ -9,6 +9,15 @@ use std::time::Duration;
 
 use crate::proc::{self, Output};
 
+/// Files the suite adds to the kit's VM image (paths relative to `/`, as
+/// on this host): glibc loads `libgcc_s.so.1` with `dlopen` to unwind a
+/// thread in `pthread_cancel` and `pthread_exit`, so no `ldd` lists it and
+/// setup.sh does not copy it; without it the VM's rping aborts when it
+/// tears down its CQ thread ("libgcc_s.so.1 must be installed for
+/// pthread_exit to work", exit 134), after its pings but with its output
+/// lost.
+pub const EXTRA_FILES: &[&str] = &["usr/lib/x86_64-linux-gnu/libgcc_s.so.1"];
+
 /// Where the peer's scripts and state are, and how to boot it.
 #[derive(Debug, Clone)]
 pub struct PeerConfig {
@@ -36,10 +45,11 @@ impl PeerConfig {
     }
 
     /// `setup.sh`: packages (apt) and the VM kernel + initramfs. Cheap when
-    /// everything is in place.
+    /// everything is in place. Then [`PeerConfig::extend_image`].
     pub fn setup(&self) -> Result<Output, String> {
         let out = proc::run(self.script("setup.sh"), Duration::from_secs(900));
         if out.ok() {
+            self.extend_image()?;
             Ok(out)
         } else {
             Err(format!(
@@ -48,6 +58,55 @@ impl PeerConfig {
                 out.text
             ))
         }
+    }
+
+    /// Add to the VM image what the kit's `setup.sh` leaves out and the
+    /// suite's programs need ([`EXTRA_FILES`]), as a second archive
+    /// appended to `initramfs.cpio.gz` (the kernel unpacks concatenated
+    /// archives in order). A marker next to the image records the image
+    /// this made (size, mtime), so a rebuilt image gets the files again and
+    /// an extended one is left alone.
+    pub fn extend_image(&self) -> Result<(), String> {
+        let img = self.cache.join("initramfs.cpio.gz");
+        let mark = self.cache.join("initramfs.extra");
+        let stamp = |p: &Path| -> Result<String, String> {
+            let m = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let t = m
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            Ok(format!("{} {t} {}\n", m.len(), EXTRA_FILES.join(" ")))
+        };
+        if std::fs::read_to_string(&mark).ok() == Some(stamp(&img)?) {
+            return Ok(());
+        }
+        for f in EXTRA_FILES {
+            if !Path::new("/").join(f).exists() {
+                return Err(format!(
+                    "/{f} is missing on this host: the VM image needs it (see EXTRA_FILES)"
+                ));
+            }
+        }
+        // cpio and gzip: the kit's setup.sh installs and uses them.
+        let sh = format!(
+            "set -o pipefail; cd / && printf '%s\\n' {} | cpio -o -H newc -R 0:0 --quiet | gzip -6 >> '{}'",
+            EXTRA_FILES.join(" "),
+            img.display()
+        );
+        let mut c = Command::new("bash");
+        c.args(["-c", &sh]);
+        let out = proc::run(c, Duration::from_secs(60));
+        if !out.ok() {
+            return Err(format!(
+                "cannot append {} to {}: {}: {}",
+                EXTRA_FILES.join(", "),
+                img.display(),
+                out.status(),
+                out.text
+            ));
+        }
+        std::fs::write(&mark, stamp(&img)?).map_err(|e| format!("{}: {e}", mark.display()))
     }
 }
 
@@ -224,8 +283,11 @@ impl Drop for Peer {
     }
 }
 
-/// A program started in the background inside a VM, its output in
-/// `/tmp/<tag>.log` and its exit status in `/tmp/<tag>.rc` when it ends.
+/// A program started in the background inside a VM, its standard output
+/// in `/tmp/<tag>.log`, its standard error in `/tmp/<tag>.err` and its exit
+/// status in `/tmp/<tag>.rc` when it ends. Two files, not one: a program
+/// whose stdout is a file writes it in 4 KiB blocks, its unbuffered stderr
+/// in between, which cut rping -v's long ping lines in the middle.
 pub struct VmJob {
     pub vm: u32,
     pub tag: String,
@@ -235,8 +297,8 @@ impl Peer {
     /// Start `cmdline` in VM `n` in the background.
     pub fn spawn_in_vm(&self, n: u32, tag: &str, cmdline: &str) -> Result<VmJob, String> {
         let sh = format!(
-            "rm -f /tmp/{tag}.rc /tmp/{tag}.log /tmp/{tag}.pid; \
-             ( {cmdline} >/tmp/{tag}.log 2>&1 & echo $! >/tmp/{tag}.pid; wait $!; echo $? >/tmp/{tag}.rc ) \
+            "rm -f /tmp/{tag}.rc /tmp/{tag}.log /tmp/{tag}.err /tmp/{tag}.pid; \
+             ( {cmdline} >/tmp/{tag}.log 2>/tmp/{tag}.err & echo $! >/tmp/{tag}.pid; wait $!; echo $? >/tmp/{tag}.rc ) \
              >/dev/null 2>&1 &"
         );
         let o = self.exec(n, &sh, Duration::from_secs(30));
@@ -250,7 +312,7 @@ impl Peer {
     }
 
     /// Wait for a VM job to end (killing it at the deadline): its exit code
-    /// (`None`: killed) and output.
+    /// (`None`: killed) and output (stdout, then stderr).
     pub fn wait_vm(&self, job: &VmJob, limit: Duration) -> (Option<i32>, String) {
         let t = &job.tag;
         let mut code = None;
@@ -260,7 +322,7 @@ impl Peer {
         proc::wait_until(limit, Duration::from_millis(150), || {
             let o = self.exec(
                 job.vm,
-                &format!("cat /tmp/{t}.rc 2>/dev/null; echo {mark}; cat /tmp/{t}.log"),
+                &format!("cat /tmp/{t}.rc 2>/dev/null; echo {mark}; cat /tmp/{t}.log /tmp/{t}.err"),
                 Duration::from_secs(20),
             );
             if let Some((rc, rest)) = o.text.split_once(mark) {
@@ -273,7 +335,7 @@ impl Peer {
             self.kill_vm(job);
             let o = self.exec(
                 job.vm,
-                &format!("cat /tmp/{t}.log"),
+                &format!("cat /tmp/{t}.log /tmp/{t}.err"),
                 Duration::from_secs(20),
             );
             if o.ok() {
@@ -298,6 +360,17 @@ impl Peer {
         self.exec(
             n,
             &format!("netstat -ltn | grep -q ':{port} '"),
+            Duration::from_secs(20),
+        )
+        .ok()
+    }
+
+    /// Whether an rdma_cm ID in VM `n` listens on `port` (the kernel's
+    /// `rdma resource show cm_id`: `state LISTEN ... src-addr A:PORT`).
+    pub fn vm_cm_listening(&self, n: u32, port: u16) -> bool {
+        self.exec(
+            n,
+            &format!("rdma resource show cm_id | grep -q 'state LISTEN .*:{port} '"),
             Duration::from_secs(20),
         )
         .ok()

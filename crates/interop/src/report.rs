@@ -16,6 +16,9 @@ fn cell(o: &Outcome) -> String {
     if o.rerun_of.is_some() {
         s += "; rerun after the VM hung";
     }
+    for n in &o.notes {
+        let _ = write!(s, "; {n}");
+    }
     if o.combo.loss {
         let retx = o
             .counters

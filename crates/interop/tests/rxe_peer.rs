@@ -10,7 +10,9 @@
 //! * `SOFTRDMA_INTEROP_MTUS=1500,9000` — which peer boots (Ethernet MTUs);
 //! * arguments (after `--`) — run only combinations whose name contains one
 //!   of them, e.g. `cargo test --release -p softrdma-interop -- write_bw`;
-//! * `SOFTRDMA_INTEROP_KEEP=1` — keep every capture, not only failures'.
+//! * `SOFTRDMA_INTEROP_KEEP=1` — keep every capture, not only failures';
+//! * `SOFTRDMA_INTEROP_NS=name` — the network namespace (default
+//!   `srdma-interop`), for two checkouts' suites side by side.
 //!
 //! Results: `target/interop/results.md` (tables) and `figures.md`, a log and
 //! (for failures) a capture per combination in `target/interop/`.
@@ -113,20 +115,27 @@ fn main() -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e),
     };
-    let lib = softrdma.with_file_name("ibverbs").join("libibverbs.so.1");
-    if !lib.exists() {
-        return fail(&format!(
-            "{} is missing: build it with scripts/build-ibverbs (scripts/test does)",
-            lib.display()
-        ));
+    for l in ["libibverbs.so.1", "librdmacm.so.1"] {
+        let lib = softrdma.with_file_name("ibverbs").join(l);
+        if !lib.exists() {
+            return fail(&format!(
+                "{} is missing: build it with scripts/build-ibverbs (scripts/test does)",
+                lib.display()
+            ));
+        }
     }
-    for t in ["ib_write_bw", "ib_read_lat"] {
+    for (t, pkg) in [
+        ("ib_write_bw", "perftest"),
+        ("ib_read_lat", "perftest"),
+        ("rping", "rdmacm-utils"),
+        ("nft", "nftables"),
+    ] {
         if !std::process::Command::new("sh")
             .args(["-c", &format!("command -v {t}")])
             .status()
             .is_ok_and(|s| s.success())
         {
-            return fail(&format!("{t} is missing: install perftest (.ci/run does)"));
+            return fail(&format!("{t} is missing: install {pkg} (.ci/run does)"));
         }
     }
     let target = root.join("target");
@@ -139,6 +148,15 @@ fn main() -> ExitCode {
         }
     }
     let _lock = Lock::take(target.join("rxe-peer/suite.lock"));
+    // Our programs' XDG_RUNTIME_DIR (run::Env::rundir): fresh each run.
+    let rundir = out.join("run");
+    let _ = std::fs::remove_dir_all(&rundir);
+    if let Err(e) = std::fs::create_dir_all(&rundir).and_then(|()| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&rundir, std::fs::Permissions::from_mode(0o700))
+    }) {
+        return fail(&format!("cannot create {}: {e}", rundir.display()));
+    }
     let mtus: Vec<u32> = std::env::var("SOFTRDMA_INTEROP_MTUS")
         .unwrap_or_else(|_| "1500,9000".into())
         .split(',')
@@ -147,7 +165,10 @@ fn main() -> ExitCode {
     let base = PeerConfig {
         scripts,
         cache: target.join("rxe-peer"),
-        ns: "srdma-interop".into(),
+        // SOFTRDMA_INTEROP_NS: another name, for a second checkout's suite
+        // beside this one (the namespace would clash: start.sh refuses an
+        // existing one, and a leftover is deleted).
+        ns: std::env::var("SOFTRDMA_INTEROP_NS").unwrap_or_else(|_| "srdma-interop".into()),
         mtu: 1500,
         vms: 2,
     };
@@ -183,10 +204,28 @@ fn main() -> ExitCode {
             Ok(p) => p,
             Err(e) => return fail(&e),
         };
+        if combos.iter().any(|c| c.group == matrix::Group::RdmaCm) {
+            // The VM side of the rdma_cm cases: the kit's image has them.
+            let o = peer.exec(
+                1,
+                "for t in rping ib_write_bw ib_read_bw ib_send_bw rdma; do command -v $t >/dev/null || echo \"missing: $t\"; done; \
+                 [ -c /dev/infiniband/rdma_cm ] || echo 'missing: /dev/infiniband/rdma_cm (rdma_ucm)'; \
+                 [ -e /usr/lib/x86_64-linux-gnu/libgcc_s.so.1 ] || echo 'missing: libgcc_s.so.1'",
+                std::time::Duration::from_secs(30),
+            );
+            if !o.ok() || o.text.contains("missing") {
+                return fail(&format!(
+                    "the VM cannot run the rdma_cm cases ({}): {}",
+                    o.status(),
+                    o.text.trim()
+                ));
+            }
+        }
         let env = Env {
             softrdma: softrdma.clone(),
             out: out.clone(),
             path_mtu,
+            rundir: rundir.clone(),
         };
         for c in &combos {
             idx += 1;

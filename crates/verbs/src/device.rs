@@ -134,12 +134,21 @@ pub fn by_addr(ip: IpAddr) -> io::Result<DeviceInfo> {
 /// The local address the kernel would use to reach `peer` (no packet is
 /// sent: a UDP socket is connected and asked for its name).
 pub fn route_source(peer: IpAddr) -> io::Result<IpAddr> {
+    route_source_to(SocketAddr::new(peer, 4791))
+}
+
+/// [`route_source`] for a socket address, whose IPv6 scope (the interface
+/// of a link-local peer, `fe80::…%eth0`) the route needs: without it the
+/// kernel cannot pick an interface and refuses the connect.
+pub fn route_source_to(peer: SocketAddr) -> io::Result<IpAddr> {
     let bind: SocketAddr = match peer {
-        IpAddr::V4(_) => "0.0.0.0:0".parse().expect("literal"),
-        IpAddr::V6(_) => "[::]:0".parse().expect("literal"),
+        SocketAddr::V4(_) => "0.0.0.0:0".parse().expect("literal"),
+        SocketAddr::V6(_) => "[::]:0".parse().expect("literal"),
     };
     let s = UdpSocket::bind(bind)?;
-    s.connect(SocketAddr::new(peer, 4791))?;
+    let mut to = peer;
+    to.set_port(4791);
+    s.connect(to)?;
     Ok(s.local_addr()?.ip())
 }
 
@@ -166,6 +175,49 @@ pub fn interface_of(ip: IpAddr) -> Option<String> {
         .into_iter()
         .find(|(_, a)| *a == ip)
         .map(|(name, _)| name)
+}
+
+/// The MTU of the network interface that holds local address `ip`
+/// (`SIOCGIFMTU`); `None` if no interface has it.
+pub fn interface_mtu(ip: IpAddr) -> Option<u32> {
+    let name = interface_of(ip)?;
+    let bytes = name.as_bytes();
+    if bytes.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: an all-zero ifreq is valid (a name and a union of integers).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: a plain datagram socket, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFMTU reads the NUL-terminated name of `req` and writes
+    // its `ifru_mtu`; `req` outlives the call.
+    let r = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) };
+    // SAFETY: `fd` is ours, closed once.
+    unsafe { libc::close(fd) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFMTU filled in the union's MTU member.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    u32::try_from(mtu).ok()
+}
+
+/// The largest IB MTU whose RoCEv2 packets fit an Ethernet MTU of
+/// `netdev_mtu` bytes, as the kernel derives a RoCE path MTU
+/// (`iboe_get_mtu`: the MTU less GRH, UDP, BTH, XRC and AtomicETH headers
+/// and the ICRC, 96 bytes): 1500 gives 1024, 9000 gives 4096.
+pub fn roce_mtu(netdev_mtu: u32) -> Option<crate::Mtu> {
+    let room = netdev_mtu.checked_sub(40 + 8 + 12 + 4 + 28 + 4)?;
+    crate::Mtu::ALL
+        .into_iter()
+        .rev()
+        .find(|m| m.bytes() <= room)
 }
 
 /// Every address of every interface, with the interface's name, in
@@ -236,6 +288,15 @@ mod tests {
             "{e}"
         );
         assert!(parse_list("justaname").is_err());
+        // rxe's active MTUs: 1500 -> 1024, 9000 -> 4096 (the rxe peer's
+        // Ethernet MTUs), loopback's 65536 -> 4096.
+        assert_eq!(roce_mtu(1500), Some(crate::Mtu::B1024));
+        assert_eq!(roce_mtu(2144), Some(crate::Mtu::B2048));
+        assert_eq!(roce_mtu(2143), Some(crate::Mtu::B1024));
+        assert_eq!(roce_mtu(9000), Some(crate::Mtu::B4096));
+        assert_eq!(roce_mtu(65536), Some(crate::Mtu::B4096));
+        assert_eq!(roce_mtu(300), None);
+        assert_eq!(interface_mtu("127.0.0.1".parse().unwrap()), Some(65536));
         assert_eq!(
             gid_to_ip(ip_to_gid("10.1.2.3".parse().unwrap())),
             "10.1.2.3".parse::<IpAddr>().unwrap()

@@ -412,7 +412,8 @@ impl Cm {
 struct Agreed {
     peer_gid: [u8; 16],
     peer_qpn: u32,
-    /// The PSN the peer sends from (our RQ PSN).
+    /// The Starting PSN of the peer's REQ or REP: the PSN our sends start
+    /// from (our SQ PSN; see [`IdState::psn`]).
     peer_psn: u32,
     /// max_dest_rd_atomic and max_rd_atomic.
     responder_resources: u8,
@@ -454,7 +455,12 @@ struct IdState {
     /// (device, service) pairs a listening ID takes REQs for.
     listening: Vec<(Cm, u64)>,
     comm: Option<u32>,
-    /// Our starting PSN (the QP's SQ PSN), chosen at connect or accept.
+    /// The Starting PSN of our REQ or REP, chosen at creation: the PSN the
+    /// peer's sends start from, so our QP's RQ PSN. This is how the
+    /// kernel's IB CM reads the field: the active side's RQ PSN is its
+    /// REQ's Starting PSN and its SQ PSN the REP's, the passive side's the
+    /// other way round (`cm_init_qp_rtr_attr`/`cm_init_qp_rts_attr`;
+    /// crates/wire/tests/golden/cm/README.md, section 4).
     psn: u32,
     agreed: Agreed,
     tos: Option<u8>,
@@ -716,7 +722,9 @@ impl CmId {
         let bound = self.st().src;
         let local = match src.or(bound) {
             Some(s) if !s.ip().is_unspecified() => Ok(s.ip()),
-            _ => crate::device::route_source(dst.ip()),
+            // With the destination's scope: a link-local peer's route is
+            // its interface's.
+            _ => crate::device::route_source_to(dst),
         };
         let dev = local.ok().and_then(|ip| {
             devices
@@ -889,7 +897,7 @@ impl CmId {
         let service = w::service::id(ps.code(), dst.port());
         let hdr = CmaHdr { src, dst: dst.ip() };
         let a = dev.0.clone();
-        let mtu = mtu_code(a.eng_port_mtu());
+        let mtu = mtu_code(a.path_mtu());
         let resp = clamp_rd(param.responder_resources);
         let init = clamp_rd(param.initiator_depth);
         let ack_timeout = ack.unwrap_or(DEFAULT_ACK_TIMEOUT);
@@ -1159,8 +1167,9 @@ impl CmId {
 
     /// `rdma_init_qp_attr`: the attributes (and mask) that move the ID's
     /// QP to `state` — INIT (port, P_Key index, access or Q_Key), RTR
-    /// (path, peer QP, its PSN, responder resources) or RTS (our PSN,
-    /// timeouts and retries, initiator depth).
+    /// (path, peer QP, the RQ PSN we offered, responder resources) or RTS
+    /// (the SQ PSN the peer offered, timeouts and retries, initiator
+    /// depth).
     pub fn init_qp_attr(&self, state: QpState) -> Result<(QpAttr, AttrMask)> {
         let s = self.st();
         let ud = s.qp_type == QpType::Ud;
@@ -1195,7 +1204,7 @@ impl CmId {
                 }
                 attr.path_mtu = mtu_of(a.path_mtu);
                 attr.dest_qp_num = a.peer_qpn;
-                attr.rq_psn = a.peer_psn;
+                attr.rq_psn = s.psn;
                 attr.av = AddressVector {
                     dgid: a.peer_gid,
                     sgid_index: 0,
@@ -1221,7 +1230,7 @@ impl CmId {
                 if !matches!(s.phase, Phase::Connecting | Phase::Connected) || a.peer_qpn == 0 {
                     return Err(inval("the ID has no peer yet (no REQ or REP)"));
                 }
-                attr.sq_psn = s.psn;
+                attr.sq_psn = a.peer_psn;
                 if rc {
                     attr.timeout = a.ack_timeout;
                     attr.retry_cnt = a.retry_count;
@@ -1303,7 +1312,7 @@ impl CmId {
                 // The peer's initiator depth is what it asks us to serve.
                 responder_resources: clamp_rd(req.initiator_depth),
                 initiator_depth: clamp_rd(req.responder_resources),
-                path_mtu: req.path_mtu.min(mtu_code(a.eng_port_mtu())),
+                path_mtu: req.path_mtu.min(mtu_code(a.path_mtu())),
                 retry_count: req.retry_count,
                 rnr_retry_count: req.rnr_retry_count,
                 ack_timeout: req.primary.local_ack_timeout,
@@ -1583,7 +1592,16 @@ const MIN_RNR_TIMER: u8 = 12;
 const PACKET_RATE: u8 = 0;
 
 impl Agent {
-    fn eng_port_mtu(&self) -> Mtu {
-        self.eng.lock().ep.config().port_mtu
+    /// The path MTU this device offers: its port's active MTU, at most
+    /// the largest that fits the MTU of the interface its address is on,
+    /// as the kernel's rdma_cm sets a RoCE path's (`iboe_get_mtu` of the
+    /// netdev's MTU). A REQ for 4096 from a device on a 1500-byte link
+    /// would have a kernel peer send 4096-byte payloads it cannot carry.
+    fn path_mtu(&self) -> Mtu {
+        let port = self.eng.lock().ep.config().port_mtu;
+        match crate::device::interface_mtu(self.addr).and_then(crate::device::roce_mtu) {
+            Some(link) => port.min(link),
+            None => port,
+        }
     }
 }

@@ -703,6 +703,7 @@ fn blank() -> Completion {
         src_qp: 0,
         wc_flags: 0,
         vendor_err: 0,
+        sl: 0,
     }
 }
 

@@ -42,10 +42,13 @@ impl Drop for Namespaces {
     }
 }
 
-/// Two namespaces joined by a veth pair, 198.18.9.1 (client) and .2
+/// Two namespaces joined by a veth pair, 198.18.`net`.1 (client) and .2
 /// (server), whose client egress marks 1 % of its ECN-capable RoCEv2
-/// datagrams CE. `tag` keeps the names of concurrent tests apart.
-fn marking_pair(tag: &str) -> (Namespaces, String, String) {
+/// datagrams CE. `tag` keeps the names of concurrent tests apart, `net`
+/// their addresses: softrdma's port-sharing state is per address in the
+/// user's runtime directory, which namespaces share, so two tests' clients
+/// on one address would take each other for members of one group.
+fn marking_pair(tag: &str, net: u8) -> (Namespaces, String, String) {
     let tag = format!("srcc-{}-{tag}", std::process::id());
     let (a, b) = (format!("{tag}-a"), format!("{tag}-b"));
     let guard = Namespaces(vec![a.clone(), b.clone()]);
@@ -54,7 +57,8 @@ fn marking_pair(tag: &str) -> (Namespaces, String, String) {
     ip(&[
         "-n", &a, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", &b,
     ]);
-    for (ns, addr) in [(&a, "198.18.9.1/24"), (&b, "198.18.9.2/24")] {
+    let (ca, sa) = (format!("198.18.{net}.1/24"), format!("198.18.{net}.2/24"));
+    for (ns, addr) in [(&a, &ca), (&b, &sa)] {
         ip(&["-n", ns, "link", "set", "lo", "up"]);
         ip(&["-n", ns, "link", "set", "eth0", "mtu", "9000", "up"]);
         ip(&["-n", ns, "addr", "add", addr, "dev", "eth0"]);
@@ -74,7 +78,7 @@ fn marking_pair(tag: &str) -> (Namespaces, String, String) {
 /// `perf write_bw --cc dcqcn --stats --check ARGS` as server in `b` and
 /// client in `a`; both must succeed and the data be verified. Returns
 /// (client, server) stdout.
-fn dcqcn_write_bw(a: &str, b: &str, args: &[&str]) -> (String, String) {
+fn dcqcn_write_bw(a: &str, b: &str, server_addr: &str, args: &[&str]) -> (String, String) {
     let bin = env!("CARGO_BIN_EXE_softrdma");
     let perf = |ns: &str, extra: &[&str]| {
         let mut c = Command::new("ip");
@@ -94,7 +98,7 @@ fn dcqcn_write_bw(a: &str, b: &str, args: &[&str]) -> (String, String) {
     // with many QPs each prints a line per QP, more than a pipe holds.
     let server = perf(b, &[]).spawn().expect("server");
     let server = std::thread::spawn(move || finish(server, "server"));
-    let client = finish(perf(a, &["198.18.9.2"]).spawn().expect("client"), "client");
+    let client = finish(perf(a, &[server_addr]).spawn().expect("client"), "client");
     let server = server.join().expect("server output");
     let (cout, sout) = (
         String::from_utf8_lossy(&client.stdout).to_string(),
@@ -140,8 +144,13 @@ fn assert_cnps(cout: &str, sout: &str) {
 
 #[test]
 fn dcqcn_over_udp_gets_cnps_from_a_marking_bottleneck() {
-    let (_guard, a, b) = marking_pair("one");
-    let (cout, sout) = dcqcn_write_bw(&a, &b, &["-s", "65536", "-n", "200", "-p", "18777"]);
+    let (_guard, a, b) = marking_pair("one", 9);
+    let (cout, sout) = dcqcn_write_bw(
+        &a,
+        &b,
+        "198.18.9.2",
+        &["-s", "65536", "-n", "200", "-p", "18777"],
+    );
     assert_cnps(&cout, &sout);
 }
 
@@ -153,10 +162,11 @@ fn dcqcn_over_udp_gets_cnps_from_a_marking_bottleneck() {
 /// it), and CNPs flow.
 #[test]
 fn dcqcn_with_1024_qps_completes_without_loss_and_with_cnps() {
-    let (_guard, a, b) = marking_pair("many");
+    let (_guard, a, b) = marking_pair("many", 10);
     let (cout, sout) = dcqcn_write_bw(
         &a,
         &b,
+        "198.18.10.2",
         &["-q", "1024", "-s", "4096", "-n", "50", "-p", "18778"],
     );
     assert_cnps(&cout, &sout);

@@ -640,17 +640,24 @@ impl Joined {
         if !self.group_differs()? {
             return Ok(false); // repaired by another member meanwhile
         }
+        self.resteer(sock, st)?;
+        Ok(true)
+    }
+
+    /// Measure the group, drop the members gone from it, re-steer and
+    /// write the state (the caller holds the group's lock).
+    fn resteer(&mut self, sock: &Socket, mut st: State) -> io::Result<()> {
         let array = measure_retrying(self.addr, st.secret, &mut self.table)?;
         let live: HashSet<u64> = array.iter().flatten().copied().collect();
-        let mut st = st;
         st.members.retain(|m| live.contains(&m.inode));
         st.prune_listeners();
         st.array = array.clone();
         cbpf::attach_group(sock.as_raw_fd(), &st.program(&array))?;
         write_state(&self.state_path, &st)?;
         self.view = view_of(&self.state_path, &st);
+        self.known = Some(array);
         self.repairs += 1;
-        Ok(true)
+        Ok(())
     }
 
     /// A CM message for `slot` (not ours) arrived: whether another live
@@ -666,19 +673,10 @@ impl Joined {
         }
         if !repaired {
             let _lock = rundir::lock(&self.lock_path)?;
-            let Some(mut st) = read_state(&self.state_path) else {
+            let Some(st) = read_state(&self.state_path) else {
                 return Ok(true);
             };
-            let array = measure_retrying(self.addr, st.secret, &mut self.table)?;
-            let live: HashSet<u64> = array.iter().flatten().copied().collect();
-            st.members.retain(|m| live.contains(&m.inode));
-            st.prune_listeners();
-            st.array = array.clone();
-            cbpf::attach_group(sock.as_raw_fd(), &st.program(&array))?;
-            write_state(&self.state_path, &st)?;
-            self.view = view_of(&self.state_path, &st);
-            self.known = Some(array);
-            self.repairs += 1;
+            self.resteer(sock, st)?;
         }
         Ok(self.view.owned[slot as usize])
     }

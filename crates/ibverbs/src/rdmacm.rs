@@ -488,14 +488,8 @@ fn new_id(ch: *mut Channel, cmid: CmId, context: *mut c_void, sync: bool) -> *mu
         (*p).id.set_user(p as usize);
     }
     lock(&LIVE).ids.insert(p as usize, ());
-    cm_log(&format!("id {p:?} created"));
+    softrdma_verbs::cm::log(&format!("id {p:?} created"));
     p
-}
-
-fn cm_log(msg: &str) {
-    if std::env::var_os("SOFTRDMA_CM_LOG").is_some_and(|v| v != "0") {
-        eprintln!("softrdma-cm: {msg}");
-    }
 }
 
 fn make_channel() -> Res<*mut Channel> {
@@ -621,7 +615,7 @@ pub unsafe extern "C" fn softrdma_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
         let (m, cv) = &*UNACKED;
         let mut g = lock(m);
         while g.get(&(p as usize)).is_some_and(|&n| n > 0) {
-            cm_log(&format!(
+            softrdma_verbs::cm::log(&format!(
                 "id {p:?}: waiting for {} unacknowledged events",
                 g[&(p as usize)]
             ));
@@ -630,7 +624,7 @@ pub unsafe extern "C" fn softrdma_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
         g.remove(&(p as usize));
         drop(g);
         lock(&LIVE).ids.remove(&(p as usize));
-        cm_log(&format!("id {p:?} destroyed"));
+        softrdma_verbs::cm::log(&format!("id {p:?} destroyed"));
         let own = i.own_channel;
         // SAFETY: our box, unregistered; nothing refers to it any more.
         drop(unsafe { Box::from_raw(p as *mut Id) });
@@ -1354,7 +1348,7 @@ fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
         }
     }
     *lock(&UNACKED.0).entry(id_ptr).or_insert(0) += 1;
-    cm_log(&format!(
+    softrdma_verbs::cm::log(&format!(
         "event {} for id {:#x} handed out",
         kind.name(),
         id_ptr

@@ -2,11 +2,10 @@
 //! fi_pingpong) on softrdma's libibverbs.so.1 and librdmacm.so.1: the
 //! device is listed for datagram, connected (FI_EP_MSG, over rdma_cm) and
 //! reliable-datagram (verbs;ofi_rxm) endpoints, and fi_pingpong completes
-//! over `verbs` (its default, datagrams) and `verbs;ofi_rxm` (RDM, over
+//! over `verbs` with its default datagrams and with connected endpoints
+//! (`-e msg`, RC over rdma_cm), and over `verbs;ofi_rxm` (RDM, over
 //! rdma_cm connections: what fabtests' fi_rdm_pingpong, which Debian does
-//! not package, runs). (`-p verbs -e msg` moves all its data but often
-//! ends with a retry-exceeded completion after the peer disconnected; see
-//! docs/INTEROP.md.)
+//! not package, runs).
 //!
 //! The verbs provider offers MSG endpoints only on devices whose address
 //! belongs to an interface that is not loopback (it looks for an "IPoIB
@@ -198,6 +197,11 @@ fn fi_pingpong_over_verbs_and_rxm() {
     for args in [
         // fi_pingpong's default endpoint: datagrams (verbs UD).
         &["-p", "verbs", "-I", "100"][..],
+        // Connected endpoints: RC QPs over rdma_cm. Both sides send their
+        // last message and disconnect as soon as it completes, so the
+        // ACK of the message each received must leave before the QP goes
+        // to Error (see `Qp::modify`).
+        &["-p", "verbs", "-e", "msg", "-I", "100"][..],
         &["-p", "verbs;ofi_rxm", "-e", "rdm", "-I", "100"][..],
     ] {
         let out = pingpong(&ns, args);

@@ -248,6 +248,20 @@ impl Port {
         }
     }
 
+    /// The slot of the live process of this address listening on the CM
+    /// service whose ID ends in `service`, if any (this port's own slot
+    /// included; `None` for a port that owns its address alone). Waits
+    /// for a listener's registration in progress (see `listen_service`).
+    pub fn listener_of(&mut self, service: u32) -> Option<u8> {
+        match &mut self.joined {
+            Some(j) => j.listener_of(service).unwrap_or_else(|_| {
+                self.stats.steer_repair_errors += 1;
+                None
+            }),
+            None => None,
+        }
+    }
+
     /// A CM MAD for `slot` (not this port's; the slot is in the MAD's
     /// content, which the receive path does not read) reached this port:
     /// whether another live member owns the slot. Then it was misdelivered

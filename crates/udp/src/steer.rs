@@ -681,6 +681,28 @@ impl Joined {
         Ok(self.view.owned[slot as usize])
     }
 
+    /// The slot of the live member listening on `service` (the low 32 bits
+    /// of a CM service ID) at this address, if any. Waits for the group's
+    /// lock, which a member registering a listener holds until the
+    /// steering takes it: a request that reached this member in that
+    /// window is then known to be the registering member's. Live: its
+    /// socket is in the kernel's listing.
+    pub(crate) fn listener_of(&mut self, service: u32) -> io::Result<Option<u8>> {
+        let _lock = rundir::lock(&self.lock_path)?;
+        let Some(st) = read_state(&self.state_path) else {
+            return Ok(None);
+        };
+        let Some(l) = st.listeners.iter().find(|l| l.service == service) else {
+            return Ok(None);
+        };
+        let Some(m) = st.members.iter().find(|m| m.slot == l.slot) else {
+            return Ok(None);
+        };
+        let inode = m.inode;
+        let live = self.table.read()?.iter().any(|r| r.inode == inode);
+        Ok(live.then_some(l.slot))
+    }
+
     /// Whether the members the kernel lists are not those of the view.
     fn group_differs(&mut self) -> io::Result<bool> {
         let rows = self.table.read()?;

@@ -180,6 +180,12 @@ pub(crate) struct State {
     gsi_out: Vec<([u8; 16], [u8; crate::gsi::MAD_LEN])>,
     /// CM MADs received for another slot, to check against the group.
     gsi_foreign: Vec<crate::gsi::Mad>,
+    /// Connection requests for services nobody in this process listens
+    /// on (no connection manager here), for [`State::unlistened_request`].
+    gsi_requests: Vec<crate::gsi::Mad>,
+    /// The last requests passed on to (or dropped for) another process's
+    /// listener, by sender and transaction ID (see `unlistened_request`).
+    gsi_passed: std::collections::VecDeque<([u8; 16], u64)>,
     /// The PSN of QP1's next MAD.
     gsi_psn: u32,
 }
@@ -245,14 +251,20 @@ impl softrdma_core::Offload for PeerOffload<'_> {
 }
 
 /// A MAD for this port: to the connection manager, or — with none in this
-/// process — answered as nobody's (`crate::cm::unclaimed`).
+/// process — a request kept for [`State::unlistened_request`], anything
+/// else answered as nobody's (`crate::cm::unclaimed`).
 fn take_mad(
     gsi: &crate::gsi::Inbox,
     out: &mut Vec<([u8; 16], [u8; crate::gsi::MAD_LEN])>,
+    requests: &mut Vec<crate::gsi::Mad>,
     mad: crate::gsi::Mad,
 ) {
     if gsi.is_open() {
         gsi.push(mad);
+    } else if crate::gsi::request_service(&mad.bytes).is_some() {
+        if requests.len() < 16 {
+            requests.push(mad);
+        }
     } else if let Some(reply) = crate::cm::unclaimed(&mad.bytes) {
         if out.len() < 64 {
             out.push((mad.sgid, reply));
@@ -278,6 +290,7 @@ impl State {
                 gsi,
                 gsi_out,
                 gsi_foreign,
+                gsi_requests,
                 ..
             } = self;
             let slot = port.slot();
@@ -293,7 +306,7 @@ impl State {
                                 gsi_foreign.push(mad);
                             }
                         }
-                        Some(mad) => take_mad(gsi, gsi_out, mad),
+                        Some(mad) => take_mad(gsi, gsi_out, gsi_requests, mad),
                     }
                     return;
                 }
@@ -327,8 +340,11 @@ impl State {
                         self.port.slot()
                     ));
                 } else {
-                    take_mad(&self.gsi, &mut self.gsi_out, mad);
+                    take_mad(&self.gsi, &mut self.gsi_out, &mut self.gsi_requests, mad);
                 }
+            }
+            while let Some(mad) = self.gsi_requests.pop() {
+                self.unlistened_request(mad.sgid, &mad.bytes);
             }
             while let Some((gid, mad)) = self.gsi_out.pop() {
                 let _ = self.send_mad(gid, &mad);
@@ -376,6 +392,60 @@ impl State {
         }
         self.deliver_events(async_fd);
         p
+    }
+
+    /// A connection request (REQ or SIDR_REQ) from `sgid` for a service no
+    /// ID of this process listens on. If another live process of this
+    /// address listens on it (or is registering the listener right now:
+    /// `Port::listener_of` waits for that), the request reached us only
+    /// because the steering had not taken the service yet, or is stale:
+    /// it is not ours to refuse. A request from this very address is
+    /// passed on — sent again to the address, where the steering now
+    /// takes it to the listener, exactly as it came (same sender, same
+    /// content). One from elsewhere cannot be (we cannot send as its
+    /// sender) and is dropped; its sender sends it again after its CM
+    /// response timeout. A request seen again after being passed on or
+    /// dropped means the steering is wrong: dropped, and the group
+    /// re-steered. Nobody listens: answered as the kernel's CM does ("invalid
+    /// service ID", SIDR "service ID not supported").
+    pub(crate) fn unlistened_request(&mut self, sgid: [u8; 16], mad: &[u8; crate::gsi::MAD_LEN]) {
+        let Some(service) = crate::gsi::request_service(mad) else {
+            return;
+        };
+        match self.port.listener_of(service as u32) {
+            Some(slot) if slot != self.port.slot() => {
+                let tid = u64::from_be_bytes(mad[8..16].try_into().expect("8 bytes"));
+                let key = (sgid, tid);
+                if self.gsi_passed.contains(&key) {
+                    self.port.misdelivered_cm(slot);
+                    crate::cm::log(&format!(
+                        "a request for {service:#x} (listened on by slot {slot}) came back: dropped, steering repaired"
+                    ));
+                    return;
+                }
+                if self.gsi_passed.len() == 8 {
+                    self.gsi_passed.pop_front();
+                }
+                self.gsi_passed.push_back(key);
+                if sgid == self.port.local_gid() {
+                    crate::cm::log(&format!(
+                        "a request for {service:#x} came to slot {}: passed on to slot {slot}",
+                        self.port.slot()
+                    ));
+                    let _ = self.send_mad(sgid, mad);
+                } else {
+                    crate::cm::log(&format!(
+                        "a request for {service:#x} came to slot {}: dropped, slot {slot} listens",
+                        self.port.slot()
+                    ));
+                }
+            }
+            _ => {
+                if let Some(reply) = crate::cm::unclaimed(mad) {
+                    let _ = self.send_mad(sgid, &reply);
+                }
+            }
+        }
     }
 
     /// Send one MAD from QP1 to QP1 at `dgid`, now.
@@ -776,6 +846,8 @@ impl Engine {
                 gsi: Arc::new(crate::gsi::Inbox::new()?),
                 gsi_out: Vec::new(),
                 gsi_foreign: Vec::new(),
+                gsi_requests: Vec::new(),
+                gsi_passed: std::collections::VecDeque::new(),
                 gsi_psn: 0,
             }),
             shm,

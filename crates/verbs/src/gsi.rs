@@ -97,6 +97,17 @@ pub(crate) fn cm_slot(mad: &[u8; MAD_LEN]) -> Option<u8> {
     Some((id >> 24) as u8).filter(|&s| s != 0)
 }
 
+/// The service a connection request (REQ or SIDR_REQ) asks for; `None`
+/// for every other MAD.
+pub(crate) fn request_service(mad: &[u8; MAD_LEN]) -> Option<u64> {
+    use softrdma_wire::cm::{self as w, CmMsg};
+    match w::parse(mad).ok()?.1 {
+        CmMsg::Req(r) => Some(r.service_id),
+        CmMsg::SidrReq(r) => Some(r.service_id),
+        _ => None,
+    }
+}
+
 /// The BTH and DETH of a MAD sent from QP1 to QP1 (UD SEND ONLY, default
 /// P_Key, AckReq set, GSI Q_Key), with packet sequence number `psn` (a
 /// counter from 0, as the kernel's QP1).

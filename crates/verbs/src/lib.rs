@@ -1675,6 +1675,14 @@ impl Qp {
             _ => None,
         };
         let mut st = self.eng.lock();
+        if to.is_some() {
+            // An ACK the last pass deferred may be this QP's, owed for a
+            // message the application has already taken: a transition to
+            // Error or Reset (rdma_disconnect after the last completion)
+            // would drop it, and the peer would retransmit into a QP that
+            // no longer answers until its retry count runs out.
+            self.eng.flush_deferred(&mut st);
+        }
         st.ep.modify_qp(self.qpn, attr, mask)?;
         match to {
             Some(QpState::Rtr) | Some(QpState::Reset) => {

@@ -1287,3 +1287,63 @@ fn inline_sges_are_read_in_iova_space() {
         },
     );
 }
+
+/// The receiver of a message moves its QP to Error the moment the message's
+/// completion is in its hands (rdma_disconnect after the last receive, as
+/// fi_pingpong's connected endpoints do): the sender still gets its ACK
+/// and a successful completion, not a retry-exceeded one from
+/// retransmitting into a QP that no longer answers. The ACK may have been
+/// held for the receiver's next post (see the engine's deferred ACKs).
+#[test]
+fn a_message_taken_before_error_is_acknowledged() {
+    two_processes(
+        "a_message_taken_before_error_is_acknowledged",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Udp));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            let rbuf = pd.reg_mr(vec![0; 64], AccessFlags::LOCAL_WRITE).unwrap();
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 5);
+            for round in 0..20u64 {
+                post_recv(&qp, round, rbuf.sge(0, 64));
+                let w = wait_cq(&cq, 1, "the message");
+                assert_wc(&w[0], round, WcStatus::Success, WcOpcode::Recv, 64);
+                if round == 19 {
+                    qp.modify(
+                        &QpAttr {
+                            qp_state: QpState::Err,
+                            ..Default::default()
+                        },
+                        AttrMask::STATE,
+                    )
+                    .unwrap();
+                }
+            }
+            // Keep the QP (in Error) until the sender has its completion.
+            oob.expect("done");
+            drop(qp);
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Udp));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            let sbuf = mr_with(&pd, 64, 7, AccessFlags::LOCAL_WRITE);
+            // A short ACK timeout (4.096 µs × 2^10, 7 retries: 30 ms) so a
+            // lost ACK fails the test quickly.
+            let mine = addr_of(&ctx, &qp, psn(77));
+            oob.send_addr(&mine);
+            let r = oob.recv_addr();
+            connect_with(&qp, QpType::Rc, mine.psn, &r, 10);
+            let one = [sbuf.sge(0, 64)];
+            for round in 0..20u64 {
+                qp.post_send(&wr(round, SendOp::Send, &one, SendFlags::SIGNALED))
+                    .unwrap();
+                let w = wait_cq(&cq, 1, "the send's completion");
+                assert_wc(&w[0], round, WcStatus::Success, WcOpcode::Send, 64);
+            }
+            oob.signal("done");
+        },
+    );
+}

@@ -91,6 +91,23 @@ pub(crate) struct Conn {
     answer: Option<Box<[u8; MAD_LEN]>>,
 }
 
+/// The CM message a MAD carries, for the trace.
+fn mad_name(mad: &[u8; MAD_LEN]) -> &'static str {
+    match w::parse(mad) {
+        Ok((_, CmMsg::Req(_))) => "REQ",
+        Ok((_, CmMsg::Rep(_))) => "REP",
+        Ok((_, CmMsg::Rtu(_))) => "RTU",
+        Ok((_, CmMsg::Rej(_))) => "REJ",
+        Ok((_, CmMsg::Mra(_))) => "MRA",
+        Ok((_, CmMsg::Dreq(_))) => "DREQ",
+        Ok((_, CmMsg::Drep(_))) => "DREP",
+        Ok((_, CmMsg::SidrReq(_))) => "SIDR_REQ",
+        Ok((_, CmMsg::SidrRep(_))) => "SIDR_REP",
+        Ok((_, CmMsg::Other(_))) => "another MAD",
+        Err(_) => "a malformed MAD",
+    }
+}
+
 /// A held request: its sender, the sender's ID, the MAD.
 pub type Held = ([u8; 16], u32, Box<[u8; MAD_LEN]>);
 
@@ -103,6 +120,9 @@ struct Table {
     listeners: HashMap<u64, CmId>,
     /// Services whose REQs the port's steering sends here (see `listen`).
     steered: std::collections::HashSet<u64>,
+    /// Services being registered with the port's steering right now (see
+    /// `listen`): their REQs are held, not refused.
+    registering: std::collections::HashSet<u64>,
     /// REQs and SIDR_REQs that arrived for a steered service while it had
     /// no listener (see `hold`), by service: (sender, its ID, the MAD).
     held: HashMap<u64, Vec<Held>>,
@@ -241,6 +261,9 @@ impl Agent {
     }
 
     fn send(&self, dgid: [u8; 16], mad: &[u8; MAD_LEN]) {
+        if crate::cm::logging() {
+            crate::cm::log(&format!("send {} on slot {}", mad_name(mad), self.slot));
+        }
         let mut st = self.eng.lock();
         if let Err(e) = st.send_mad(dgid, mad) {
             crate::cm::log(&format!("sending a CM MAD failed: {e}"));
@@ -285,37 +308,66 @@ impl Agent {
     /// The cost: another process cannot listen on that port at this
     /// address before this device closes (EADDRINUSE).
     ///
-    /// Returns the requests held for `service` while nobody listened (see
-    /// `hold`): the caller hands them to [`Agent::serve_held`] once `id`
-    /// is listening — on every device it listens on — so that they meet a
-    /// listener that takes them.
-    pub fn listen(&self, service: u64, id: &CmId) -> io::Result<Vec<Held>> {
+    /// From here until [`Agent::listen_done`] the service is registering:
+    /// its requests that reach this port (hashed here before the steering
+    /// takes the service, queued while the registration held the engine,
+    /// or steered here while `id` still registers on its other devices)
+    /// are held, then served by `listen_done`'s caller once `id` listens
+    /// on every device. An error ends the registration
+    /// ([`Agent::listen_failed`]).
+    pub fn listen(&self, service: u64, id: &CmId) -> io::Result<()> {
         crate::cm::log(&format!("listen {service:#x} on slot {}", self.slot));
         let steered = {
-            let t = self.table();
-            if t.listeners.contains_key(&service) {
+            let mut t = self.table();
+            if t.listeners.contains_key(&service) || t.registering.contains(&service) {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
                     "the address and port are in use",
                 ));
             }
+            t.registering.insert(service);
             t.steered.contains(&service)
         };
         if !steered {
-            self.eng.lock().port.listen_service(service as u32, true)?;
+            if let Err(e) = self.eng.lock().port.listen_service(service as u32, true) {
+                self.listen_failed(service, id);
+                return Err(e);
+            }
             crate::cm::log(&format!("steered {service:#x} on slot {}", self.slot));
         }
+        let mut t = self.table();
+        t.steered.insert(service);
+        t.listeners.insert(service, id.clone());
+        Ok(())
+    }
+
+    /// `id` listens on every device now: the requests held for `service`
+    /// meanwhile (see `hold`), for the caller to hand to
+    /// [`Agent::serve_held`].
+    pub fn listen_done(&self, service: u64) -> Vec<Held> {
+        let mut t = self.table();
+        t.registering.remove(&service);
+        t.held.remove(&service).unwrap_or_default()
+    }
+
+    /// `id`'s registration of `service` ended in an error (here or on
+    /// another device): no listener, and the held requests are refused.
+    pub fn listen_failed(&self, service: u64, id: &CmId) {
         let held = {
             let mut t = self.table();
-            t.steered.insert(service);
-            t.listeners.insert(service, id.clone());
+            t.registering.remove(&service);
+            if t.listeners.get(&service).is_some_and(|l| l == id) {
+                t.listeners.remove(&service);
+            }
             t.held.remove(&service).unwrap_or_default()
         };
-        Ok(held)
+        for (sgid, _, mad) in held {
+            self.refuse(&sgid, &mad);
+        }
     }
 
     /// Serve requests that came in the gap between a service's listeners
-    /// (what [`Agent::listen`] returned), now that it is listened on.
+    /// (what [`Agent::listen_done`] returned), now that it is listened on.
     pub fn serve_held(&self, held: Vec<Held>) {
         for (sgid, _, mad) in held {
             self.on_mad(&sgid, &mad);
@@ -323,8 +375,10 @@ impl Agent {
     }
 
     /// A REQ (or SIDR_REQ) from `sgid` with ID `peer_id` for `service`,
-    /// which nobody here listens on: whether to hold it instead of
-    /// rejecting it. A service that stays steered here after its listener
+    /// which nobody here listens on (or whose listener is still
+    /// registering, see `listen`): whether to hold it instead of
+    /// rejecting it. A registering service's requests are held until
+    /// `listen_done`. A service that stays steered here after its listener
     /// went (see `listen`) is one this process listens on now and then:
     /// perftest closes its control listener and listens on the same port
     /// for its data connections, and its client's REQ can arrive in the
@@ -342,7 +396,7 @@ impl Agent {
         service: u64,
         mad: &[u8; MAD_LEN],
     ) -> bool {
-        if !t.steered.contains(&service) {
+        if !t.steered.contains(&service) && !t.registering.contains(&service) {
             return false;
         }
         let q = t.held.entry(service).or_default();
@@ -700,6 +754,9 @@ impl Agent {
     }
 
     fn on_mad(&self, sgid: &[u8; 16], mad: &[u8; MAD_LEN]) {
+        if crate::cm::logging() {
+            crate::cm::log(&format!("got {} on slot {}", mad_name(mad), self.slot));
+        }
         let Ok((h, msg)) = w::parse(mad) else {
             return;
         };
@@ -818,12 +875,16 @@ impl Agent {
             }
             return;
         }
-        let Some(listener) = t.listeners.get(&req.service_id).cloned() else {
+        let listener = match t.listeners.get(&req.service_id) {
+            Some(_) if t.registering.contains(&req.service_id) => None,
+            l => l.cloned(),
+        };
+        let Some(listener) = listener else {
             if self.hold(&mut t, sgid, req.local_comm_id, req.service_id, mad) {
                 return;
             }
             drop(t);
-            self.refuse(sgid, mad);
+            self.eng.lock().unlistened_request(*sgid, mad);
             return;
         };
         let comm = self.alloc(&mut t);
@@ -860,12 +921,16 @@ impl Agent {
             }
             return;
         }
-        let Some(listener) = t.listeners.get(&req.service_id).cloned() else {
+        let listener = match t.listeners.get(&req.service_id) {
+            Some(_) if t.registering.contains(&req.service_id) => None,
+            l => l.cloned(),
+        };
+        let Some(listener) = listener else {
             if self.hold(&mut t, sgid, req.request_id, req.service_id, mad) {
                 return;
             }
             drop(t);
-            self.refuse(sgid, mad);
+            self.eng.lock().unlistened_request(*sgid, mad);
             return;
         };
         let comm = self.alloc(&mut t);

@@ -42,8 +42,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub(crate) fn log(msg: &str) {
-    if std::env::var_os("SOFTRDMA_CM_LOG").is_some_and(|v| v != "0") {
+/// Whether `SOFTRDMA_CM_LOG` asks for the CM's trace on stderr (read once).
+pub fn logging() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SOFTRDMA_CM_LOG").is_some_and(|v| v != "0"))
+}
+
+/// A line of the CM's trace (`softrdma-cm: <seconds>.<µs> <msg>` on stderr)
+/// if [`logging`].
+pub fn log(msg: &str) {
+    if logging() {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
@@ -827,33 +835,27 @@ impl CmId {
             ));
         }
         let mut done: Vec<(Cm, u64)> = Vec::new();
-        let mut held = Vec::new();
         for d in devs {
-            match d.0.listen(service, self) {
-                Ok(h) => held.push((d.clone(), h)),
-                Err(e) => {
-                    for (d, s) in &done {
-                        d.0.unlisten(*s, self);
-                    }
-                    // Not served: they are held again, as before.
-                    for (d, h) in held {
-                        d.0.serve_held(h);
-                    }
-                    return Err(Error::Io(e));
+            if let Err(e) = d.0.listen(service, self) {
+                for (d, s) in &done {
+                    d.0.listen_failed(*s, self);
                 }
+                return Err(Error::Io(e));
             }
             done.push((d, service));
         }
         {
             let mut s = self.st();
-            s.listening = done;
+            s.listening = done.clone();
             s.phase = Phase::Listening;
         }
-        // Only now, with the ID listening: a request held while nobody
-        // listened, served before this, would find no listener in the ID
-        // and be rejected.
-        for (d, h) in held {
-            d.0.serve_held(h);
+        // Only now, with the ID listening: a request served before this
+        // would find no listener in the ID and be refused. Requests that
+        // came meanwhile (while the steering took the service, or while
+        // the ID registered on its other devices) were held.
+        for (d, s) in done {
+            let held = d.0.listen_done(s);
+            d.0.serve_held(held);
         }
         Ok(())
     }

@@ -164,7 +164,13 @@ impl Run {
         }
         let server = spawn_env(&common, &env);
         let mut cargs = common.clone();
-        cargs.push(self.host.to_string());
+        // -R connects to the server's device address (rdma_cm's), not to
+        // a TCP listener on any address.
+        let cm = self.flags.iter().any(|f| f == "-R");
+        match &iso {
+            Some(a) if cm => cargs.push(a.to_string()),
+            _ => cargs.push(self.host.to_string()),
+        }
         let client = spawn_env(&cargs, &env);
         let c = finish(client, "client");
         let s = finish(server, "server");
@@ -186,6 +192,18 @@ impl Run {
         let s_remote = parse_addr(sl[1], false, ud);
         let c_local = parse_addr(cl[0], true, ud);
         let c_remote = parse_addr(cl[1], false, ud);
+        // -R over UD: SIDR carries no PSN (a UD QP's means nothing to its
+        // peer), so each side shows the other's as 0.
+        let sidr = ud && self.flags.iter().any(|f| f == "-R");
+        let (s_local, c_local) = if sidr {
+            assert_eq!((s_remote.2, c_remote.2), (0, 0), "{what}: SIDR PSNs");
+            (
+                (s_local.0, s_local.1, 0, s_local.3),
+                (c_local.0, c_local.1, 0, c_local.3),
+            )
+        } else {
+            (s_local, c_local)
+        };
         assert_eq!(
             s_local, c_remote,
             "{what}: client sees the server's address"
@@ -242,6 +260,16 @@ fn ud_sizes_with_validation() {
     ] {
         Run::new("ud", flags).pair();
     }
+}
+
+/// `-R`: the QP connected through rdma_cm (RC and UC by REQ/REP/RTU, UD
+/// by SIDR), the data checked.
+#[test]
+fn rdma_cm_on_every_transport() {
+    for t in ["rc", "uc", "ud"] {
+        Run::new(t, &["-R", "-n", "200", "-c"]).pair();
+    }
+    Run::new("rc", &["-R", "-n", "100", "-c", "-e", "-s", "10000"]).pair();
 }
 
 #[test]

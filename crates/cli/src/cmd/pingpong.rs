@@ -44,6 +44,14 @@
 //! * A client retries connecting for a few seconds while the server
 //!   starts; a run in which no completion arrives for a minute gives up
 //!   instead of hanging.
+//! * `-R` (not in rdma-core's programs; perftest's flag): the QP connects
+//!   through rdma_cm instead of the TCP exchange — RC and UC by
+//!   `rdma_connect`/`rdma_accept` to the server's port `-p` (rdma_cm picks
+//!   the PSNs), UD by SIDR to the server's UD service on that port, with
+//!   rdma_cm's Q_Key (0x01234567); the UD server learns the client's QP
+//!   from its first datagram (SIDR tells a service nothing of the
+//!   requester's QP). The address lines are printed once connected, with
+//!   the PSNs rdma_cm chose.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -52,9 +60,9 @@ use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use softrdma_verbs::{
-    by_addr, by_name, route_source, AccessFlags, AttrMask, CompChannel, Completion, Context, Cq,
-    DeviceInfo, Mr, Mtu, OpenOptions, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RecvWr,
-    SendFlags, SendOp, SendWr, UdDest, WcStatus,
+    by_addr, by_name, cm, route_source, AccessFlags, AttrMask, CompChannel, Completion, Context,
+    Cq, DeviceInfo, Mr, Mtu, OpenOptions, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType,
+    RecvWr, SendFlags, SendOp, SendWr, UdDest, WcStatus,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -137,6 +145,10 @@ pub struct Args {
     /// against rxe.
     #[arg(long)]
     pub fault: Option<softrdma_verbs::FaultConfig>,
+    /// Connect the QP through rdma_cm (to the server's port `-p`) instead
+    /// of exchanging its address over TCP (perftest's -R).
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
 }
 
 const RECV_WRID: u64 = 1;
@@ -317,6 +329,9 @@ struct Pp {
     /// Where the message starts in the buffer (UD: after the GRH).
     data: usize,
     ud: Option<UdDest>,
+    /// `-R`, the UD server: the client's GID (from its SIDR_REQ) until its
+    /// first datagram names its QP.
+    ud_peer_gid: Option<[u8; 16]>,
     _pd: Pd,
 }
 
@@ -414,7 +429,7 @@ impl Pp {
             pkey_index: 0,
             port_num: a.ib_port as u8,
             qp_access_flags: AccessFlags::EMPTY,
-            qkey: UD_QKEY,
+            qkey: if a.rdma_cm { cm::UDP_QKEY } else { UD_QKEY },
             ..Default::default()
         };
         let mask = AttrMask::STATE
@@ -439,6 +454,7 @@ impl Pp {
             send_flags,
             data,
             ud: None,
+            ud_peer_gid: None,
             _pd: pd,
         })
     }
@@ -466,6 +482,24 @@ impl Pp {
                 ud: self.ud,
             })
             .map_err(|e| Fail(format!("Couldn't post send: {e}")))
+    }
+
+    /// `-R`, UD: RTR and RTS (the peer comes from SIDR, or from its first
+    /// datagram).
+    fn ready_ud(&self) -> Result<(), Fail> {
+        let mut attr = QpAttr {
+            qp_state: QpState::Rtr,
+            ..Default::default()
+        };
+        self.qp
+            .modify(&attr, AttrMask::STATE)
+            .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
+        attr.qp_state = QpState::Rts;
+        attr.sq_psn = random_psn();
+        self.qp
+            .modify(&attr, AttrMask::STATE | AttrMask::SQ_PSN)
+            .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
+        Ok(())
     }
 
     /// `pp_connect_ctx`: RTR and RTS towards `rem` (and UD's address handle).
@@ -606,51 +640,58 @@ fn pingpong(a: &Args) -> Result<bool, Fail> {
         Some(n) => Some(by_name(n).map_err(|_| format!("IB device {n} not found"))?),
         None => None,
     };
-    let (pp, client) = match &a.host {
-        Some(host) => {
-            let addrs = resolve(host, a.port)?;
-            let dev = match named {
-                Some(d) => d,
-                None => by_addr(route_source(addrs[0].ip())?)?,
-            };
-            let (mut pp, my) = start(&dev, a, size)?;
-            let mut s = connect_tcp(&addrs, host, a.port)?;
-            s.write_all(&my.encode())
-                .map_err(|e| format!("Couldn't send local address: {e}"))?;
-            let mut m = [0u8; MSG_LEN];
-            s.read_exact(&mut m)
-                .and_then(|_| s.write_all(b"done\0"))
-                .map_err(|e| format!("Couldn't read/write remote address: {e}"))?;
-            let rem = Dest::decode(&m)?;
-            println!("{}", addr_line(false, t, &rem));
-            pp.connect(a, my.psn, &rem)?;
-            (pp, true)
-        }
-        None => {
-            let l = listen(a.port)?;
-            let mut early = match named {
-                Some(d) => Some(start(&d, a, size)?),
-                None => None,
-            };
-            let (mut s, _) = l.accept().map_err(|e| format!("accept() failed: {e}"))?;
-            drop(l);
-            s.set_read_timeout(Some(STALL))?;
-            let (mut pp, my) = match early.take() {
-                Some(x) => x,
-                None => start(&by_addr(s.local_addr()?.ip())?, a, size)?,
-            };
-            let mut m = [0u8; MSG_LEN];
-            s.read_exact(&mut m)
-                .map_err(|e| format!("Couldn't read remote address: {e}"))?;
-            let rem = Dest::decode(&m)?;
-            pp.connect(a, my.psn, &rem)
-                .map_err(|Fail(e)| Fail(format!("{e}\nCouldn't connect to remote QP")))?;
-            let mut done = [0u8; 5];
-            s.write_all(&my.encode())
-                .and_then(|_| s.read_exact(&mut done))
-                .map_err(|e| format!("Couldn't send/recv local address: {e}"))?;
-            println!("{}", addr_line(false, t, &rem));
-            (pp, false)
+    let mut _conn = None;
+    let (mut pp, client) = if a.rdma_cm {
+        let (pp, client, conn) = connect_cm(a, named, size)?;
+        _conn = conn;
+        (pp, client)
+    } else {
+        match &a.host {
+            Some(host) => {
+                let addrs = resolve(host, a.port)?;
+                let dev = match named {
+                    Some(d) => d,
+                    None => by_addr(route_source(addrs[0].ip())?)?,
+                };
+                let (mut pp, my) = start(&dev, a, size)?;
+                let mut s = connect_tcp(&addrs, host, a.port)?;
+                s.write_all(&my.encode())
+                    .map_err(|e| format!("Couldn't send local address: {e}"))?;
+                let mut m = [0u8; MSG_LEN];
+                s.read_exact(&mut m)
+                    .and_then(|_| s.write_all(b"done\0"))
+                    .map_err(|e| format!("Couldn't read/write remote address: {e}"))?;
+                let rem = Dest::decode(&m)?;
+                println!("{}", addr_line(false, t, &rem));
+                pp.connect(a, my.psn, &rem)?;
+                (pp, true)
+            }
+            None => {
+                let l = listen(a.port)?;
+                let mut early = match named {
+                    Some(d) => Some(start(&d, a, size)?),
+                    None => None,
+                };
+                let (mut s, _) = l.accept().map_err(|e| format!("accept() failed: {e}"))?;
+                drop(l);
+                s.set_read_timeout(Some(STALL))?;
+                let (mut pp, my) = match early.take() {
+                    Some(x) => x,
+                    None => start(&by_addr(s.local_addr()?.ip())?, a, size)?,
+                };
+                let mut m = [0u8; MSG_LEN];
+                s.read_exact(&mut m)
+                    .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+                let rem = Dest::decode(&m)?;
+                pp.connect(a, my.psn, &rem)
+                    .map_err(|Fail(e)| Fail(format!("{e}\nCouldn't connect to remote QP")))?;
+                let mut done = [0u8; 5];
+                s.write_all(&my.encode())
+                    .and_then(|_| s.read_exact(&mut done))
+                    .map_err(|e| format!("Couldn't send/recv local address: {e}"))?;
+                println!("{}", addr_line(false, t, &rem));
+                (pp, false)
+            }
         }
     };
 
@@ -707,6 +748,22 @@ fn pingpong(a: &Args) -> Result<bool, Fail> {
             match c.wr_id {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
+                    if let (None, Some(gid)) = (pp.ud, pp.ud_peer_gid) {
+                        // -R, the UD server: the client's QP is the
+                        // source of its first datagram.
+                        let rem = Dest {
+                            lid: 0,
+                            qpn: c.src_qp,
+                            psn: 0,
+                            gid,
+                        };
+                        println!("{}", addr_line(false, t, &rem));
+                        pp.ud = Some(UdDest {
+                            gid,
+                            remote_qpn: c.src_qp,
+                            remote_qkey: cm::UDP_QKEY,
+                        });
+                    }
                     routs -= 1;
                     if routs <= 1 {
                         routs += pp.post_recv(pp.rx_depth - routs);
@@ -760,9 +817,149 @@ fn pingpong(a: &Args) -> Result<bool, Fail> {
     Ok(ok)
 }
 
-/// Open the device, create the resources, post the receives, arm the CQ
-/// and print the local address.
-fn start(dev: &DeviceInfo, a: &Args, size: u32) -> Result<(Pp, Dest), Fail> {
+/// `-R`: the device (named, routing to the server, or the first), the
+/// resources, and the QP connected through rdma_cm; whether this side is
+/// the client; the connection (kept for the run: dropping it disconnects).
+fn connect_cm(
+    a: &Args,
+    named: Option<DeviceInfo>,
+    size: u32,
+) -> Result<(Pp, bool, Option<cm::Connection>), Fail> {
+    let t = a.transport;
+    let to = match &a.host {
+        Some(host) => Some(resolve(host, a.port)?[0]),
+        None => None,
+    };
+    let dev = match (named, to) {
+        (Some(d), _) => d,
+        (None, Some(to)) => by_addr(route_source(to.ip())?)?,
+        (None, None) => softrdma_verbs::devices()?
+            .into_iter()
+            .next()
+            .ok_or("No IB devices found")?,
+    };
+    let mut pp = prepare(&dev, a, size)?;
+    let opts = cm::CmOptions::default().with_timeout(STALL);
+    // What the QP says once connected: its PSNs are rdma_cm's.
+    let show = |pp: &Pp, peer_qpn: u32, peer_gid: [u8; 16]| -> Result<(), Fail> {
+        let (_, attr, _) = pp.qp.query()?;
+        let lid = pp.ctx.query_port().lid;
+        let (my_psn, rem_psn) = if t == Transport::Ud {
+            (attr.sq_psn, 0)
+        } else {
+            (attr.sq_psn, attr.rq_psn)
+        };
+        let my = Dest {
+            lid,
+            qpn: pp.qp.qpn(),
+            psn: my_psn,
+            gid: pp.ctx.gid(),
+        };
+        println!("{}", addr_line(true, t, &my));
+        if peer_qpn != 0 {
+            let rem = Dest {
+                lid: 0,
+                qpn: peer_qpn,
+                psn: rem_psn,
+                gid: peer_gid,
+            };
+            println!("{}", addr_line(false, t, &rem));
+        }
+        Ok(())
+    };
+    match (to, t) {
+        (Some(to), Transport::Ud) => {
+            pp.ready_ud()?;
+            let deadline = Instant::now() + CONNECT_PATIENCE;
+            let peer = loop {
+                match cm::resolve_ud(&pp.ctx, to, &[], STALL) {
+                    Err(softrdma_verbs::Error::Rejected(r))
+                        if r.no_listener() && Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    r => {
+                        break r.map_err(|e| {
+                            format!("rdma_cm: resolving the UD service at {to} failed: {e}")
+                        })?
+                    }
+                }
+            };
+            pp.ud = Some(UdDest {
+                gid: peer.gid,
+                remote_qpn: peer.qpn,
+                remote_qkey: peer.qkey,
+            });
+            show(&pp, peer.qpn, peer.gid)?;
+            Ok((pp, true, None))
+        }
+        (Some(to), _) => {
+            let conn = super::perf::oob::connect_retrying(
+                &pp.ctx,
+                to,
+                &pp.qp,
+                &opts,
+                Instant::now() + CONNECT_PATIENCE,
+            )
+            .map_err(|e| format!("rdma_cm: connecting to {to} failed: {e}"))?;
+            let gid = conn.peer_addr().map_or([0; 16], |p| gid_of(p.ip()));
+            show(&pp, conn.peer_qpn(), gid)?;
+            Ok((pp, true, Some(conn)))
+        }
+        (None, Transport::Ud) => {
+            pp.ready_ud()?;
+            let at = SocketAddr::new(dev.addr, a.port);
+            let l = cm::UdListener::bind(&pp.ctx, at)
+                .map_err(|e| format!("rdma_cm: cannot serve UD at {at}: {e}"))?;
+            let req = next(|| l.next_request(Duration::from_secs(3600)))?;
+            pp.ud_peer_gid = Some(req.peer_gid());
+            req.accept(&pp.qp, &[])
+                .map_err(|e| format!("rdma_cm: answering the SIDR request failed: {e}"))?;
+            show(&pp, 0, [0; 16])?;
+            Ok((pp, false, None))
+        }
+        (None, _) => {
+            let at = SocketAddr::new(dev.addr, a.port);
+            // UC connects in the IB port space (rdma_cm's TCP one is RC's).
+            let l = if t == Transport::Uc {
+                cm::Listener::bind_ib(&pp.ctx, at)
+            } else {
+                cm::Listener::bind(&pp.ctx, at)
+            }
+            .map_err(|e| format!("rdma_cm: cannot listen at {at}: {e}"))?;
+            let req = next(|| l.next_request(Duration::from_secs(3600)))?;
+            let conn = req
+                .accept(&pp.qp, &[], &opts)
+                .map_err(|e| format!("rdma_cm: accepting the connection failed: {e}"))?;
+            let gid = conn.peer_addr().map_or([0; 16], |p| gid_of(p.ip()));
+            show(&pp, conn.peer_qpn(), gid)?;
+            Ok((pp, false, Some(conn)))
+        }
+    }
+}
+
+/// The next connection request, however long it takes.
+fn next<T>(mut f: impl FnMut() -> softrdma_verbs::Result<T>) -> Result<T, Fail> {
+    loop {
+        match f() {
+            Ok(r) => return Ok(r),
+            Err(softrdma_verbs::Error::Timeout(_)) => continue,
+            Err(e) => return fail(format!("rdma_cm: waiting for a client failed: {e}")),
+        }
+    }
+}
+
+/// A GID from an address: IPv6 as it is, IPv4 mapped.
+fn gid_of(ip: std::net::IpAddr) -> [u8; 16] {
+    match ip {
+        std::net::IpAddr::V6(v6) => v6.octets(),
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+    }
+}
+
+/// Open the device, create the resources, post the receives and arm the
+/// CQ.
+fn prepare(dev: &DeviceInfo, a: &Args, size: u32) -> Result<Pp, Fail> {
     let pp = Pp::new(dev, a, size)?;
     let routs = pp.post_recv(pp.rx_depth);
     if routs < pp.rx_depth {
@@ -773,6 +970,13 @@ fn start(dev: &DeviceInfo, a: &Args, size: u32) -> Result<(Pp, Dest), Fail> {
             .req_notify(false)
             .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
     }
+    Ok(pp)
+}
+
+/// Open the device, create the resources, post the receives, arm the CQ
+/// and print the local address.
+fn start(dev: &DeviceInfo, a: &Args, size: u32) -> Result<(Pp, Dest), Fail> {
+    let pp = prepare(dev, a, size)?;
     let my = Dest {
         lid: pp.ctx.query_port().lid,
         qpn: pp.qp.qpn(),

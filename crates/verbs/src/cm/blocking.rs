@@ -413,6 +413,12 @@ impl Listener {
         bind(ctx, addr, PortSpace::Tcp).map(|(id, ch)| Listener { id, ch })
     }
 
+    /// [`Listener::bind`] in the IB port space (`RDMA_PS_IB`), whose
+    /// requests connect RC or UC QPs: where [`connect`] sends a UC QP's.
+    pub fn bind_ib(ctx: &Context, addr: SocketAddr) -> Result<Listener> {
+        bind(ctx, addr, PortSpace::Ib).map(|(id, ch)| Listener { id, ch })
+    }
+
     /// The address and port listened on.
     pub fn local_addr(&self) -> SocketAddr {
         self.id.src_addr().expect("bound")

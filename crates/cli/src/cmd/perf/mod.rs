@@ -16,7 +16,7 @@
 //! rows for `../shared/peers/run.sh`.
 
 mod bench;
-mod oob;
+pub(crate) mod oob;
 pub mod report;
 mod setup;
 

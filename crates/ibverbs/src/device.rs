@@ -260,6 +260,9 @@ fn fill_device_attr(info: &sv::DeviceInfo, out: &mut ibv_device_attr) {
     out.max_srq = sat(a.max_srq);
     out.max_srq_wr = sat(a.max_srq_wr);
     out.max_srq_sge = sat(a.max_srq_sge);
+    out.max_mcast_grp = sat(a.max_mcast_grp);
+    out.max_mcast_qp_attach = sat(a.max_mcast_qp_attach);
+    out.max_total_mcast_qp_attach = sat(a.max_total_mcast_qp_attach);
     out.max_pkeys = 1;
     out.local_ca_ack_delay = 15;
     out.phys_port_cnt = a.phys_port_cnt;

@@ -5,38 +5,11 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
-
-/// Compile one of `tests/c/*.c` against the system headers, linking
-/// `-libverbs` (and `extra`); it runs with our library first.
-fn compile(name: &str, extra: &[&str]) -> PathBuf {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let dir = std::env::temp_dir().join(format!("softrdma-ctest-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join(name);
-    let out = std::process::Command::new("cc")
-        .arg("-O1")
-        .arg("-Wall")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs")
-        .args(extra)
-        .output()
-        .expect("cc is missing: apt-get install -y gcc libibverbs-dev");
-    assert!(
-        out.status.success(),
-        "compiling {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
 
 #[test]
 fn an_imported_context_shares_the_originals_pd_and_mr() {
-    let exe = compile("import", &[]);
+    let exe = common::compile_c("import", &[]);
     let mut cmd = std::process::Command::new(&exe);
     cmd.env("LD_LIBRARY_PATH", common::lib_dir())
         .env("SOFTRDMA_DEVICES", "srdma0=127.0.0.1")

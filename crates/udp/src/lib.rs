@@ -43,6 +43,7 @@ mod check;
 mod fault;
 mod icrc;
 mod listing;
+mod mcast;
 pub mod policy;
 mod port;
 pub mod rundir;

@@ -64,6 +64,9 @@ pub struct Port {
     tx_live: bool,
     capture: Option<Capture>,
     stats: PortStats,
+    /// Multicast groups joined, each with its own receive socket
+    /// (`crate::mcast`).
+    groups: Vec<crate::mcast::Group>,
 }
 
 // SAFETY: the raw pointers inside (iovecs, message headers) point only into
@@ -205,6 +208,7 @@ impl Port {
             tx_live: false,
             capture,
             stats: PortStats::default(),
+            groups: Vec::new(),
             sock: ManuallyDrop::new(sock),
         })
     }
@@ -530,6 +534,59 @@ impl Port {
             if j.misdelivered(&self.sock, wrong).is_err() {
                 self.stats.steer_repair_errors += 1;
             }
+        }
+        Ok(n)
+    }
+}
+
+impl Port {
+    /// Join the multicast group of `gid` (an IPv4-mapped `224.0.0.0/4` or
+    /// an `ff00::/8` GID) on the interface of this port's address, to
+    /// receive its datagrams through [`Port::recv_groups`]. Returns the
+    /// group's socket, for the caller's poll set; joining a group again
+    /// returns the same one.
+    pub fn join_group(&mut self, gid: [u8; 16]) -> io::Result<RawFd> {
+        let addr = crate::mcast::group_addr(self.local.addr.ip(), gid)?;
+        if let Some(g) = self.groups.iter().find(|g| g.addr == addr) {
+            return Ok(g.sock.as_raw_fd());
+        }
+        let g = crate::mcast::open(self.local.addr.ip(), addr, self.local.addr.port())?;
+        let fd = g.sock.as_raw_fd();
+        self.groups.push(g);
+        Ok(fd)
+    }
+
+    /// Leave the group of `gid` (closing its socket, which also takes it
+    /// out of any epoll set). False if it was not joined.
+    pub fn leave_group(&mut self, gid: [u8; 16]) -> bool {
+        let Ok(addr) = crate::mcast::group_addr(self.local.addr.ip(), gid) else {
+            return false;
+        };
+        let before = self.groups.len();
+        self.groups.retain(|g| g.addr != addr);
+        self.groups.len() != before
+    }
+
+    /// The GIDs of the groups joined.
+    pub fn groups(&self) -> impl Iterator<Item = [u8; 16]> + '_ {
+        self.groups.iter().map(|g| gid_of(g.addr))
+    }
+
+    /// [`Port::recv`] for the groups' sockets: up to a batch from each,
+    /// without blocking; `meta.dgid` is the group's GID.
+    pub fn recv_groups(&mut self, mut f: impl FnMut(&RxMeta, &[u8])) -> io::Result<usize> {
+        let mut n = 0;
+        let port = self.local.addr.port();
+        for g in &self.groups {
+            let mut ev = RxEvents::default();
+            n += self.rx.recv(
+                g.sock.as_raw_fd(),
+                SocketAddr::new(g.addr, port),
+                None,
+                (&mut self.stats, &mut ev),
+                &mut self.capture,
+                &mut f,
+            )?;
         }
         Ok(n)
     }

@@ -1,9 +1,15 @@
-//! UD multicast through the C ABI (`ibv_attach_mcast` /
-//! `ibv_detach_mcast`): `tests/c/mcast.c` as two receiver processes on one
-//! device address (127.0.0.1, sharing port 4791) with four QPs each, and
-//! sender processes, on loopback only. Every receiver QP attached with the
-//! right Q_Key gets every datagram, exact; the one with another Q_Key gets
-//! only the datagram sent with its own; a detached QP gets nothing more.
+//! UD multicast through the C ABI, on loopback only, as two receiver
+//! processes on one device address (127.0.0.1, sharing port 4791) and
+//! sender processes:
+//!
+//! * the verbs (`ibv_attach_mcast` / `ibv_detach_mcast`, `tests/c/mcast.c`):
+//!   four QPs per receiver; every QP attached with the right Q_Key gets
+//!   every datagram, exact; the one with another Q_Key gets only the
+//!   datagram sent with its own; a detached QP gets nothing more;
+//! * rdma_cm (`rdma_join_multicast*` / `rdma_leave_multicast`,
+//!   `tests/c/mcast_cm.c`): two IDs per receiver, MULTICAST_JOIN's
+//!   parameters as the kernel's for RoCE, a send-only sender using them,
+//!   and an ID that left getting nothing more.
 
 mod common;
 
@@ -96,6 +102,29 @@ fn datagrams_to_a_group_reach_every_attached_qp_of_two_processes() {
     send(&exe, "1");
     for r in &mut rx {
         r.expect("detached");
+    }
+    send(&exe, "2");
+    for r in &mut rx {
+        r.expect("done");
+    }
+    for r in rx {
+        r.finish();
+    }
+}
+
+#[test]
+fn rdma_cm_joins_sends_to_and_leaves_a_group() {
+    common::require_rdmacm();
+    let exe = common::compile_c("mcast_cm", &["-lrdmacm"]);
+    let mut rx: Vec<Proc> = (0..2)
+        .map(|i| Proc::spawn(&exe, &["recv"], &format!("cm receiver {i}")))
+        .collect();
+    for r in &mut rx {
+        r.expect("ready");
+    }
+    send(&exe, "1");
+    for r in &mut rx {
+        r.expect("left");
     }
     send(&exe, "2");
     for r in &mut rx {

@@ -85,6 +85,7 @@ pub use device::{
 };
 pub use engine::AsyncEvent;
 pub use softrdma_core::cq::CqId;
+pub use softrdma_core::mcast::MULTICAST_QPN;
 pub use softrdma_core::mr::{MwId, MwType, PdId};
 pub use softrdma_core::qp::attr::{AccessFlags, AddressVector, AttrMask, Mtu, QpAttr};
 pub use softrdma_core::qp::state::{required_mask, QpState, QpType};

@@ -41,6 +41,7 @@ mod capture;
 mod cbpf;
 mod check;
 mod fault;
+mod forkguard;
 mod icrc;
 mod listing;
 mod mcast;

@@ -35,6 +35,16 @@ const IPV6_MULTICAST_ALL: libc::c_int = 29;
 pub(crate) struct Group {
     pub(crate) addr: IpAddr,
     pub(crate) sock: Socket,
+    /// Its slot in `crate::forkguard` (a forked child must not keep the
+    /// membership either).
+    fork_slot: Option<usize>,
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // Before the socket (a field) is closed.
+        crate::forkguard::unregister(self.fork_slot.take());
+    }
 }
 
 /// The IP address of a multicast GID, in the family of `local`.
@@ -116,5 +126,10 @@ pub(crate) fn open(local: IpAddr, group: IpAddr, port: u16) -> io::Result<Group>
         }
         _ => unreachable!("group_addr checked the family"),
     }
-    Ok(Group { addr: group, sock })
+    let fork_slot = crate::forkguard::register(fd);
+    Ok(Group {
+        addr: group,
+        sock,
+        fork_slot,
+    })
 }

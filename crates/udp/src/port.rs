@@ -67,6 +67,8 @@ pub struct Port {
     /// Multicast groups joined, each with its own receive socket
     /// (`crate::mcast`).
     groups: Vec<crate::mcast::Group>,
+    /// The receive socket's slot in `crate::forkguard`.
+    fork_slot: Option<usize>,
 }
 
 // SAFETY: the raw pointers inside (iovecs, message headers) point only into
@@ -209,6 +211,7 @@ impl Port {
             capture,
             stats: PortStats::default(),
             groups: Vec::new(),
+            fork_slot: crate::forkguard::register(sock.as_raw_fd()),
             sock: ManuallyDrop::new(sock),
         })
     }
@@ -617,6 +620,7 @@ impl Drop for Port {
             self.txq.push_owned(h.dst, h.via, h.buf);
         }
         let _ = self.flush_queue();
+        crate::forkguard::unregister(self.fork_slot.take());
         // SAFETY: `sock` is not used after this; `Drop` runs once.
         let sock = unsafe { ManuallyDrop::take(&mut self.sock) };
         match self.joined.take() {

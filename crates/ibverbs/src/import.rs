@@ -52,9 +52,10 @@ static FAMILIES: LazyLock<Mutex<HashMap<(u64, u64), Family>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 fn identity(fd: c_int) -> Res<(u64, u64)> {
-    // SAFETY: fstat writes only into `st`, a local of its type; a bad `fd`
-    // is an error return.
+    // SAFETY: all-zero is a valid `struct stat` (integers only).
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only into `st`, a local of its type; a bad `fd`
+    // is an error return, not undefined behaviour.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
         let e = std::io::Error::last_os_error();
         return Err(Fail::new(
@@ -118,9 +119,9 @@ fn not_found(fd: c_int) -> Fail {
         .starts_with(&format!("/memfd:{NAME}"))
     {
         let mut pid = String::new();
-        // SAFETY: pread into a local buffer of its length; the fd is the
-        // caller's, only read.
         let mut buf = [0u8; 16];
+        // SAFETY: pread into a local buffer of its length; the fd is the
+        // caller's, only read (at an offset, so its position is unchanged).
         let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
         if n > 0 {
             pid = String::from_utf8_lossy(&buf[..n as usize])

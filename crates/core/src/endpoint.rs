@@ -312,6 +312,8 @@ pub struct Endpoint {
     next_pd: u32,
     /// Which QP sends next, and when a waiting one may again.
     sched: Sched,
+    /// UD QPs attached to multicast groups.
+    mcast: crate::mcast::McastTable,
 }
 
 impl Endpoint {
@@ -333,6 +335,7 @@ impl Endpoint {
             qps: Vec::new(),
             next_pd: 1,
             sched: Sched::new(cfg.sched_quantum, cfg.max_inflight_per_dest),
+            mcast: Default::default(),
             cfg,
         }
     }
@@ -771,12 +774,95 @@ impl Endpoint {
         Ok(())
     }
 
+    /// `ibv_attach_mcast`: deliver datagrams for multicast group `mgid`
+    /// (destination QP 0xFFFFFF) to UD QP `qpn` too. Attaching twice is a
+    /// no-op, as on rxe. Returns whether `mgid` is a group new to this
+    /// endpoint (the IO layer then joins it).
+    pub fn attach_mcast(&mut self, qpn: u32, mgid: [u8; 16]) -> Result<bool, Error> {
+        use crate::mcast::AttachError as A;
+        let qp = self.qp(qpn)?;
+        if qp.qp_type != QpType::Ud {
+            return Err(Error::InvalidArgument(
+                "only a UD QP can be attached to a multicast group",
+            ));
+        }
+        if !crate::mcast::is_multicast_gid(&mgid) {
+            return Err(Error::InvalidArgument(
+                "the GID is not a multicast GID (ff00::/8, or ::ffff:224.0.0.0/4 for IPv4)",
+            ));
+        }
+        self.mcast.attach(mgid, qpn).map_err(|e| {
+            Error::OutOfResources(match e {
+                A::Groups => "multicast groups (max_mcast_grp)",
+                A::PerGroup => "QPs attached to this multicast group (max_mcast_qp_attach)",
+                A::Total => "multicast attachments (max_total_mcast_qp_attach)",
+            })
+        })
+    }
+
+    /// `ibv_detach_mcast`. Returns whether the group is now without QPs
+    /// here (the IO layer then leaves it).
+    pub fn detach_mcast(&mut self, qpn: u32, mgid: [u8; 16]) -> Result<bool, Error> {
+        self.qp(qpn)?;
+        if !self.mcast.detach(mgid, qpn) {
+            return Err(Error::InvalidArgument(
+                "the QP is not attached to that multicast group",
+            ));
+        }
+        Ok(self.mcast.find(&mgid).is_none())
+    }
+
+    /// The multicast groups some QP of this endpoint is attached to.
+    pub fn mcast_groups(&self) -> impl Iterator<Item = &[u8; 16]> {
+        self.mcast.groups()
+    }
+
+    /// A multicast datagram: to each attached QP that can take it, as a
+    /// unicast UD datagram (each checks its Q_Key).
+    fn handle_multicast(
+        &mut self,
+        now: Nanos,
+        meta: &RxMeta,
+        pkt: &Packet<&[u8]>,
+        repr: &PacketRepr,
+        mem: &mut impl Memory,
+    ) {
+        let Some((g, n)) = self.mcast.find(&meta.dgid) else {
+            self.shared.stats.dropped_no_qp += 1;
+            return;
+        };
+        if pkt.info().transport != Transport::Ud {
+            self.shared.stats.malformed += 1;
+            return;
+        }
+        for k in 0..n {
+            let Some(s) = self.slot(self.mcast.member(g, k)) else {
+                continue;
+            };
+            let qp = self.qps[s].as_mut().expect("slot checked");
+            if !matches!(
+                qp.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            ) {
+                self.shared.stats.dropped_no_qp += 1;
+                continue;
+            }
+            let before = Before::of(qp, &self.shared.stats);
+            qp.handle_request(meta, pkt, repr, &mut self.shared, mem);
+            self.sched
+                .sync(s, qp, now, Some((before, &mut self.shared.stats)));
+        }
+        self.sched.settle_timers(&self.qps);
+        self.fail_qps_of_dead_cqs();
+    }
+
     /// Destroy a QP. Outstanding work is flushed to its CQs first, so the
     /// application sees every work request end.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), Error> {
         let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
         self.sched.on_destroy(s);
         let mut qp = self.qps[s].take().expect("slot checked");
+        self.mcast.detach_all(qpn);
         self.shared.state_changed(qpn);
         self.sched.settle_timers(&self.qps);
         if qp.state != QpState::Reset {
@@ -1108,6 +1194,10 @@ impl Endpoint {
         }
         if repr.bth.pkey & 0x7fff != 0x7fff {
             st.malformed += 1;
+            return;
+        }
+        if repr.bth.dest_qp == crate::mcast::MULTICAST_QPN {
+            self.handle_multicast(now, meta, &pkt, &repr, mem);
             return;
         }
         let Some(s) = self.slot(repr.bth.dest_qp) else {

@@ -35,6 +35,7 @@ pub mod cq;
 pub mod endpoint;
 pub mod error;
 pub mod gate;
+pub mod mcast;
 pub mod mr;
 pub mod qp;
 pub mod sched;

@@ -11,15 +11,15 @@
 //! `SOFTRDMA_IBV_STATS=1` prints the transport and port counters when a
 //! context is closed.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use softrdma_verbs as sv;
 
 use crate::abi::*;
 use crate::ffi::{self, errno_ret, minus_one, null_ret, Fail, Res};
-use crate::handles::{Context, Device};
+use crate::handles::{Context, Device, Shared};
 use crate::non_null;
 
 crate::symver! {
@@ -166,13 +166,19 @@ pub(crate) fn open_device_impl(device: *mut ibv_device) -> Res<*mut ibv_context>
         ));
         Fail::from(e)
     })?;
-    // SAFETY: open(2) of a constant path; the fd is owned by the context.
-    let raw = unsafe { libc::open(crate::cstr!("/dev/null"), libc::O_RDWR | libc::O_CLOEXEC) };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: `raw` is a fresh descriptor we own.
-    let cmd_fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let cmd_fd = crate::import::new_cmd_fd()?;
+    let vc = context_ops(dev, ctx.async_fd(), cmd_fd.as_raw_fd());
+    let sv = Arc::new(ctx);
+    let shared = Arc::new(Shared::default());
+    crate::import::enroll(&cmd_fd, &sv, &shared, dev, mtu)?;
+    Ok(Context::into_c(Context::new(
+        dev, sv, shared, mtu, cmd_fd, vc,
+    )))
+}
+
+/// A context's `struct verbs_context`: this library's operations, and the
+/// descriptors it shows (shared with the contexts imported from it).
+pub(crate) fn context_ops(dev: &'static Device, async_fd: c_int, cmd_fd: c_int) -> verbs_context {
     let mut vc = verbs_context::zeroed();
     vc.query_port = Some(vctx_query_port);
     vc.query_device_ex = Some(vctx_query_device_ex);
@@ -193,11 +199,11 @@ pub(crate) fn open_device_impl(device: *mut ibv_device) -> Res<*mut ibv_context>
     c.ops.alloc_mw = Some(crate::mw::alloc_mw);
     c.ops.bind_mw = Some(crate::mw::bind_mw);
     c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
-    c.cmd_fd = cmd_fd.as_raw_fd();
-    c.async_fd = ctx.async_fd();
+    c.cmd_fd = cmd_fd;
+    c.async_fd = async_fd;
     c.num_comp_vectors = 1;
     c.abi_compat = usize::MAX as *mut c_void;
-    Ok(Context::into_c(Context::new(dev, ctx, mtu, cmd_fd, vc)))
+    vc
 }
 
 #[no_mangle]
@@ -254,6 +260,9 @@ fn fill_device_attr(info: &sv::DeviceInfo, out: &mut ibv_device_attr) {
     out.max_srq = sat(a.max_srq);
     out.max_srq_wr = sat(a.max_srq_wr);
     out.max_srq_sge = sat(a.max_srq_sge);
+    out.max_mcast_grp = sat(a.max_mcast_grp);
+    out.max_mcast_qp_attach = sat(a.max_mcast_qp_attach);
+    out.max_total_mcast_qp_attach = sat(a.max_total_mcast_qp_attach);
     out.max_pkeys = 1;
     out.local_ca_ack_delay = 15;
     out.phys_port_cnt = a.phys_port_cnt;

@@ -48,6 +48,7 @@ mod tests {
             crate::qp::SYMVERS,
             crate::misc::SYMVERS,
             crate::mw::SYMVERS,
+            crate::import::SYMVERS,
         ]
         .concat()
         .iter()

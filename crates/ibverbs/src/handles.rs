@@ -400,7 +400,13 @@ pub struct Context {
     /// context pointer still dispatches into this library (which refuses
     /// it).
     vc: CSlot<verbs_context>,
-    pub sv: sv::Context,
+    /// The softrdma context, shared with every context imported from this
+    /// one's `cmd_fd` (`ibv_import_device`): the engine stops when the last
+    /// of them is closed.
+    pub sv: Arc<sv::Context>,
+    /// The PDs and MRs of that family of contexts, by handle, for
+    /// `ibv_import_pd` / `ibv_import_mr`.
+    pub shared: Arc<Shared>,
     pub dev: &'static Device,
     pub port_mtu: sv::Mtu,
     /// CQ id → the application's `ibv_cq*`, to turn completion and async
@@ -411,8 +417,19 @@ pub struct Context {
     /// PDs, CQs and completion channels of this context (everything else
     /// hangs off a PD).
     pub users: Users,
-    /// `cmd_fd`: informational only, but a valid descriptor.
+    /// `cmd_fd`: a memfd that names the context's family (see
+    /// `crate::import`); closed with the context, as rdma-core closes it.
     pub _cmd_fd: OwnedFd,
+}
+
+/// What a context shares with the contexts imported from it: where its
+/// PDs and MRs are, by the `handle` the application sees. The values are
+/// slot addresses, looked up in the registry (and their handles checked)
+/// before use, so an entry outliving its object is harmless.
+#[derive(Default)]
+pub struct Shared {
+    pub pds: Mutex<HashMap<u32, usize>>,
+    pub mrs: Mutex<HashMap<u32, usize>>,
 }
 
 impl Context {
@@ -439,7 +456,8 @@ impl Context {
 
     pub fn new(
         dev: &'static Device,
-        sv: sv::Context,
+        sv: Arc<sv::Context>,
+        shared: Arc<Shared>,
         port_mtu: sv::Mtu,
         cmd_fd: OwnedFd,
         vc: verbs_context,
@@ -447,6 +465,7 @@ impl Context {
         Context {
             vc: CSlot::new(vc),
             sv,
+            shared,
             dev,
             port_mtu,
             cqs: Mutex::new(HashMap::new()),
@@ -543,6 +562,21 @@ impl Mr {
 
     pub fn lock(&self) -> std::sync::MutexGuard<'_, MrState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A region imported from another context of its family
+/// (`ibv_import_mr`): its own `struct ibv_mr` naming the same keys. The
+/// region itself stays the original's: `ibv_unimport_mr` drops only this,
+/// and `ibv_dereg_mr` refuses it (the original deregisters).
+pub struct ImportedMr {
+    c: CSlot<ibv_mr>,
+}
+handle!(ImportedMr, ibv_mr);
+
+impl ImportedMr {
+    pub fn new(c: ibv_mr) -> ImportedMr {
+        ImportedMr { c: CSlot::new(c) }
     }
 }
 

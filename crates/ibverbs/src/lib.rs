@@ -34,6 +34,7 @@ mod device;
 mod exports;
 mod ffi;
 mod handles;
+mod import;
 mod misc;
 mod mw;
 mod pages;

@@ -20,13 +20,12 @@ crate::symver! {
         ibv_copy_path_rec_from_kern, ibv_copy_path_rec_to_kern, ibv_copy_qp_attr_from_kern,
         ibv_get_sysfs_path, ibv_rate_to_mult, ibv_read_sysfs_file, mult_to_ibv_rate;
     "IBVERBS_1.1":
-        ibv_attach_mcast, ibv_copy_ah_attr_from_kern, ibv_detach_mcast, ibv_dofork_range,
+        ibv_copy_ah_attr_from_kern, ibv_dofork_range,
         ibv_dontfork_range, ibv_event_type_str, ibv_fork_init, ibv_node_type_str,
         ibv_port_state_str, ibv_rate_to_mbps, ibv_resolve_eth_l2_from_gid,
         ibv_wc_status_str, mbps_to_ibv_rate;
     "IBVERBS_1.10":
-        ibv_import_device, ibv_import_mr, ibv_import_pd, ibv_query_ece, ibv_set_ece,
-        ibv_unimport_mr, ibv_unimport_pd;
+        ibv_query_ece, ibv_set_ece;
     "IBVERBS_1.12":
         ibv_reg_dmabuf_mr;
     "IBVERBS_1.13":
@@ -319,7 +318,7 @@ macro_rules! unimplemented_exports {
 
 unimplemented_exports! {
     errno:
-        ibv_attach_mcast, ibv_detach_mcast, ibv_resolve_eth_l2_from_gid, ibv_query_ece,
+        ibv_resolve_eth_l2_from_gid, ibv_query_ece,
         ibv_set_ece, execute_ioctl, verbs_init_cq,
         ibv_cmd_advise_mr, ibv_cmd_alloc_dm, ibv_cmd_alloc_mw, ibv_cmd_alloc_pd,
         ibv_cmd_attach_mcast, ibv_cmd_close_xrcd, ibv_cmd_create_ah, ibv_cmd_create_counters,
@@ -339,10 +338,10 @@ unimplemented_exports! {
         ibv_cmd_reg_dm_mr, ibv_cmd_reg_dmabuf_mr, ibv_cmd_reg_mr, ibv_cmd_req_notify_cq,
         ibv_cmd_rereg_mr, ibv_cmd_resize_cq;
     null:
-        ibv_import_device, ibv_import_mr, ibv_import_pd, ibv_import_dm, ibv_reg_dmabuf_mr,
+        ibv_import_dm, ibv_reg_dmabuf_mr,
         _verbs_init_and_alloc_context, verbs_open_device;
     void:
         ibv_copy_path_rec_from_kern, ibv_copy_path_rec_to_kern, ibv_copy_qp_attr_from_kern,
-        ibv_copy_ah_attr_from_kern, ibv_unimport_mr, ibv_unimport_pd, ibv_unimport_dm,
+        ibv_copy_ah_attr_from_kern, ibv_unimport_dm,
         __verbs_log, verbs_set_ops, verbs_uninit_context;
 }

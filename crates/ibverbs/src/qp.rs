@@ -17,7 +17,8 @@ use crate::non_null;
 
 crate::symver! {
     "IBVERBS_1.1":
-        ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_query_qp;
+        ibv_attach_mcast, ibv_create_qp, ibv_destroy_qp, ibv_detach_mcast, ibv_modify_qp,
+        ibv_query_qp;
     "IBVERBS_1.6":
         ibv_qp_to_qp_ex;
     "IBVERBS_1.14":
@@ -255,6 +256,40 @@ pub(crate) fn destroy_qp_impl(qp: *mut ibv_qp) -> Res<()> {
     // Dropping the softrdma QP flushes and destroys it.
     drop(q);
     Ok(())
+}
+
+/// `ibv_attach_mcast` / `ibv_detach_mcast`'s checks: a live QP and a
+/// readable GID. The LID is IB's (a RoCE group has none; rxe ignores it).
+fn mcast_args(qp: *mut ibv_qp, gid: *const ibv_gid) -> Res<(std::sync::Arc<Qp>, [u8; 16])> {
+    let q = Qp::from_c(qp)?;
+    non_null!(gid);
+    // SAFETY: a readable union ibv_gid (checked non-NULL).
+    let raw = unsafe { (*gid).raw };
+    Ok((q, raw))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    errno_ret("ibv_attach_mcast", || {
+        let (q, gid) = mcast_args(qp, gid)?;
+        Ok(q.sv.attach_mcast(gid)?)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    errno_ret("ibv_detach_mcast", || {
+        let (q, gid) = mcast_args(qp, gid)?;
+        Ok(q.sv.detach_mcast(gid)?)
+    })
 }
 
 fn state(v: u32, what: &str) -> Res<sv::QpState> {

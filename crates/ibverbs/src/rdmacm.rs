@@ -15,8 +15,11 @@
 //! Layouts (`rdma_cm_id` 416 bytes, `rdma_cm_event` 80, `rdma_addrinfo`
 //! 96, `ibv_sa_path_rec` 64) are checked against the installed
 //! `rdma/rdma_cma.h` by `tests::rdmacm_layout_matches_rdma_cma_h`.
-//! Not implemented: multicast (`rdma_join_multicast*`: ENOSYS), AF_IB
-//! addresses, ECE (accepted and reported as none).
+//! Multicast (`rdma_join_multicast*`, `rdma_leave_multicast`) is RoCE's:
+//! no SA query, the group's IP address is the MGID, MULTICAST_JOIN comes
+//! at once and attaching the ID's QP is done as librdmacm does it, when
+//! that event is handed out.
+//! Not implemented: AF_IB addresses, ECE (accepted and reported as none).
 
 #![allow(non_camel_case_types)]
 
@@ -209,7 +212,38 @@ struct Id {
     made_cqs: bool,
     /// A passive `rdma_create_ep`'s QP attributes, for its requests' IDs.
     ep_qp: Option<(*mut ibv_pd, ibv_qp_init_attr)>,
+    /// Multicast groups joined (`rdma_join_multicast*`), in join order.
+    /// Locked: the join's event is handed out by whichever thread takes
+    /// the channel's events.
+    mc: Mutex<Vec<Mc>>,
 }
+
+/// One `rdma_join_multicast*` of an ID.
+struct Mc {
+    addr: SocketAddr,
+    /// The caller's context pointer, the event's `param.ud.private_data`
+    /// (librdmacm's).
+    context: usize,
+    send_only: bool,
+    mgid: [u8; 16],
+    /// Its MULTICAST_JOIN was handed out (and the ID's QP attached).
+    reported: bool,
+}
+
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[repr(C)]
+pub struct rdma_cm_join_mc_attr_ex {
+    pub comp_mask: u32,
+    pub join_flags: u32,
+    pub addr: *mut libc::sockaddr,
+}
+
+const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1;
+const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 2;
+const RDMA_CM_JOIN_MC_ATTR_RESERVED: u32 = 4;
+const RDMA_MC_JOIN_FLAG_FULLMEMBER: u32 = 0;
+const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
+const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;
 
 /// An event: the C struct first, then its private data.
 #[repr(C)]
@@ -481,6 +515,7 @@ fn new_id(ch: *mut Channel, cmid: CmId, context: *mut c_void, sync: bool) -> *mu
         own_channel: if sync { ch } else { std::ptr::null_mut() },
         made_cqs: false,
         ep_qp: None,
+        mc: Mutex::new(Vec::new()),
     });
     let p = Box::into_raw(b);
     // SAFETY: just allocated.
@@ -1277,6 +1312,26 @@ fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
             }
         }
     }
+    // MULTICAST_JOIN (librdmacm's `ucma_process_join`): the event carries
+    // the join's context; the ID's QP is attached now unless send-only.
+    let mut mc_context = None;
+    if kind == EventKind::MulticastJoin {
+        let mgid = ev.ud.as_ref().map(|u| u.dgid);
+        let mut l = lock(&i.mc);
+        let Some(m) = l.iter_mut().find(|m| !m.reported && Some(m.mgid) == mgid) else {
+            // Left before its event was taken.
+            return Ok(None);
+        };
+        m.reported = true;
+        mc_context = Some(m.context);
+        if !m.send_only && !i.c.qp.is_null() {
+            let r = Qp::from_c(i.c.qp).and_then(|q| Ok(q.sv.attach_mcast(m.mgid)?));
+            if let Err(e) = r {
+                kind = EventKind::MulticastError;
+                status = -e.errno;
+            }
+        }
+    }
     let mut b = Box::new(Event {
         // SAFETY: all-zero is a valid event (NULL pointers, zeros).
         c: unsafe { std::mem::zeroed() },
@@ -1345,6 +1400,13 @@ fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
             } else {
                 (*p).c.param.conn.private_data = at;
             }
+        }
+    }
+    if let Some(c) = mc_context {
+        // SAFETY: as above.
+        unsafe {
+            (*p).c.param.ud.private_data = c as *const c_void;
+            (*p).c.param.ud.private_data_len = 0;
         }
     }
     *lock(&UNACKED.0).entry(id_ptr).or_insert(0) += 1;
@@ -1783,35 +1845,101 @@ pub unsafe extern "C" fn softrdma_rdma_destroy_ep(p: *mut rdma_cm_id) {
     }
 }
 
+/// Join `addr`'s group (librdmacm's `rdma_join_multicast2`): record it,
+/// have the connection manager report MULTICAST_JOIN (RoCE: at once, no
+/// SA query), and for a synchronous ID wait for that event. The ID's QP
+/// is attached when the event is handed out (`deliver`), as librdmacm
+/// does, unless the join is send-only.
+fn join(p: *mut rdma_cm_id, addr: *const libc::sockaddr, flags: u32, context: usize) -> Res<()> {
+    let i = id_of(p)?;
+    let addr = sockaddr_in(addr)?.ok_or_else(|| Fail::inval("addr is NULL"))?;
+    let mgid = i.id.join_multicast(addr.ip()).map_err(Fail::from)?;
+    lock(&i.mc).push(Mc {
+        addr,
+        context,
+        send_only: flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER,
+        mgid,
+        reported: false,
+    });
+    complete(p, &[EventKind::MulticastJoin])
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn softrdma_rdma_join_multicast(
-    _p: *mut rdma_cm_id,
-    _a: *mut c_void,
-    _c: *mut c_void,
+    p: *mut rdma_cm_id,
+    addr: *mut c_void,
+    context: *mut c_void,
 ) -> c_int {
     minus_one("rdma_join_multicast", || {
-        Err(Fail::new(libc::ENOSYS, "multicast is not implemented"))
+        join(
+            p,
+            addr.cast(),
+            RDMA_MC_JOIN_FLAG_FULLMEMBER,
+            context as usize,
+        )?;
+        Ok(0)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn softrdma_rdma_join_multicast_ex(
-    _p: *mut rdma_cm_id,
-    _a: *mut c_void,
-    _c: *mut c_void,
+    p: *mut rdma_cm_id,
+    attr: *mut c_void,
+    context: *mut c_void,
 ) -> c_int {
     minus_one("rdma_join_multicast_ex", || {
-        Err(Fail::new(libc::ENOSYS, "multicast is not implemented"))
+        let attr = attr.cast::<rdma_cm_join_mc_attr_ex>();
+        crate::non_null!(attr);
+        // SAFETY: a readable rdma_cm_join_mc_attr_ex (checked non-NULL).
+        let a = unsafe { &*attr };
+        // librdmacm's checks, in its order.
+        if a.comp_mask >= RDMA_CM_JOIN_MC_ATTR_RESERVED {
+            return Err(Fail::unsupported(format!(
+                "comp_mask {:#x} has bits beyond RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS",
+                a.comp_mask
+            )));
+        }
+        if a.comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS == 0 {
+            return Err(Fail::inval("comp_mask lacks RDMA_CM_JOIN_MC_ATTR_ADDRESS"));
+        }
+        if a.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS == 0
+            || a.join_flags >= RDMA_MC_JOIN_FLAG_RESERVED
+        {
+            return Err(Fail::inval(
+                "join_flags must be given (RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS) and be \
+                 RDMA_MC_JOIN_FLAG_FULLMEMBER or RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER",
+            ));
+        }
+        join(p, a.addr, a.join_flags, context as usize)?;
+        Ok(0)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn softrdma_rdma_leave_multicast(
-    _p: *mut rdma_cm_id,
-    _a: *mut c_void,
+    p: *mut rdma_cm_id,
+    addr: *mut c_void,
 ) -> c_int {
     minus_one("rdma_leave_multicast", || {
-        Err(Fail::new(libc::ENOSYS, "multicast is not implemented"))
+        let i = id_of(p)?;
+        let addr = sockaddr_in(addr.cast())?.ok_or_else(|| Fail::inval("addr is NULL"))?;
+        let mc = {
+            let mut l = lock(&i.mc);
+            let at = l.iter().position(|m| m.addr == addr).ok_or_else(|| {
+                Fail::new(
+                    libc::EADDRNOTAVAIL,
+                    format!("the ID has not joined multicast group {addr}"),
+                )
+            })?;
+            l.remove(at)
+        };
+        // As librdmacm: the QP leaves the group first (errors ignored).
+        if mc.reported && !mc.send_only && !i.c.qp.is_null() {
+            if let Ok(q) = Qp::from_c(i.c.qp) {
+                let _ = q.sv.detach_mcast(mc.mgid);
+            }
+        }
+        Ok(0)
     })
 }
 
@@ -2091,6 +2219,38 @@ mod tests {
             ),
             ("sizeof(struct ibv_ece)", size_of::<ibv_ece>()),
             ("RDMA_UDP_QKEY", cm::UDP_QKEY as usize),
+            (
+                "sizeof(struct rdma_cm_join_mc_attr_ex)",
+                size_of::<rdma_cm_join_mc_attr_ex>(),
+            ),
+            (
+                "offsetof(struct rdma_cm_join_mc_attr_ex, join_flags)",
+                offset_of!(rdma_cm_join_mc_attr_ex, join_flags),
+            ),
+            (
+                "offsetof(struct rdma_cm_join_mc_attr_ex, addr)",
+                offset_of!(rdma_cm_join_mc_attr_ex, addr),
+            ),
+            (
+                "RDMA_CM_JOIN_MC_ATTR_ADDRESS",
+                RDMA_CM_JOIN_MC_ATTR_ADDRESS as usize,
+            ),
+            (
+                "RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS",
+                RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS as usize,
+            ),
+            (
+                "RDMA_CM_JOIN_MC_ATTR_RESERVED",
+                RDMA_CM_JOIN_MC_ATTR_RESERVED as usize,
+            ),
+            (
+                "RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER",
+                RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER as usize,
+            ),
+            (
+                "RDMA_MC_JOIN_FLAG_RESERVED",
+                RDMA_MC_JOIN_FLAG_RESERVED as usize,
+            ),
             ("RDMA_PS_TCP", PortSpace::Tcp.to_c() as usize),
             ("RDMA_PS_UDP", PortSpace::Udp.to_c() as usize),
             ("RDMA_PS_IB", PortSpace::Ib.to_c() as usize),

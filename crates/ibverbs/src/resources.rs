@@ -44,12 +44,17 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
 pub(crate) fn alloc_pd_impl(context: *mut ibv_context) -> Res<*mut ibv_pd> {
     let ctx = Context::from_c(context)?;
     let pd = ctx.sv.alloc_pd();
-    let c = ibv_pd {
-        context,
-        handle: pd.id().0,
-    };
+    let handle = pd.id().0;
+    let c = ibv_pd { context, handle };
     ctx.users.add();
-    Ok(Pd::into_c(Pd::new(c, pd)))
+    let p = Pd::into_c(Pd::new(c, pd));
+    // For ibv_import_pd in this context's family.
+    ctx.shared
+        .pds
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(handle, p as usize);
+    Ok(p)
 }
 
 #[no_mangle]
@@ -211,7 +216,17 @@ fn reg_mr(
         rkey: mr.rkey(),
     };
     p.users.add();
-    Ok(Mr::into_c(Mr::new(c, mr, bits)))
+    let handle = c.handle;
+    let m = Mr::into_c(Mr::new(c, mr, bits));
+    // For ibv_import_mr in this context's family.
+    if let Ok(ctx) = Context::from_c(context) {
+        ctx.shared
+            .mrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, m as usize);
+    }
+    Ok(m)
 }
 
 #[no_mangle]
@@ -253,6 +268,12 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     errno_ret("ibv_dereg_mr", || {
+        if ImportedMr::from_c(mr).is_ok() {
+            return Err(Fail::inval(
+                "an imported memory region (ibv_import_mr): ibv_unimport_mr releases it, \
+                 and ibv_dereg_mr of the original deregisters the region",
+            ));
+        }
         let m = Mr::take(mr)?;
         // SAFETY: our own slot, live while `m` is.
         if let Ok(p) = Pd::from_c(unsafe { (*m.c_ptr()).pd }) {

@@ -69,7 +69,7 @@ fn null_and_foreign_pointers_are_refused_not_dereferenced() {
 #[test]
 fn unimplemented_entry_points_fail_cleanly() {
     assert_eq!(ibv_cmd_create_qp(), libc::EOPNOTSUPP);
-    assert!(ibv_import_device().is_null());
+    assert!(ibv_import_dm().is_null());
     assert_eq!(errno(), libc::EOPNOTSUPP);
     assert!(verbs_open_device().is_null());
     verbs_register_driver_34(null());

@@ -64,6 +64,11 @@ pub struct Port {
     tx_live: bool,
     capture: Option<Capture>,
     stats: PortStats,
+    /// Multicast groups joined, each with its own receive socket
+    /// (`crate::mcast`).
+    groups: Vec<crate::mcast::Group>,
+    /// The receive socket's slot in `crate::forkguard`.
+    fork_slot: Option<usize>,
 }
 
 // SAFETY: the raw pointers inside (iovecs, message headers) point only into
@@ -205,6 +210,8 @@ impl Port {
             tx_live: false,
             capture,
             stats: PortStats::default(),
+            groups: Vec::new(),
+            fork_slot: crate::forkguard::register(sock.as_raw_fd()),
             sock: ManuallyDrop::new(sock),
         })
     }
@@ -549,6 +556,59 @@ impl Port {
     }
 }
 
+impl Port {
+    /// Join the multicast group of `gid` (an IPv4-mapped `224.0.0.0/4` or
+    /// an `ff00::/8` GID) on the interface of this port's address, to
+    /// receive its datagrams through [`Port::recv_groups`]. Returns the
+    /// group's socket, for the caller's poll set; joining a group again
+    /// returns the same one.
+    pub fn join_group(&mut self, gid: [u8; 16]) -> io::Result<RawFd> {
+        let addr = crate::mcast::group_addr(self.local.addr.ip(), gid)?;
+        if let Some(g) = self.groups.iter().find(|g| g.addr == addr) {
+            return Ok(g.sock.as_raw_fd());
+        }
+        let g = crate::mcast::open(self.local.addr.ip(), addr, self.local.addr.port())?;
+        let fd = g.sock.as_raw_fd();
+        self.groups.push(g);
+        Ok(fd)
+    }
+
+    /// Leave the group of `gid` (closing its socket, which also takes it
+    /// out of any epoll set). False if it was not joined.
+    pub fn leave_group(&mut self, gid: [u8; 16]) -> bool {
+        let Ok(addr) = crate::mcast::group_addr(self.local.addr.ip(), gid) else {
+            return false;
+        };
+        let before = self.groups.len();
+        self.groups.retain(|g| g.addr != addr);
+        self.groups.len() != before
+    }
+
+    /// The GIDs of the groups joined.
+    pub fn groups(&self) -> impl Iterator<Item = [u8; 16]> + '_ {
+        self.groups.iter().map(|g| gid_of(g.addr))
+    }
+
+    /// [`Port::recv`] for the groups' sockets: up to a batch from each,
+    /// without blocking; `meta.dgid` is the group's GID.
+    pub fn recv_groups(&mut self, mut f: impl FnMut(&RxMeta, &[u8])) -> io::Result<usize> {
+        let mut n = 0;
+        let port = self.local.addr.port();
+        for g in &self.groups {
+            let mut ev = RxEvents::default();
+            n += self.rx.recv(
+                g.sock.as_raw_fd(),
+                SocketAddr::new(g.addr, port),
+                None,
+                (&mut self.stats, &mut ev),
+                &mut self.capture,
+                &mut f,
+            )?;
+        }
+        Ok(n)
+    }
+}
+
 impl AsRawFd for Port {
     fn as_raw_fd(&self) -> RawFd {
         self.sock.as_raw_fd()
@@ -574,6 +634,7 @@ impl Drop for Port {
             self.txq.push_owned(h.dst, h.via, h.buf);
         }
         let _ = self.flush_queue();
+        crate::forkguard::unregister(self.fork_slot.take());
         // SAFETY: `sock` is not used after this; `Drop` runs once.
         let sock = unsafe { ManuallyDrop::take(&mut self.sock) };
         match self.joined.take() {

@@ -321,6 +321,20 @@ impl State {
                 Ok(n) => p.rx = n > 0,
                 Err(e) => eprintln!("softrdma: receive failed: {e}"),
             }
+            // Multicast groups' sockets (none unless a QP is attached):
+            // every member process gets its own copy of each datagram.
+            match port.recv_groups(|m, bytes| {
+                let meta = RxMeta {
+                    sgid: m.sgid,
+                    dgid: m.dgid,
+                    traffic_class: m.traffic_class,
+                    hop_limit: m.hop_limit,
+                };
+                ep.handle_packet(now, &meta, bytes, mem);
+            }) {
+                Ok(n) => p.rx |= n > 0,
+                Err(e) => eprintln!("softrdma: multicast receive failed: {e}"),
+            }
             // A CM MAD for another slot. Every message but a request is
             // steered by the receiver's ID, whose top byte is the slot of
             // the process that handed it out (crates/udp's cbpf). Another
@@ -906,6 +920,13 @@ impl Engine {
             *e.poller.lock().unwrap() = Some(h);
         }
         Ok(e)
+    }
+
+    /// Have the engine thread woken for a multicast group's socket (as for
+    /// the port's own: edge-triggered, every pass drains it). Closing the
+    /// socket (`Port::leave_group`) takes it out again.
+    pub fn watch_group(&self, fd: std::os::fd::RawFd) -> io::Result<()> {
+        self.epoll.add_with(fd, SOCK_EVENTS)
     }
 
     /// Own the state for a command.

@@ -85,6 +85,7 @@ pub use device::{
 };
 pub use engine::AsyncEvent;
 pub use softrdma_core::cq::CqId;
+pub use softrdma_core::mcast::MULTICAST_QPN;
 pub use softrdma_core::mr::{MwId, MwType, PdId};
 pub use softrdma_core::qp::attr::{AccessFlags, AddressVector, AttrMask, Mtu, QpAttr};
 pub use softrdma_core::qp::state::{required_mask, QpState, QpType};
@@ -286,6 +287,13 @@ pub struct DeviceAttr {
     pub max_mr: u32,
     /// Memory windows per context.
     pub max_mw: u32,
+    /// Multicast groups a context may have QPs attached to
+    /// (`softrdma_core::mcast`).
+    pub max_mcast_grp: u32,
+    /// QPs one multicast group may have attached, per context.
+    pub max_mcast_qp_attach: u32,
+    /// Multicast attachments of a context over all its groups.
+    pub max_total_mcast_qp_attach: u32,
     /// `max_pd`: how many protection domains the device advertises a context
     /// may allocate.
     pub max_pd: u32,
@@ -361,6 +369,9 @@ pub fn device_attr(dev: &DeviceInfo) -> DeviceAttr {
         max_cqe: (1 << 22) - 1,
         max_mr: softrdma_core::mr::MAX_MR as u32,
         max_mw: softrdma_core::mr::MAX_MW as u32,
+        max_mcast_grp: softrdma_core::mcast::MAX_MCAST_GRP as u32,
+        max_mcast_qp_attach: softrdma_core::mcast::MAX_MCAST_QP_ATTACH as u32,
+        max_total_mcast_qp_attach: softrdma_core::mcast::MAX_TOTAL_MCAST_QP_ATTACH as u32,
         max_pd: 1 << 16,
         max_qp_rd_atom: 128,
         max_qp_init_rd_atom: 128,
@@ -1659,6 +1670,38 @@ impl Qp {
         self.qp_type
     }
 
+    /// `ibv_attach_mcast`: this UD QP also receives the datagrams sent to
+    /// multicast group `mgid` (an IPv4-mapped `224.0.0.0/4` or an `ff00::/8`
+    /// GID; on RoCEv2 the group is that IP multicast address, joined on the
+    /// device's interface the first time a QP of this context attaches).
+    /// Attaching twice is a no-op.
+    pub fn attach_mcast(&self, mgid: [u8; 16]) -> Result<()> {
+        let mut st = self.eng.lock();
+        if !st.ep.attach_mcast(self.qpn, mgid)? {
+            return Ok(());
+        }
+        let joined = st
+            .port
+            .join_group(mgid)
+            .and_then(|fd| self.eng.watch_group(fd));
+        if let Err(e) = joined {
+            let _ = st.ep.detach_mcast(self.qpn, mgid);
+            st.port.leave_group(mgid);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast`: undo [`Qp::attach_mcast`]; the group is left
+    /// when no QP of this context remains attached.
+    pub fn detach_mcast(&self, mgid: [u8; 16]) -> Result<()> {
+        let mut st = self.eng.lock();
+        if st.ep.detach_mcast(self.qpn, mgid)? {
+            st.port.leave_group(mgid);
+        }
+        Ok(())
+    }
+
     /// `ibv_modify_qp`: apply the attributes `mask` selects from `attr`, a state
     /// transition included. Fails, changing nothing, if the transition is not allowed
     /// from the current state, `mask` lacks what it requires (see [`required_mask`]),
@@ -2015,6 +2058,18 @@ impl Drop for Qp {
         st.set_direct(self.qpn, None);
         st.count_udp(self.qpn, -1);
         let _ = st.ep.destroy_qp(self.qpn);
+        // Destroying detaches it from its multicast groups (as the
+        // kernel's uverbs does): leave those now without a QP here.
+        let left: Vec<[u8; 16]> = {
+            let st = &*st;
+            st.port
+                .groups()
+                .filter(|g| st.ep.mcast_groups().all(|m| m != g))
+                .collect()
+        };
+        for g in left {
+            st.port.leave_group(g);
+        }
         st.publish_qps();
     }
 }

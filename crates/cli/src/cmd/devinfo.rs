@@ -56,6 +56,13 @@ pub fn render(d: &DeviceInfo, verbose: bool) -> String {
         let _ = writeln!(o, "\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
         let _ = writeln!(o, "\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
         let _ = writeln!(o, "\tatomic_cap:\t\t\tATOMIC_HCA (1)");
+        let _ = writeln!(o, "\tmax_mcast_grp:\t\t\t{}", a.max_mcast_grp);
+        let _ = writeln!(o, "\tmax_mcast_qp_attach:\t\t{}", a.max_mcast_qp_attach);
+        let _ = writeln!(
+            o,
+            "\tmax_total_mcast_qp_attach:\t{}",
+            a.max_total_mcast_qp_attach
+        );
         let _ = writeln!(o, "\tmax_srq:\t\t\t{}", a.max_srq);
         let _ = writeln!(o, "\tmax_srq_wr:\t\t\t{}", a.max_srq_wr);
         let _ = writeln!(o, "\tmax_srq_sge:\t\t\t{}", a.max_srq_sge);

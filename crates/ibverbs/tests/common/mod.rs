@@ -250,3 +250,29 @@ pub fn assert_pair_ok(what: &str, s: &Output, c: &Output) {
         c.text()
     );
 }
+
+/// Compile one of `tests/c/*.c` against the system headers, linking
+/// `-libverbs` (and `extra`); it runs with our library first.
+pub fn compile_c(name: &str, extra: &[&str]) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let dir = std::env::temp_dir().join(format!("softrdma-ctest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join(name);
+    let out = std::process::Command::new("cc")
+        .arg("-O1")
+        .arg("-Wall")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .args(extra)
+        .output()
+        .expect("cc is missing: apt-get install -y gcc libibverbs-dev");
+    assert!(
+        out.status.success(),
+        "compiling {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}

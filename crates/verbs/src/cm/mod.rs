@@ -797,6 +797,74 @@ impl CmId {
         Ok(())
     }
 
+    /// `rdma_join_multicast` on RoCE (the kernel's `cma_iboe_join_multicast`):
+    /// no SA query; the MGID is the group's IP address as a GID (IPv4
+    /// mapped, or the IPv6 address), and MULTICAST_JOIN is reported at once
+    /// with that GID, QP number 0xFFFFFF, hop limit 64 (RoCEv2's
+    /// `IPV6_DEFAULT_HOPLIMIT`) and, in the UDP port space, Q_Key
+    /// [`UDP_QKEY`] (the IPoIB space's groups carry none: 0). The ID must
+    /// have a device (bound to an address, or resolved) and a UD port
+    /// space. Attaching a QP is the caller's (librdmacm attaches the ID's
+    /// QP when it hands out the event; [`crate::Qp::attach_mcast`]).
+    /// Returns the MGID.
+    pub fn join_multicast(&self, group: IpAddr) -> Result<[u8; 16]> {
+        let (mgid, ud) = {
+            let s = self.st();
+            if s.qp_type != QpType::Ud {
+                return Err(inval(
+                    "multicast needs a UD port space (RDMA_PS_UDP or RDMA_PS_IPOIB)",
+                ));
+            }
+            let Some(dev) = s.dev.as_ref() else {
+                return Err(inval(
+                    "the ID has no device: bind it to a local address or resolve one first",
+                ));
+            };
+            if !matches!(
+                s.phase,
+                Phase::Bound | Phase::AddrResolved | Phase::RouteResolved
+            ) {
+                return Err(inval(
+                    "the ID is in use (listening or connected); join groups on a bound or resolved ID",
+                ));
+            }
+            let group = match group {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(group, IpAddr::V4),
+                v4 => v4,
+            };
+            if !group.is_multicast() {
+                return Err(inval("the address is not an IP multicast address"));
+            }
+            if group.is_ipv4() != dev.addr().is_ipv4() {
+                return Err(inval(
+                    "the group's address family is not the device's (IPv4 with IPv4, IPv6 with IPv6)",
+                ));
+            }
+            let mgid = match group {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+                IpAddr::V6(v6) => v6.octets(),
+            };
+            let ud = UdParam {
+                private_data: Vec::new(),
+                dgid: mgid,
+                hop_limit: 64,
+                traffic_class: s.tos.unwrap_or(0),
+                qp_num: crate::MULTICAST_QPN,
+                qkey: if s.ps == PortSpace::Udp { UDP_QKEY } else { 0 },
+            };
+            (mgid, ud)
+        };
+        self.channel().push(CmEvent {
+            id: self.clone(),
+            listen_id: None,
+            kind: EventKind::MulticastJoin,
+            status: 0,
+            conn: ConnParam::default(),
+            ud: Some(ud),
+        });
+        Ok(mgid)
+    }
+
     fn post(&self, kind: EventKind, status: i32) {
         let ch = self.channel();
         ch.push(CmEvent {

@@ -70,6 +70,7 @@ mod memory;
 pub mod oob;
 mod ops;
 mod sys;
+mod xrc;
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -95,6 +96,7 @@ pub use softrdma_core::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
 pub use softrdma_core::Error as CoreError;
 pub use softrdma_core::RecvCheck;
 pub use softrdma_udp::{FaultConfig, PortStats};
+pub use xrc::Xrcd;
 
 use buffer::OwnedBuf;
 use engine::Engine;
@@ -831,6 +833,7 @@ impl Pd {
             psn: random_psn(),
             gid: self.gid,
             port_mtu: self.port_mtu,
+            xrcd: None,
         })
     }
 
@@ -854,6 +857,7 @@ impl Pd {
         Ok(Srq {
             eng: self.eng.clone(),
             id,
+            xrc: None,
         })
     }
 }
@@ -1536,6 +1540,8 @@ impl Drop for Cq {
 pub struct Srq {
     eng: Arc<Engine>,
     id: u32,
+    /// An XRC SRQ: its domain (kept open while the SRQ exists) and CQ.
+    xrc: Option<(xrc::XrcdRef, CqId)>,
 }
 
 impl Srq {
@@ -1560,7 +1566,12 @@ impl Srq {
 
 impl Drop for Srq {
     fn drop(&mut self) {
-        let _ = self.eng.lock().ep.destroy_srq(self.id);
+        let mut st = self.eng.lock();
+        if st.ep.destroy_srq(self.id).is_ok() {
+            if let Some((_, cq)) = &self.xrc {
+                st.count_udp_cq(cq.0, -1);
+            }
+        }
     }
 }
 
@@ -1639,6 +1650,8 @@ pub struct Qp {
     psn: u32,
     gid: [u8; 16],
     port_mtu: Mtu,
+    /// An XRC target QP: its domain, kept open while the QP exists.
+    xrcd: Option<xrc::XrcdRef>,
 }
 
 /// A random 24-bit PSN (from the OS CSPRNG, which `Context::open` checked).

@@ -41,6 +41,7 @@ mod qp;
 mod qpex;
 mod rdmacm;
 mod resources;
+mod xrc;
 
 #[cfg(test)]
 mod tests;

@@ -948,7 +948,7 @@ mod tests {
         fn check_modify_accepts_exactly_the_rule(
             cur in 0u32..7,
             to in 0u32..7,
-            ty in 0usize..3,
+            ty in 0usize..5,
             with_state in any::<bool>(),
             near_rule in any::<bool>(),
             pick in any::<u32>(),

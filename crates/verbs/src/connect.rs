@@ -334,14 +334,21 @@ impl Qp {
     }
 
     /// Connect this QP to `remote`: RESET → INIT → RTR → RTS with `opts`
-    /// (RC and UC; a UD QP just becomes ready to send, `remote` naming
-    /// nothing). From INIT or RTR it goes on from there. The QP sends from
-    /// [`Qp::endpoint`]'s PSN and expects `remote.psn`.
+    /// (RC and UC, and an XRC initiator to a target or back; a UD QP just
+    /// becomes ready to send, `remote` naming nothing). From INIT or RTR it
+    /// goes on from there. The QP sends from [`Qp::endpoint`]'s PSN and
+    /// expects `remote.psn`.
     pub fn connect(&self, remote: &QpEndpoint, opts: &ConnectOptions) -> Result<()> {
         opts.check()?;
-        if self.qp_type != QpType::Ud && remote.qp_type != self.qp_type {
+        let peer = match self.qp_type {
+            QpType::XrcSend => QpType::XrcRecv,
+            QpType::XrcRecv => QpType::XrcSend,
+            t => t,
+        };
+        if self.qp_type != QpType::Ud && remote.qp_type != peer {
             return Err(CoreError::InvalidArgument(
-                "the remote endpoint is of another QP type (RC connects to RC, UC to UC)",
+                "the remote endpoint is of another QP type (RC connects to RC, UC to UC, \
+                 XRC_SEND to XRC_RECV)",
             )
             .into());
         }

@@ -162,3 +162,82 @@ fn xrc_one_initiator_two_srqs() {
         },
     );
 }
+
+/// The everyday layer: the target's endpoint (with its region) and the
+/// initiator's are exchanged with `oob::exchange` and each side connects
+/// with `Qp::connect` (an XRC_SEND connects to an XRC_RECV); one SEND goes
+/// to the SRQ and one WRITE to the region, both checked on the target.
+#[test]
+fn xrc_connects_through_endpoints() {
+    use std::net::{TcpListener, TcpStream};
+    two_processes(
+        "xrc_connects_through_endpoints",
+        |mut oob| {
+            let ctx = open(V4);
+            let xrcd = ctx.open_xrcd();
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let srq = pd.create_xrc_srq(&xrcd, &cq, 4, 1).unwrap();
+            let rbuf = pd
+                .reg_mr(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
+                .unwrap();
+            srq.post_recv(&RecvWr {
+                wr_id: 5,
+                sgl: &[rbuf.sge(0, 4096)],
+            })
+            .unwrap();
+            let tgt = mr_with(&pd, 4096, 0, ALL_REMOTE);
+            let qp = xrcd.create_tgt_qp().unwrap();
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            oob.send(l.local_addr().unwrap().to_string().as_bytes());
+            let mut tcp = l.accept().unwrap().0;
+            let me = qp.endpoint().with_regions([RemoteRegion {
+                addr: tgt.addr(),
+                rkey: tgt.rkey(),
+                len: tgt.len() as u64,
+            }]);
+            oob.send_u64s(&[srq.srq_num() as u64]);
+            let peer = oob::exchange(&mut tcp, &me).expect("exchange");
+            assert_eq!(peer.qp_type, QpType::XrcSend);
+            qp.connect(&peer, &ConnectOptions::default()).unwrap();
+            let c = wait_cq(&cq, 1, "the SEND");
+            assert_wc(&c[0], 5, WcStatus::Success, WcOpcode::Recv, 300);
+            let data = pattern(DATA, 4096);
+            assert_bytes(&read_mr(&rbuf, 0, 300), &data[..300], "the SEND's bytes");
+            oob.expect("written");
+            assert_bytes(&read_mr(&tgt, 0, 1000), &data[..1000], "the WRITE's bytes");
+            oob.signal("done");
+        },
+        |mut oob| {
+            let ctx = open(V4);
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let mut init = QpInitAttr::new(QpType::XrcSend, &cq);
+            init.cap.max_recv_wr = 0;
+            let qp = pd.create_qp(&init).unwrap();
+            let src = mr_with(&pd, 4096, DATA, AccessFlags::LOCAL_WRITE);
+            let addr = String::from_utf8(oob.recv()).unwrap();
+            let mut tcp = TcpStream::connect(addr).unwrap();
+            let srqn = oob.recv_u64s()[0] as u32;
+            let peer = oob::exchange(&mut tcp, &qp.endpoint()).expect("exchange");
+            assert_eq!(peer.qp_type, QpType::XrcRecv);
+            qp.connect(&peer, &ConnectOptions::default()).unwrap();
+            let sig = SendFlags::SIGNALED;
+            qp.post_send_xrc(&wr(1, SendOp::Send, &[src.sge(0, 300)], sig), srqn)
+                .unwrap();
+            let w = SendOp::Write {
+                remote_addr: peer.regions[0].addr,
+                rkey: peer.regions[0].rkey,
+            };
+            qp.post_send_xrc(&wr(2, w, &[src.sge(0, 1000)], sig), srqn)
+                .unwrap();
+            let cs = wait_cq(&cq, 2, "the SEND and the WRITE");
+            assert_eq!(
+                cs.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+                [(1, WcStatus::Success), (2, WcStatus::Success)]
+            );
+            oob.signal("written");
+            oob.expect("done");
+        },
+    );
+}

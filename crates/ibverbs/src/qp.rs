@@ -258,10 +258,12 @@ pub(crate) fn destroy_qp_impl(qp: *mut ibv_qp) -> Res<()> {
     // A QP's context, PD, CQs and SRQ cannot be destroyed before it
     // (each counts its users); each is looked up, not trusted.
     if let Ok(ctx) = Context::from_c(c.context) {
-        ctx.qps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&c.qp_num);
+        let mut qps = ctx.qps.lock().unwrap_or_else(|e| e.into_inner());
+        // Another handle of an XRC target QP (ibv_open_qp) is not the one
+        // async events name.
+        if qps.get(&c.qp_num) == Some(&(qp as usize)) {
+            qps.remove(&c.qp_num);
+        }
     }
     if let Ok(p) = Pd::from_c(c.pd) {
         p.users.sub();

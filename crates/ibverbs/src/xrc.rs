@@ -10,7 +10,8 @@
 //! do) is shared by every `ibv_open_xrcd` of that file (same device and
 //! inode) on one device context, as the kernel shares it among processes;
 //! other contexts and processes that open the same file get a domain of
-//! their own (softrdma's domains live in a context's engine).
+//! their own (softrdma's domains live in a context's engine), so
+//! `ibv_open_qp` finds the target QPs of its own context.
 
 use std::os::raw::c_int;
 use std::sync::Arc;
@@ -244,20 +245,9 @@ pub(crate) fn create_tgt_qp(
     let ctx = Context::from_c(context)?;
     let x = Xrcd::from_c(a.xrcd)?;
     let qp = x.sv.create_tgt_qp()?;
-    let mut c = ibv_qp_ex::zeroed();
-    let b = &mut c.qp_base;
-    b.context = context;
-    b.qp_context = a.qp_context;
-    b.handle = qp.qpn();
-    b.qp_num = qp.qpn();
-    b.state = sv::QpState::Reset.to_ibv();
-    b.qp_type = QPT_XRC_RECV;
     a.cap = ibv_qp_cap::default();
     let qpn = qp.qpn();
-    x.users.add();
-    let mut q = Qp::new(c, qp, sv::QpType::XrcRecv, false);
-    q.xrcd = a.xrcd as usize;
-    let ptr = Qp::into_c(q);
+    let ptr = tgt_handle(context, qp, a.qp_context, a.xrcd, &x);
     ctx.qps
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -265,18 +255,74 @@ pub(crate) fn create_tgt_qp(
     Ok(ptr)
 }
 
-/// `verbs_context.open_qp`: another handle to an XRC target QP by number
-/// is not offered (a softrdma QP has one owner); refused with EOPNOTSUPP.
+/// `verbs_context.open_qp`: another handle on an XRC target QP of a domain
+/// by its number (`IBV_QP_OPEN_ATTR_NUM | _XRCD | _TYPE`, type
+/// `IBV_QPT_XRC_RECV`), as the kernel's `ib_open_qp`. The QP is destroyed
+/// with its last handle. Handles opened on the same file on this context
+/// share the domain, so any of them finds the QP.
 pub unsafe extern "C" fn vctx_open_qp(
     context: *mut ibv_context,
     attr: *mut ibv_qp_open_attr,
 ) -> *mut ibv_qp {
     null_ret("ibv_open_qp", || {
         non_null!(attr);
-        Context::from_c(context)?;
-        Err(Fail::unsupported(
-            "ibv_open_qp: opening an XRC target QP by number from another handle is not \
-             implemented (create it with ibv_create_qp_ex and IBV_QP_INIT_ATTR_XRCD)",
-        ))
+        let ctx = Context::from_c(context)?;
+        // SAFETY: a readable ibv_qp_open_attr.
+        let a = unsafe { &*attr };
+        let need = QP_OPEN_ATTR_NUM | QP_OPEN_ATTR_XRCD | QP_OPEN_ATTR_TYPE;
+        if a.comp_mask & need != need {
+            return Err(Fail::inval(
+                "ibv_qp_open_attr.comp_mask needs IBV_QP_OPEN_ATTR_NUM, _XRCD and _TYPE",
+            ));
+        }
+        if a.comp_mask & !(need | QP_OPEN_ATTR_CONTEXT) != 0 {
+            return Err(Fail::inval(format!(
+                "ibv_qp_open_attr.comp_mask {:#x} has unknown bits",
+                a.comp_mask
+            )));
+        }
+        if a.qp_type != QPT_XRC_RECV {
+            return Err(Fail::inval(format!(
+                "ibv_open_qp opens XRC_RECV (10) QPs, not type {}",
+                a.qp_type
+            )));
+        }
+        let x = Xrcd::from_c(a.xrcd)?;
+        let qp = x.sv.open_tgt_qp(a.qp_num)?;
+        let qp_context = if a.comp_mask & QP_OPEN_ATTR_CONTEXT != 0 {
+            a.qp_context
+        } else {
+            std::ptr::null_mut()
+        };
+        let ptr = tgt_handle(context, qp, qp_context, a.xrcd, &x);
+        drop(ctx);
+        Ok(ptr)
     })
+}
+
+const QP_OPEN_ATTR_NUM: u32 = 1 << 0;
+const QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
+const QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
+const QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
+
+/// The C handle of a target QP (created or opened) through `xrcd`.
+fn tgt_handle(
+    context: *mut ibv_context,
+    qp: sv::Qp,
+    qp_context: *mut std::ffi::c_void,
+    xrcd: *mut verbs_xrcd,
+    x: &Xrcd,
+) -> *mut ibv_qp {
+    let mut c = ibv_qp_ex::zeroed();
+    let b = &mut c.qp_base;
+    b.context = context;
+    b.qp_context = qp_context;
+    b.handle = qp.qpn();
+    b.qp_num = qp.qpn();
+    b.state = qp.query().map_or(0, |(st, _, _)| st.to_ibv());
+    b.qp_type = QPT_XRC_RECV;
+    x.users.add();
+    let mut q = Qp::new(c, qp, sv::QpType::XrcRecv, false);
+    q.xrcd = xrcd as usize;
+    Qp::into_c(q)
 }

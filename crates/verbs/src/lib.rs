@@ -833,7 +833,7 @@ impl Pd {
             psn: random_psn(),
             gid: self.gid,
             port_mtu: self.port_mtu,
-            xrcd: None,
+            tgt: None,
         })
     }
 
@@ -1650,8 +1650,9 @@ pub struct Qp {
     psn: u32,
     gid: [u8; 16],
     port_mtu: Mtu,
-    /// An XRC target QP: its domain, kept open while the QP exists.
-    xrcd: Option<xrc::XrcdRef>,
+    /// An XRC target QP: the QP itself, shared by every handle
+    /// [`Xrcd::open_tgt_qp`] opened on it and destroyed with the last.
+    tgt: Option<Arc<xrc::TgtQp>>,
 }
 
 /// A random 24-bit PSN (from the OS CSPRNG, which `Context::open` checked).
@@ -2013,6 +2014,9 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        if self.tgt.is_some() {
+            return; // the shared target QP goes with its last handle
+        }
         let mut st = self.eng.lock();
         // An ACK the last pass deferred belongs to this QP, perhaps: the
         // peer must get it (it would retransmit into a destroyed QP).

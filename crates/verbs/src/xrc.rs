@@ -8,7 +8,9 @@
 //!   and its CQ (where its receives complete); [`Srq::srq_num`] is the
 //!   number a sender names.
 //! * [`Xrcd::create_tgt_qp`]: the target QP (`IBV_QPT_XRC_RECV`): no PD,
-//!   CQ, send or receive queue of its own.
+//!   CQ, send or receive queue of its own. [`Xrcd::open_tgt_qp`] opens
+//!   another handle on it by number (`ibv_open_qp`); the QP is destroyed
+//!   with its last handle.
 //! * [`Pd::create_qp`] with [`QpType::XrcSend`]: the initiator (no
 //!   receive queue), whose sends go through [`Qp::post_send_xrc`].
 //!
@@ -16,7 +18,8 @@
 //! transition rules are the kernel's, see `softrdma_core::qp::state`).
 //! XRC always runs over UDP, also between contexts of one host.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 
 use softrdma_core::cq::CqId;
 use softrdma_core::mr::PdId;
@@ -41,6 +44,31 @@ pub(crate) type XrcdRef = Arc<XrcdInner>;
 pub(crate) struct XrcdInner {
     eng: Arc<Engine>,
     id: u32,
+    /// The domain's target QPs by number, for `open_tgt_qp`.
+    tgts: Mutex<HashMap<u32, Weak<TgtQp>>>,
+}
+
+/// An XRC target QP, shared by its handles: destroyed when the last goes.
+pub(crate) struct TgtQp {
+    xrcd: XrcdRef,
+    qpn: u32,
+}
+
+impl Drop for TgtQp {
+    fn drop(&mut self) {
+        let eng = &self.xrcd.eng;
+        let mut st = eng.lock();
+        // An ACK the last pass deferred may be this QP's: the peer must
+        // get it (see `Qp`'s drop).
+        eng.flush_deferred(&mut st);
+        let _ = st.ep.destroy_qp(self.qpn);
+        st.publish_qps();
+        drop(st);
+        let mut m = self.xrcd.tgts.lock().unwrap_or_else(|e| e.into_inner());
+        if m.get(&self.qpn).is_some_and(|w| w.strong_count() == 0) {
+            m.remove(&self.qpn);
+        }
+    }
 }
 
 impl Drop for XrcdInner {
@@ -59,6 +87,7 @@ impl Context {
             inner: Arc::new(XrcdInner {
                 eng: self.eng.clone(),
                 id,
+                tgts: Mutex::new(HashMap::new()),
             }),
             gid: self.gid(),
             port_mtu: self.port_mtu,
@@ -83,18 +112,47 @@ impl Xrcd {
     /// domain their XRCETH names; one of another domain, or none, is
     /// refused with an invalid request NAK.
     pub fn create_tgt_qp(&self) -> Result<Qp> {
-        let eng = &self.inner.eng;
-        let qpn = eng.lock().ep.create_xrc_tgt_qp(self.inner.id)?;
-        Ok(Qp {
-            eng: eng.clone(),
+        let qpn = self.inner.eng.lock().ep.create_xrc_tgt_qp(self.inner.id)?;
+        let tgt = Arc::new(TgtQp {
+            xrcd: self.inner.clone(),
             qpn,
+        });
+        self.inner
+            .tgts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qpn, Arc::downgrade(&tgt));
+        Ok(self.tgt_handle(tgt))
+    }
+
+    /// `ibv_open_qp`: another handle on target QP `qpn` of this domain
+    /// (modify, query and destroy work through either; the QP is destroyed
+    /// with its last handle). Fails if the domain has no such target QP.
+    pub fn open_tgt_qp(&self, qpn: u32) -> Result<Qp> {
+        let tgt = self
+            .inner
+            .tgts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .and_then(Weak::upgrade)
+            .ok_or(softrdma_core::Error::InvalidArgument(
+                "ibv_open_qp: this XRC domain has no target QP of that number",
+            ))?;
+        Ok(self.tgt_handle(tgt))
+    }
+
+    fn tgt_handle(&self, tgt: Arc<TgtQp>) -> Qp {
+        Qp {
+            eng: self.inner.eng.clone(),
+            qpn: tgt.qpn,
             pd: PdId(0),
             qp_type: QpType::XrcRecv,
             psn: random_psn(),
             gid: self.gid,
             port_mtu: self.port_mtu,
-            xrcd: Some(self.inner.clone()),
-        })
+            tgt: Some(tgt),
+        }
     }
 }
 
@@ -157,6 +215,6 @@ impl Qp {
 
     /// The XRC domain of an XRC target QP.
     pub fn xrcd_id(&self) -> Option<u32> {
-        self.xrcd.as_ref().map(|x| x.id)
+        self.tgt.as_ref().map(|t| t.xrcd.id)
     }
 }

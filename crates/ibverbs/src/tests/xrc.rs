@@ -1,9 +1,11 @@
 //! XRC through the operations table: domains opened on a file are shared
 //! on one context with the kernel's O_CREAT/O_EXCL rules, a domain in use
-//! cannot be closed, XRC SRQs have numbers, and misuse is refused with the
+//! cannot be closed, XRC SRQs have numbers, `ibv_open_qp` opens a second
+//! handle on a target QP, and misuse is refused with the
 //! errno a kernel provider returns.
 
 use std::os::fd::AsRawFd;
+use std::os::raw::c_void;
 use std::ptr::null_mut;
 
 use super::{errno, open_first};
@@ -141,24 +143,59 @@ fn domains_srqs_and_target_qps_through_the_ops_table() {
         let ini = ibv_create_qp(pd, &mut init);
         assert!(!ini.is_null(), "errno {}", errno());
         assert_eq!((init.cap.max_recv_wr, init.cap.max_recv_sge), (0, 0));
-        // ibv_open_qp is not offered.
+        // ibv_open_qp: another handle on the target QP, through the other
+        // handle of the same file's domain; not through the private domain,
+        // not for a number the domain has no target QP of, not without
+        // NUM, XRCD and TYPE.
+        let open_qp = vc.open_qp.unwrap();
         let mut oa = ibv_qp_open_attr {
             comp_mask: 0xf,
             qp_num: (*tgt).qp_num,
-            xrcd: x1,
-            qp_context: null_mut(),
+            xrcd: x2,
+            qp_context: 0x5eed as *mut c_void,
             qp_type: 10,
         };
-        assert!((vc.open_qp.unwrap())(ctx, &mut oa).is_null());
-        assert_eq!(errno(), libc::EOPNOTSUPP);
+        let opened = open_qp(ctx, &mut oa);
+        assert!(!opened.is_null(), "errno {}", errno());
+        assert_ne!(opened, tgt);
+        assert_eq!((*opened).qp_num, (*tgt).qp_num);
+        assert_eq!((*opened).qp_context, 0x5eed as *mut c_void);
+        oa.xrcd = x3;
+        assert!(open_qp(ctx, &mut oa).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        oa.xrcd = x2;
+        oa.qp_num = (*ini).qp_num;
+        assert!(open_qp(ctx, &mut oa).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        oa.qp_num = (*tgt).qp_num;
+        oa.comp_mask = 1 | 2;
+        assert!(open_qp(ctx, &mut oa).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        // Either handle modifies the one QP; it lives while one is left.
+        let mut qa = ibv_qp_attr {
+            qp_state: 1,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: 2,
+            ..Default::default()
+        };
+        assert_eq!(ibv_modify_qp(opened, &mut qa, 1 | 16 | 32 | 8), 0);
+        let mut got = ibv_qp_attr::default();
+        let mut gi: ibv_qp_init_attr = std::mem::zeroed();
+        assert_eq!(ibv_query_qp(tgt, &mut got, 1, &mut gi), 0);
+        assert_eq!(got.qp_state, 1);
+        assert_eq!(gi.qp_type, 10);
 
-        // In use: the handle with an SRQ and a target QP cannot close; the
-        // other handle of the same file and the private one can.
+        // In use: the handles with an SRQ or a target QP cannot close; the
+        // private one can.
         assert_eq!(close(x1), libc::EBUSY);
-        assert_eq!(close(x2), 0);
+        assert_eq!(close(x2), libc::EBUSY);
         assert_eq!(close(x3), 0);
         assert_eq!(ibv_destroy_cq(cq), libc::EBUSY); // the SRQ's
         assert_eq!(ibv_destroy_qp(tgt), 0);
+        assert_eq!(ibv_query_qp(opened, &mut got, 1, &mut gi), 0);
+        assert_eq!(ibv_destroy_qp(opened), 0);
+        assert_eq!(close(x2), 0);
         assert_eq!(close(x1), libc::EBUSY);
         assert_eq!(ibv_destroy_srq(srq), 0);
         assert_eq!(close(x1), 0);

@@ -555,3 +555,53 @@ mod wire_input {
         }
     }
 }
+
+/// Lost ACKs: the initiator resends, the target answers the duplicates
+/// (each under the SRQ it names; a READ re-read under that SRQ's PD)
+/// without delivering anything twice, and a message to the second SRQ in
+/// flight meanwhile is not disturbed.
+#[test]
+fn duplicates_are_answered_under_their_own_srq() {
+    let (mut sim, ini, t, tr) = setup();
+    let h = sim.node_mut(1);
+    let srq2 = h.ep.create_xrc_srq(t.pd, t.xrcd, t.cq, 8, 1).unwrap();
+    srq_recv(h, &t, t.srq, 10, region(1), 4096);
+    srq_recv(h, &t, srq2, 20, region(1) + 4096, 4096);
+    // Every response B sends for the first round is lost.
+    sim.node_mut(1).drop_next(2, |_| true);
+    pattern(sim.node_mut(0), region(0), 3000, 3);
+    let a = sim.node_mut(0);
+    post_xrc(a, &ini, 1, SendOp::Send, region(0), 100, t.srq);
+    let r = SendOp::Read {
+        remote_addr: region(0) + 8192,
+        rkey: t.rkey,
+    };
+    post_xrc(a, &ini, 2, r, region(2), 64, t.srq);
+    post_xrc(a, &ini, 3, SendOp::Send, region(0), 3000, srq2);
+    sim.run_until_idle(SEC).unwrap();
+    let sc = sim.node_mut(0).poll_cq(ini.scq);
+    assert_eq!(
+        statuses(&sc),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+    let rc = sim.node_mut(1).poll_cq(t.cq);
+    assert_eq!(
+        rc.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(),
+        [(10, 100), (20, 3000)]
+    );
+    let want = sim.node(0).mem.slice(region(0), 3000).to_vec();
+    assert_eq!(sim.node(1).mem.slice(region(1) + 4096, 3000), &want[..]);
+    let read = sim.node(1).mem.slice(region(0) + 8192, 64).to_vec();
+    assert_eq!(sim.node(0).mem.slice(region(2), 64), &read[..]);
+    assert!(
+        lines(&tr).iter().filter(|l| l.ends_with("DROPPED")).count() == 2,
+        "{:#?}",
+        lines(&tr)
+    );
+    assert!(sim.node(1).ep.stats().duplicates > 0);
+    assert_eq!(sim.node(1).ep.qp(t.tgt.qpn).unwrap().state, QpState::Rts);
+}

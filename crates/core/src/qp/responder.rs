@@ -862,6 +862,20 @@ impl Qp {
 
     /// A request behind `epsn`: answer it again without executing it twice.
     fn duplicate(&mut self, pkt: &Packet<&[u8]>, repr: &PacketRepr, ctx: &mut Ctx<'_>) {
+        if self.qp_type != QpType::XrcRecv {
+            return self.answer_duplicate(pkt, repr, ctx);
+        }
+        // A duplicate is answered under the SRQ it names, as the first
+        // time; the message in progress keeps its own.
+        let Some(t) = self.xrc_target(repr, ctx) else {
+            return;
+        };
+        let current = self.resp.xrc.replace(t);
+        self.answer_duplicate(pkt, repr, ctx);
+        self.resp.xrc = current;
+    }
+
+    fn answer_duplicate(&mut self, pkt: &Packet<&[u8]>, repr: &PacketRepr, ctx: &mut Ctx<'_>) {
         if !self.resp.has_room() {
             ctx.stats.responder_busy += 1;
             return;
@@ -869,13 +883,6 @@ impl Qp {
         let psn = repr.bth.psn;
         let info = pkt.info();
         let msn = self.resp.msn;
-        if self.qp_type == QpType::XrcRecv {
-            // A duplicate is answered under the SRQ it names, as the first.
-            match self.xrc_target(repr, ctx) {
-                Some(t) => self.resp.xrc = Some(t),
-                None => return,
-            }
-        }
         if info.has(Flags::READ) {
             let Some(reth) = repr.ext.reth else { return };
             let found =

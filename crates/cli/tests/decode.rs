@@ -1000,3 +1000,86 @@ fn qp1_payloads_of_every_length() {
         serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"));
     }
 }
+
+// ---------------------------------------------------------------------------
+// XRC: the XRCETH after the BTH, in text and JSON.
+
+/// An XRC request of `op` to XRC SRQ `srqn`, in an IPv4 frame whose ICRC
+/// is right.
+fn xrc_frame(op: softrdma_wire::Opcode, srqn: u32, reth: bool, payload: &[u8]) -> Vec<u8> {
+    use softrdma_wire::ext::{RethRepr, XrcEthRepr};
+    use softrdma_wire::packet::ExtRepr;
+    use softrdma_wire::{frame, icrc, BthRepr, PacketRepr, Psn};
+    let repr = PacketRepr {
+        bth: BthRepr {
+            opcode: op,
+            dest_qp: 0x000123,
+            ack_req: true,
+            psn: Psn::new(77),
+            ..Default::default()
+        },
+        ext: ExtRepr {
+            xrceth: Some(XrcEthRepr { srqn }),
+            reth: reth.then_some(RethRepr {
+                va: 0x1000,
+                rkey: 0xabcd_0001,
+                dma_len: payload.len() as u32,
+            }),
+            ..Default::default()
+        },
+        payload_len: payload.len(),
+    };
+    let mut roce = vec![0u8; repr.wire_len()];
+    repr.emit_with_payload(&mut roce, payload);
+    let (src, dst): (SocketAddr, SocketAddr) = (SYN_SRC.parse().unwrap(), SYN_DST.parse().unwrap());
+    let (SocketAddr::V4(s), SocketAddr::V4(d)) = (src, dst) else {
+        unreachable!()
+    };
+    let udp_len = (roce.len() + 8) as u16;
+    let ip = icrc::ipv4_header(s.ip().octets(), d.ip().octets(), 0, true, udp_len);
+    let udp = icrc::udp_header(src.port(), dst.port(), udp_len);
+    icrc::fill(&ip, &udp, &mut roce);
+    let mut out = Vec::new();
+    frame::build_frame(src, dst, 0, &roce, &mut out);
+    out
+}
+
+#[test]
+fn xrc_requests_show_their_xrceth() {
+    use softrdma_wire::Opcode;
+    let path = write_capture(
+        "xrc.pcap",
+        &[
+            xrc_frame(Opcode::XRC_SEND_ONLY, 0x00abcd, false, &[7; 12]),
+            xrc_frame(Opcode::XRC_RDMA_WRITE_ONLY, 0x000002, true, &[9; 8]),
+        ],
+    );
+    let out = stdout(&softrdma(&["decode"], &path));
+    let (lines, _) = text_lines(&out);
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].1.contains("XRC Send Only")
+            && lines[0].1.contains(" XRCETH srqn=0x00abcd ")
+            && lines[0].1.contains("payload=12")
+            && lines[0].1.ends_with("ICRC ok"),
+        "{}",
+        lines[0].1
+    );
+    assert!(
+        lines[1].1.contains("XRC RDMA Write Only")
+            && lines[1]
+                .1
+                .contains(" XRCETH srqn=0x000002 RETH va=0x1000 rkey=0xabcd0001 len=8 "),
+        "{}",
+        lines[1].1
+    );
+    let json = stdout(&softrdma(&["decode", "--json"], &path));
+    let rows: Vec<Value> = json
+        .lines()
+        .filter(|l| l.contains("\"xrceth\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{json}");
+    assert_eq!(rows[0]["xrceth"]["srqn"], 0x00abcd);
+    assert_eq!(rows[1]["xrceth"]["srqn"], 2);
+}

@@ -123,6 +123,10 @@ impl Default for EndpointConfig {
     }
 }
 
+/// The CQ of a QP that has none (an XRC target): no slot, so nothing is
+/// ever completed to it.
+const NO_CQ: CqId = CqId(u32::MAX);
+
 /// Everything `create_qp` needs (`struct ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy)]
 pub struct QpInit {
@@ -191,12 +195,29 @@ impl RxMeta {
     }
 }
 
+/// One shared receive queue: its PD and receives, and for an XRC SRQ its
+/// domain and the CQ its receive completions go to (an XRC target QP has
+/// neither PD nor CQ of its own).
+#[derive(Debug)]
+pub(crate) struct SrqSlot {
+    pub pd: PdId,
+    pub q: RecvQueue,
+    pub xrc: Option<XrcSrq>,
+}
+
+/// What makes an SRQ an XRC SRQ (`IBV_SRQT_XRC`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct XrcSrq {
+    pub xrcd: u32,
+    pub cq: CqId,
+}
+
 /// The resources QPs share; handed to a QP's pieces as their context.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub mrs: MrTable,
     pub cqs: Vec<Option<Cq>>,
-    pub srqs: Vec<Option<(PdId, RecvQueue)>>,
+    pub srqs: Vec<Option<SrqSlot>>,
     pub stats: Stats,
     pub events: VecDeque<Event>,
     pub max_events: usize,
@@ -259,7 +280,7 @@ impl Shared {
     }
 
     pub fn srq_pop(&mut self, srq: u32, out: &mut [Span; MAX_SGE]) -> Option<RecvWqe> {
-        self.srqs.get_mut(srq as usize)?.as_mut()?.1.pop(out)
+        self.srqs.get_mut(srq as usize)?.as_mut()?.q.pop(out)
     }
 }
 
@@ -310,6 +331,8 @@ pub struct Endpoint {
     qps: Vec<Option<Qp>>,
     shared: Shared,
     next_pd: u32,
+    /// The next XRC domain number (0 is none).
+    next_xrcd: u32,
     /// Which QP sends next, and when a waiting one may again.
     sched: Sched,
     /// UD QPs attached to multicast groups.
@@ -334,6 +357,7 @@ impl Endpoint {
             },
             qps: Vec::new(),
             next_pd: 1,
+            next_xrcd: 1,
             sched: Sched::new(cfg.sched_quantum, cfg.max_inflight_per_dest),
             mcast: Default::default(),
             cfg,
@@ -578,8 +602,70 @@ impl Endpoint {
     }
 
     pub fn create_srq(&mut self, pd: PdId, depth: u32, max_sge: u32) -> Result<u32, Error> {
+        self.create_srq_slot(pd, depth, max_sge, None)
+    }
+
+    /// `ibv_open_xrcd`: a new XRC domain. XRC SRQs and XRC target QPs are
+    /// created in one; a target QP delivers only to SRQs of its domain.
+    pub fn alloc_xrcd(&mut self) -> u32 {
+        let x = self.next_xrcd;
+        self.next_xrcd += 1;
+        x
+    }
+
+    /// `ibv_close_xrcd`: refused (`Busy`) while an XRC SRQ or target QP
+    /// of the domain exists.
+    pub fn dealloc_xrcd(&mut self, xrcd: u32) -> Result<(), Error> {
+        let srq = self
+            .shared
+            .srqs
+            .iter()
+            .flatten()
+            .any(|s| s.xrc.is_some_and(|x| x.xrcd == xrcd));
+        let qp = self.qps.iter().flatten().any(|q| q.xrcd == Some(xrcd));
+        if srq || qp {
+            return Err(Error::Busy(
+                "XRC domain (it still has XRC SRQs or target QPs)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`: an SRQ of XRC domain
+    /// `xrcd`, its receives checked against `pd` and completed on `cq`.
+    /// Its number (`ibv_get_srq_num`) is the one returned: what an XRC
+    /// sender puts in the XRCETH.
+    pub fn create_xrc_srq(
+        &mut self,
+        pd: PdId,
+        xrcd: u32,
+        cq: CqId,
+        depth: u32,
+        max_sge: u32,
+    ) -> Result<u32, Error> {
+        if xrcd == 0 || xrcd >= self.next_xrcd {
+            return Err(Error::InvalidArgument(
+                "XRC SRQ of an XRC domain this device never opened",
+            ));
+        }
+        self.cq_mut(cq)?;
+        let srq = self.create_srq_slot(pd, depth, max_sge, Some(XrcSrq { xrcd, cq }))?;
+        self.cq_mut(cq)?.users += 1;
+        Ok(srq)
+    }
+
+    fn create_srq_slot(
+        &mut self,
+        pd: PdId,
+        depth: u32,
+        max_sge: u32,
+        xrc: Option<XrcSrq>,
+    ) -> Result<u32, Error> {
         if depth == 0 || depth > self.cfg.max_qp_wr || max_sge == 0 || max_sge as usize > MAX_SGE {
             return Err(Error::InvalidArgument("SRQ depth or max_sge out of range"));
+        }
+        if self.shared.srqs.len() >= 1 << 24 && !self.shared.srqs.iter().any(|s| s.is_none()) {
+            return Err(Error::OutOfResources("SRQ numbers (24 bits)"));
         }
         let slot = self
             .shared
@@ -590,16 +676,28 @@ impl Endpoint {
                 self.shared.srqs.push(None);
                 self.shared.srqs.len() - 1
             });
-        self.shared.srqs[slot] = Some((pd, RecvQueue::new(depth, max_sge)));
+        self.shared.srqs[slot] = Some(SrqSlot {
+            pd,
+            q: RecvQueue::new(depth, max_sge),
+            xrc,
+        });
         Ok(slot as u32)
     }
 
     pub fn destroy_srq(&mut self, srq: u32) -> Result<(), Error> {
+        // XRC target QPs name no SRQ of their own (each request names
+        // one), so they never hold an SRQ: a request for a destroyed XRC
+        // SRQ is refused with an invalid request NAK.
         if self.qps.iter().flatten().any(|q| q.srq == Some(srq)) {
             return Err(Error::Busy("shared receive queue"));
         }
         match self.shared.srqs.get_mut(srq as usize) {
             Some(s @ Some(_)) => {
+                if let Some(x) = s.as_ref().and_then(|s| s.xrc) {
+                    if let Some(Some(c)) = self.shared.cqs.get_mut(x.cq.0 as usize) {
+                        c.users = c.users.saturating_sub(1);
+                    }
+                }
                 *s = None;
                 Ok(())
             }
@@ -660,7 +758,7 @@ impl Endpoint {
         check: RecvCheck,
     ) -> Result<(), Error> {
         let (pd, max_sge, full, depth) = match self.shared.srqs.get(srq as usize) {
-            Some(Some((pd, q))) => (*pd, q.max_sge, q.is_full(), q.depth),
+            Some(Some(SrqSlot { pd, q, .. })) => (*pd, q.max_sge, q.is_full(), q.depth),
             _ => return Err(Error::NoSuchSrq(srq)),
         };
         if full {
@@ -674,12 +772,54 @@ impl Endpoint {
         self.shared.srqs[srq as usize]
             .as_mut()
             .expect("checked")
-            .1
+            .q
             .push(wr.wr_id, &segs[..n]);
         Ok(())
     }
 
     pub fn create_qp(&mut self, init: QpInit) -> Result<u32, Error> {
+        match init.qp_type {
+            QpType::XrcRecv => Err(Error::InvalidArgument(
+                "an XRC_RECV (target) QP belongs to an XRC domain: create it with create_xrc_tgt_qp",
+            )),
+            QpType::XrcSend if init.srq.is_some() || init.cap.max_recv_wr > 0 => {
+                Err(Error::InvalidArgument(
+                    "an XRC_SEND (initiator) QP has no receive queue: no SRQ, max_recv_wr 0",
+                ))
+            }
+            _ => self.create_qp_in(init, None),
+        }
+    }
+
+    /// `ibv_create_qp_ex` with `IBV_QPT_XRC_RECV`: an XRC target QP of
+    /// domain `xrcd`. It has no send or receive queue, PD or CQ: each
+    /// request it takes names an XRC SRQ of `xrcd`, whose PD checks the
+    /// memory it reaches and whose CQ gets its receive completions.
+    pub fn create_xrc_tgt_qp(&mut self, xrcd: u32) -> Result<u32, Error> {
+        if xrcd == 0 || xrcd >= self.next_xrcd {
+            return Err(Error::InvalidArgument(
+                "XRC target QP of an XRC domain this device never opened",
+            ));
+        }
+        let init = QpInit {
+            qp_type: QpType::XrcRecv,
+            pd: PdId(0),
+            send_cq: NO_CQ,
+            recv_cq: NO_CQ,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 1,
+                max_recv_wr: 0,
+                max_send_sge: 0,
+                max_recv_sge: 0,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        };
+        self.create_qp_in(init, Some(xrcd))
+    }
+
+    fn create_qp_in(&mut self, init: QpInit, xrcd: Option<u32>) -> Result<u32, Error> {
         let c = init.cap;
         if c.max_send_wr == 0
             || c.max_send_wr > self.cfg.max_qp_wr
@@ -701,8 +841,11 @@ impl Endpoint {
                 max: MAX_INLINE as u32,
             });
         }
-        self.cq_mut(init.send_cq)?;
-        self.cq_mut(init.recv_cq)?;
+        let has_cqs = xrcd.is_none();
+        if has_cqs {
+            self.cq_mut(init.send_cq)?;
+            self.cq_mut(init.recv_cq)?;
+        }
         if let Some(s) = init.srq {
             if !matches!(self.shared.srqs.get(s as usize), Some(Some(_))) {
                 return Err(Error::NoSuchSrq(s));
@@ -723,11 +866,14 @@ impl Endpoint {
             ));
         }
         let mut qp = Qp::new(qpn, &init);
+        qp.xrcd = xrcd;
         if init.qp_type == QpType::Ud {
             qp.attr.path_mtu = self.cfg.port_mtu;
         }
-        self.cq_mut(init.send_cq)?.users += 1;
-        self.cq_mut(init.recv_cq)?.users += 1;
+        if has_cqs {
+            self.cq_mut(init.send_cq)?.users += 1;
+            self.cq_mut(init.recv_cq)?.users += 1;
+        }
         self.qps[slot] = Some(qp);
         self.sched.on_create(slot);
         if init.qp_type != QpType::Ud && self.cfg.cc != CcConfig::None {
@@ -880,7 +1026,21 @@ impl Endpoint {
 
     /// `ibv_post_send`: validate and queue one work request.
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr<'_>, mem: &impl Memory) -> Result<(), Error> {
-        self.post_send_inner(qpn, wr, mem, None).map(|_| ())
+        self.post_send_inner(qpn, wr, None, mem, None).map(|_| ())
+    }
+
+    /// `ibv_post_send` on an XRC initiator QP: `remote_srqn`
+    /// (`wr.qp_type.xrc.remote_srqn`, `ibv_wr_set_xrc_srqn`) is the XRC
+    /// SRQ at the target that the request is for, carried in its XRCETH.
+    pub fn post_send_xrc(
+        &mut self,
+        qpn: u32,
+        wr: &SendWr<'_>,
+        remote_srqn: u32,
+        mem: &impl Memory,
+    ) -> Result<(), Error> {
+        self.post_send_inner(qpn, wr, Some(remote_srqn), mem, None)
+            .map(|_| ())
     }
 
     /// `ibv_post_send` on a connection that can carry one-sided operations
@@ -902,13 +1062,14 @@ impl Endpoint {
         mem: &impl Memory,
         off: &mut dyn Offload,
     ) -> Result<bool, Error> {
-        self.post_send_inner(qpn, wr, mem, Some(off))
+        self.post_send_inner(qpn, wr, None, mem, Some(off))
     }
 
     fn post_send_inner(
         &mut self,
         qpn: u32,
         wr: &SendWr<'_>,
+        xrc_srqn: Option<u32>,
         mem: &impl Memory,
         off: Option<&mut dyn Offload>,
     ) -> Result<bool, Error> {
@@ -921,8 +1082,34 @@ impl Endpoint {
             });
         }
         let tname = qp.qp_type.name();
+        match (qp.qp_type, xrc_srqn) {
+            (QpType::XrcRecv, _) => {
+                return Err(Error::InvalidArgument(
+                    "an XRC_RECV (target) QP has no send queue: post on the XRC_SEND QP",
+                ))
+            }
+            (QpType::XrcSend, None) => {
+                return Err(Error::InvalidArgument(
+                    "XRC_SEND work request without a remote SRQ number (qp_type.xrc.remote_srqn)",
+                ))
+            }
+            (QpType::XrcSend, Some(n)) if n >= 1 << 24 => {
+                return Err(Error::InvalidArgument(
+                    "remote SRQ number does not fit in 24 bits",
+                ))
+            }
+            (t, Some(_)) if t != QpType::XrcSend => {
+                return Err(Error::InvalidArgument(
+                    "a remote SRQ number is for XRC_SEND QPs only",
+                ))
+            }
+            _ => {}
+        }
         let ok_op = match qp.qp_type {
             QpType::Rc => true,
+            // XRC has no ATOMIC WRITE opcode.
+            QpType::XrcSend => !matches!(wr.op, SendOp::AtomicWrite { .. }),
+            QpType::XrcRecv => false,
             QpType::Uc => matches!(
                 wr.op,
                 SendOp::Send
@@ -940,7 +1127,7 @@ impl Endpoint {
                 qp_type: tname,
             });
         }
-        if qp.qp_type == QpType::Rc && wr.op.is_read_or_atomic() && qp.attr.max_rd_atomic == 0 {
+        if qp.qp_type.is_reliable() && wr.op.is_read_or_atomic() && qp.attr.max_rd_atomic == 0 {
             // rxe and RNICs accept the post and never issue the request:
             // with no READ/atomic credits the send queue stalls for good.
             return Err(Error::InvalidArgument(
@@ -1095,6 +1282,7 @@ impl Endpoint {
                 op: wr.op,
                 flags: wr.flags,
                 ud: wr.ud,
+                xrc_srqn: xrc_srqn.unwrap_or(0),
                 nsge: nsge as u8,
                 inline_len: ilen as u16,
                 length: length as u32,
@@ -1133,6 +1321,12 @@ impl Endpoint {
         if srq.is_some() {
             return Err(Error::InvalidArgument(
                 "QP uses a shared receive queue; post to the SRQ",
+            ));
+        }
+        let qp_type = self.qps[s].as_ref().expect("slot checked").qp_type;
+        if qp_type.is_xrc() {
+            return Err(Error::InvalidArgument(
+                "XRC QPs have no receive queue: post receives to an XRC SRQ",
             ));
         }
         if state == QpState::Reset {
@@ -1209,6 +1403,7 @@ impl Endpoint {
             QpType::Rc => Transport::Rc,
             QpType::Uc => Transport::Uc,
             QpType::Ud => Transport::Ud,
+            QpType::XrcSend | QpType::XrcRecv => Transport::Xrc,
         };
         if info.transport != want {
             self.shared.stats.malformed += 1;
@@ -1379,7 +1574,7 @@ impl Endpoint {
     /// point into memory that is about to be freed).
     pub fn all_queues_idle(&self) -> bool {
         self.qps.iter().flatten().all(|q| q.queues_empty())
-            && self.shared.srqs.iter().flatten().all(|(_, q)| q.len() == 0)
+            && self.shared.srqs.iter().flatten().all(|s| s.q.len() == 0)
     }
 
     /// The QPs whose state (or attributes) changed since the last call —

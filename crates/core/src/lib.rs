@@ -1,5 +1,5 @@
 //! The softrdma transport core: a sans-IO implementation of the InfiniBand
-//! transport (RC, UC, UD) as RoCEv2 carries it.
+//! transport (RC, UC, UD and XRC) as RoCEv2 carries it.
 //!
 //! It owns no sockets, threads or clocks. An IO layer (or the simulator)
 //! drives one [`Endpoint`] — the transport half of a soft RNIC — through four

@@ -55,7 +55,7 @@ use softrdma_wire::Psn;
 use crate::cc::{CcConfig, Controller};
 use crate::endpoint::Shared;
 use crate::gate::{psn_cost, TxGate};
-use crate::qp::state::{QpState, QpType};
+use crate::qp::state::QpState;
 use crate::qp::{Qp, Stop};
 use crate::stats::Stats;
 use crate::timer::TimerHeap;
@@ -317,7 +317,8 @@ impl Before {
 
 /// Unacknowledged bytes of a QP, as [`crate::gate`] counts them.
 fn inflight_bytes(qp: &Qp) -> u64 {
-    if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
+    if !qp.qp_type.is_reliable() || !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe)
+    {
         return 0;
     }
     qp.comp.psn.distance_to(qp.req.hwm) as u64 * psn_cost(qp.mtu())
@@ -449,7 +450,7 @@ impl Sched {
     /// file it where it belongs and arm its timer.
     pub fn sync(&mut self, s: usize, qp: &Qp, now: Nanos, fb: Option<(Before, &mut Stats)>) {
         self.now = self.now.max(now);
-        let want_gid = (qp.qp_type == QpType::Rc
+        let want_gid = (qp.qp_type.is_reliable()
             && matches!(
                 qp.state,
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe

@@ -46,7 +46,8 @@ zeroed!(
     ibv_ah,
     ibv_mw,
     ibv_send_wr,
-    ibv_recv_wr
+    ibv_recv_wr,
+    verbs_xrcd
 );
 
 // ---- enums and flags (libibverbs' numbers) ----
@@ -211,12 +212,21 @@ pub struct verbs_context {
     pub create_cq_ex: Option<CreateCqExFn>,
     pub _priv: usize,
     pub query_device_ex: Option<QueryDeviceExFn>,
-    /// `ibv_destroy_flow` … `open_qp` (5 slots).
-    pub _ops2: [usize; 5],
+    /// `ibv_destroy_flow` … `ABI_placeholder1` (4 slots).
+    pub _ops2: [usize; 4],
+    /// verbs.h's inline `ibv_open_qp`.
+    pub open_qp: Option<OpenQpFn>,
     /// verbs.h's inline `ibv_create_qp_ex` (unless only the PD is given).
     pub create_qp_ex: Option<CreateQpExFn>,
-    /// `get_srq_num` … `_ABI_placeholder3` (5 slots).
-    pub _ops3: [usize; 5],
+    /// verbs.h's inline `ibv_get_srq_num`.
+    pub get_srq_num: Option<unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int>,
+    /// verbs.h's inline `ibv_create_srq_ex` (unless a basic SRQ of a PD).
+    pub create_srq_ex: Option<CreateSrqExFn>,
+    /// verbs.h's inline `ibv_open_xrcd`.
+    pub open_xrcd: Option<OpenXrcdFn>,
+    /// verbs.h's inline `ibv_close_xrcd`.
+    pub close_xrcd: Option<unsafe extern "C" fn(*mut verbs_xrcd) -> c_int>,
+    pub _abi_placeholder3: u64,
     pub sz: usize,
     pub context: ibv_context,
 }
@@ -593,7 +603,7 @@ pub struct ibv_qp_init_attr_ex {
     pub sq_sig_all: c_int,
     pub comp_mask: u32,
     pub pd: *mut ibv_pd,
-    pub xrcd: *mut c_void,
+    pub xrcd: *mut verbs_xrcd,
     pub create_flags: u32,
     pub max_tso_header: u16,
     pub rwq_ind_tbl: *mut c_void,
@@ -604,6 +614,52 @@ pub struct ibv_qp_init_attr_ex {
 
 pub type CreateQpExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+pub type OpenQpFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_open_attr) -> *mut ibv_qp;
+pub type CreateSrqExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;
+pub type OpenXrcdFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut verbs_xrcd;
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+/// `struct verbs_xrcd` (rdma-core's driver.h): the `struct ibv_xrcd` (its
+/// context) applications hold, then the provider's part.
+#[repr(C)]
+pub struct verbs_xrcd {
+    pub context: *mut ibv_context,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+
+/// `struct ibv_srq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    pub comp_mask: u32,
+    pub srq_type: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut verbs_xrcd,
+    pub cq: *mut ibv_cq,
+    /// `struct ibv_tm_cap`: `max_num_tags`, `max_ops`.
+    pub tm_cap: [u32; 2],
+}
+
+/// `struct ibv_qp_open_attr`.
+#[repr(C)]
+pub struct ibv_qp_open_attr {
+    pub comp_mask: u32,
+    pub qp_num: u32,
+    pub xrcd: *mut verbs_xrcd,
+    pub qp_context: *mut c_void,
+    pub qp_type: u32,
+}
 
 /// `struct ibv_qp_cap`.
 #[repr(C)]
@@ -863,6 +919,9 @@ mod tests {
             ibv_srq,
             ibv_srq_attr,
             ibv_srq_init_attr,
+            ibv_srq_init_attr_ex,
+            ibv_xrcd_init_attr,
+            ibv_qp_open_attr,
             ibv_qp,
             ibv_qp_ex,
             ibv_data_buf,
@@ -886,7 +945,16 @@ mod tests {
         offsets!(ibv_context_ops: alloc_mw, bind_mw, dealloc_mw, poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv);
         offsets!(ibv_context: device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat);
         offsets!(ibv_parent_domain_init_attr: pd, td, comp_mask, alloc, free, pd_context);
-        offsets!(verbs_context: query_port, advise_mr, alloc_parent_domain, dealloc_td, alloc_td, create_cq_ex, query_device_ex, create_qp_ex, sz, context);
+        offsets!(verbs_context: query_port, advise_mr, alloc_parent_domain, dealloc_td, alloc_td, create_cq_ex, query_device_ex, open_qp, create_qp_ex, get_srq_num, create_srq_ex, open_xrcd, close_xrcd, sz, context);
+        offsets!(ibv_xrcd_init_attr: comp_mask, fd, oflags);
+        // verbs_xrcd is driver.h's (not installed): its head is verbs.h's
+        // struct ibv_xrcd, the part applications read.
+        v.push((
+            "offsetof(struct ibv_xrcd, context)".into(),
+            offset_of!(verbs_xrcd, context),
+        ));
+        offsets!(ibv_srq_init_attr_ex: srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap);
+        offsets!(ibv_qp_open_attr: comp_mask, qp_num, xrcd, qp_context, qp_type);
         offsets!(ibv_qp_ex: qp_base, comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp,
             wr_atomic_fetch_add, wr_bind_mw, wr_local_inv, wr_rdma_read, wr_rdma_write,
             wr_rdma_write_imm, wr_send, wr_send_imm, wr_send_inv, wr_send_tso, wr_set_ud_addr,
@@ -1050,8 +1118,8 @@ mod tests {
             offset_of!(verbs_context, _ops2),
         ));
         v.push((
-            "offsetof(struct verbs_context, get_srq_num)".into(),
-            offset_of!(verbs_context, _ops3),
+            "offsetof(struct verbs_context, _ABI_placeholder3)".into(),
+            offset_of!(verbs_context, _abi_placeholder3),
         ));
         v.push((
             "offsetof(struct ibv_device_attr_ex, completion_timestamp_mask)".into(),

@@ -127,6 +127,12 @@ pub(crate) fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
         flags: sv::SendFlags(wr.send_flags & IBV_SEND_FLAGS_KNOWN),
         ud,
     };
+    if q.qp_type == sv::QpType::XrcSend {
+        // SAFETY: as for post_send_unchecked below; an XRC initiator's
+        // requests also name the target's SRQ (`qp_type.xrc.remote_srqn`).
+        unsafe { q.sv.post_send_xrc_unchecked(&swr, wr.remote_srqn)? };
+        return Ok(());
+    }
     // SAFETY: verbs' contract: inline SGEs point at readable memory (copied
     // now); the others lie in registered regions the application keeps
     // mapped until the request completes.

@@ -188,6 +188,11 @@ pub(crate) fn context_ops(dev: &'static Device, async_fd: c_int, cmd_fd: c_int) 
     vc.alloc_td = Some(crate::resources::vctx_alloc_td);
     vc.dealloc_td = Some(crate::resources::vctx_dealloc_td);
     vc.create_qp_ex = Some(crate::qp::vctx_create_qp_ex);
+    vc.open_xrcd = Some(crate::xrc::vctx_open_xrcd);
+    vc.close_xrcd = Some(crate::xrc::vctx_close_xrcd);
+    vc.create_srq_ex = Some(crate::xrc::vctx_create_srq_ex);
+    vc.get_srq_num = Some(crate::xrc::vctx_get_srq_num);
+    vc.open_qp = Some(crate::xrc::vctx_open_qp);
     vc.sz = std::mem::size_of::<verbs_context>();
     let c = &mut vc.context;
     c.device = dev.c_ptr();
@@ -243,8 +248,8 @@ fn fill_device_attr(info: &sv::DeviceInfo, out: &mut ibv_device_attr) {
     out.max_qp = sat(a.max_qp);
     out.max_qp_wr = sat(a.max_qp_wr);
     // SYS_IMAGE_GUID | RC_RNR_NAK_GEN | CURR_QP_STATE_MOD | MEM_WINDOW |
-    // MEM_WINDOW_TYPE_2B (type 2 windows bound to a QP, as rxe's)
-    out.device_cap_flags = (1 << 11) | (1 << 12) | (1 << 7) | (1 << 17) | (1 << 24);
+    // XRC | MEM_WINDOW_TYPE_2B (type 2 windows bound to a QP, as rxe's)
+    out.device_cap_flags = (1 << 11) | (1 << 12) | (1 << 7) | (1 << 17) | (1 << 20) | (1 << 24);
     out.max_sge = sat(a.max_sge);
     out.max_sge_rd = sat(a.max_sge);
     out.max_cq = sat(a.max_cq);
@@ -329,6 +334,13 @@ unsafe extern "C" fn vctx_query_device_ex(
         if attr_size >= odp_end {
             // SAFETY: within attr_size.
             unsafe { (*attr).odp_caps = ODP_CAPS };
+        }
+        let xrc_end = std::mem::offset_of!(ibv_device_attr_ex, xrc_odp_caps) + 4;
+        if attr_size >= xrc_end {
+            // XRC is RC's operations through an XRC SRQ: what RC has on
+            // demand, XRC has (SEND, RECV, WRITE, READ, ATOMIC, SRQ_RECV).
+            // SAFETY: within attr_size.
+            unsafe { (*attr).xrc_odp_caps = ODP_CAPS.rc_odp_caps };
         }
         let ex_end = std::mem::offset_of!(ibv_device_attr_ex, phys_port_cnt_ex) + 4;
         if attr_size >= ex_end {

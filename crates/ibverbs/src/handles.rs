@@ -78,7 +78,8 @@ slab!(
     ibv_srq,
     ibv_qp_ex,
     ibv_td,
-    ibv_ah
+    ibv_ah,
+    verbs_xrcd
 );
 
 /// One slot holding a C structure the application reads and writes. The
@@ -414,6 +415,9 @@ pub struct Context {
     pub cqs: Mutex<HashMap<u32, usize>>,
     /// QP number → `ibv_qp*`, for async events.
     pub qps: Mutex<HashMap<u32, usize>>,
+    /// XRC domains opened on a file, by its device and inode: another
+    /// `ibv_open_xrcd` of the same file on this context shares the domain.
+    pub xrcds: Mutex<HashMap<(u64, u64), std::sync::Weak<sv::Xrcd>>>,
     /// PDs, CQs and completion channels of this context (everything else
     /// hangs off a PD).
     pub users: Users,
@@ -470,6 +474,7 @@ impl Context {
             port_mtu,
             cqs: Mutex::new(HashMap::new()),
             qps: Mutex::new(HashMap::new()),
+            xrcds: Mutex::new(HashMap::new()),
             users: Users::default(),
             _cmd_fd: cmd_fd,
         }
@@ -651,6 +656,9 @@ pub struct Srq {
     pub attr: Mutex<ibv_srq_attr>,
     /// QPs attached to this SRQ.
     pub users: Users,
+    /// An XRC SRQ: the application's `ibv_xrcd*` and `ibv_cq*` (numbers,
+    /// looked up at destroy), each of which counts it as a user.
+    pub xrc: Option<(usize, usize)>,
 }
 handle!(Srq, ibv_srq);
 
@@ -660,6 +668,27 @@ impl Srq {
             c: CSlot::new(c),
             sv,
             attr: Mutex::new(attr),
+            users: Users::default(),
+            xrc: None,
+        }
+    }
+}
+
+/// An XRC domain handle (`ibv_open_xrcd`). Handles opened on the same file
+/// on one context share their domain (`sv`).
+pub struct Xrcd {
+    c: CSlot<verbs_xrcd>,
+    pub sv: Arc<sv::Xrcd>,
+    /// XRC SRQs and target QPs created through this handle.
+    pub users: Users,
+}
+handle!(Xrcd, verbs_xrcd);
+
+impl Xrcd {
+    pub fn new(c: verbs_xrcd, sv: Arc<sv::Xrcd>) -> Xrcd {
+        Xrcd {
+            c: CSlot::new(c),
+            sv,
             users: Users::default(),
         }
     }
@@ -680,6 +709,9 @@ pub struct Qp {
     pub max_inline_data: u32,
     /// The work requests built since `ibv_wr_start`.
     pub batch: Mutex<crate::qpex::Batch>,
+    /// An XRC target QP: the application's `ibv_xrcd*` it was created
+    /// with (a number, looked up at destroy), which counts it as a user.
+    pub xrcd: usize,
 }
 
 handle_ex!(Qp, ibv_qp, ibv_qp_ex);
@@ -694,6 +726,7 @@ impl Qp {
             extended: false,
             max_inline_data: 0,
             batch: Mutex::new(Default::default()),
+            xrcd: 0,
         }
     }
 }

@@ -42,6 +42,7 @@ mod qp;
 mod qpex;
 mod rdmacm;
 mod resources;
+mod xrc;
 
 #[cfg(test)]
 mod tests;

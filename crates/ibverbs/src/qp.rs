@@ -28,7 +28,8 @@ crate::symver! {
 fn qp_type(t: u32) -> Res<sv::QpType> {
     sv::QpType::from_ibv(t).ok_or_else(|| {
         Fail::unsupported(format!(
-            "QP type {t} is not supported: softrdma implements RC (2), UC (3) and UD (4)"
+            "QP type {t} is not supported: softrdma implements RC (2), UC (3), UD (4), \
+             XRC_SEND (9) and XRC_RECV (10)"
         ))
     })
 }
@@ -89,28 +90,38 @@ fn create_qp(
 ) -> Res<*mut ibv_qp> {
     let p = Pd::from_c(pd)?;
     let t = qp_type(init.qp_type)?;
+    if t == sv::QpType::XrcRecv {
+        return Err(Fail::inval(
+            "an XRC_RECV QP belongs to an XRC domain: ibv_create_qp_ex with IBV_QP_INIT_ATTR_XRCD",
+        ));
+    }
     let send_cq = Cq::from_c(init.send_cq)?;
-    let recv_cq = Cq::from_c(init.recv_cq)?;
+    // An XRC initiator has no receive queue; its recv_cq may be NULL.
+    let xrc_send = t == sv::QpType::XrcSend;
+    let recv_cq = if xrc_send && init.recv_cq.is_null() {
+        None
+    } else {
+        Some(Cq::from_c(init.recv_cq)?)
+    };
     let srq = if init.srq.is_null() {
         None
+    } else if xrc_send {
+        return Err(Fail::inval("an XRC_SEND QP takes no SRQ"));
     } else {
         Some(Srq::from_c(init.srq)?)
     };
+    let no_rq = srq.is_some() || xrc_send;
     let cap = sv::QpCap {
         max_send_wr: cap_io.max_send_wr.max(1),
-        max_recv_wr: if srq.is_some() { 0 } else { cap_io.max_recv_wr },
+        max_recv_wr: if no_rq { 0 } else { cap_io.max_recv_wr },
         max_send_sge: cap_io.max_send_sge.max(1),
-        max_recv_sge: if srq.is_some() {
-            0
-        } else {
-            cap_io.max_recv_sge.max(1)
-        },
+        max_recv_sge: if no_rq { 0 } else { cap_io.max_recv_sge.max(1) },
         max_inline_data: cap_io.max_inline_data,
     };
     let qp = p.sv.create_qp(&sv::QpInitAttr {
         qp_type: t,
         send_cq: &send_cq.sv,
-        recv_cq: &recv_cq.sv,
+        recv_cq: &recv_cq.as_ref().unwrap_or(&send_cq).sv,
         srq: srq.as_ref().map(|s| &s.sv),
         cap,
         sq_sig_all: init.sq_sig_all != 0,
@@ -139,7 +150,9 @@ fn create_qp(
     let qpn = qp.qpn();
     p.users.add();
     send_cq.users.add();
-    recv_cq.users.add();
+    if let Some(r) = &recv_cq {
+        r.users.add();
+    }
     if let Some(s) = srq {
         s.users.add();
     }
@@ -175,9 +188,20 @@ pub unsafe extern "C" fn vctx_create_qp_ex(
         let a = unsafe { &mut *attr };
         let known = QP_INIT_ATTR_PD | QP_INIT_ATTR_CREATE_FLAGS | QP_INIT_ATTR_SEND_OPS_FLAGS;
         if a.comp_mask & QP_INIT_ATTR_XRCD != 0 {
-            return Err(Fail::unsupported(
-                "XRC (IBV_QP_INIT_ATTR_XRCD) is not implemented",
-            ));
+            if a.comp_mask & !(known | QP_INIT_ATTR_XRCD) != 0 {
+                return Err(Fail::unsupported(format!(
+                    "comp_mask {:#x}: an XRC target QP takes IBV_QP_INIT_ATTR_XRCD (and \
+                     create flags 0)",
+                    a.comp_mask
+                )));
+            }
+            if a.comp_mask & QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
+                return Err(Fail::unsupported(format!(
+                    "create_flags {:#x}: none is supported",
+                    a.create_flags
+                )));
+            }
+            return crate::xrc::create_tgt_qp(context, a);
         }
         if a.comp_mask & !known != 0 {
             return Err(Fail::unsupported(format!(
@@ -235,10 +259,12 @@ pub(crate) fn destroy_qp_impl(qp: *mut ibv_qp) -> Res<()> {
     // A QP's context, PD, CQs and SRQ cannot be destroyed before it
     // (each counts its users); each is looked up, not trusted.
     if let Ok(ctx) = Context::from_c(c.context) {
-        ctx.qps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&c.qp_num);
+        let mut qps = ctx.qps.lock().unwrap_or_else(|e| e.into_inner());
+        // Another handle of an XRC target QP (ibv_open_qp) is not the one
+        // async events name.
+        if qps.get(&c.qp_num) == Some(&(qp as usize)) {
+            qps.remove(&c.qp_num);
+        }
     }
     if let Ok(p) = Pd::from_c(c.pd) {
         p.users.sub();
@@ -251,6 +277,11 @@ pub(crate) fn destroy_qp_impl(qp: *mut ibv_qp) -> Res<()> {
     if !c.srq.is_null() {
         if let Ok(s) = Srq::from_c(c.srq) {
             s.users.sub();
+        }
+    }
+    if q.xrcd != 0 {
+        if let Ok(x) = Xrcd::from_c(q.xrcd as *mut verbs_xrcd) {
+            x.users.sub();
         }
     }
     // Dropping the softrdma QP flushes and destroys it.

@@ -49,6 +49,8 @@ struct Pending {
     /// Bind: the window, the new rkey, and the bind info's MR (a number,
     /// looked up at post), address, length and access.
     bind: Option<(usize, u32, usize, u64, u64, u32)>,
+    /// XRC: the remote SRQ number (`ibv_wr_set_xrc_srqn`).
+    xrc_srqn: u32,
     /// `sges[start..start + n]`.
     sge: (usize, usize),
     /// `inline[start..start + n]`, when inline data was set.
@@ -177,6 +179,7 @@ fn post_batch(q: &Qp, b: &Batch) -> Res<()> {
         wr.opcode = p.opcode;
         wr.send_flags = p.flags;
         wr.imm_data = p.imm;
+        wr.remote_srqn = p.xrc_srqn;
         let mut inline_sge;
         if let Some((start, n)) = p.inline {
             inline_sge = ibv_sge {
@@ -379,8 +382,12 @@ unsafe extern "C" fn wr_atomic_write(
     })
 }
 
-unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _srqn: u32) {
-    unsupported("ibv_wr_set_xrc_srqn", qp, "XRC is not implemented")
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, srqn: u32) {
+    with_batch("ibv_wr_set_xrc_srqn", qp, |_, b| {
+        if let Some(p) = b.last("ibv_wr_set_xrc_srqn") {
+            p.xrc_srqn = srqn;
+        }
+    })
 }
 
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {

@@ -736,6 +736,7 @@ pub(crate) fn destroy_srq_impl(srq: *mut ibv_srq) -> Res<()> {
     if let Ok(p) = Pd::from_c(unsafe { (*s.c_ptr()).pd }) {
         p.users.sub();
     }
+    crate::xrc::release_xrc_srq(s.xrc);
     drop(s);
     Ok(())
 }

@@ -442,3 +442,4 @@ mod cq;
 mod handles;
 mod mr;
 mod mw;
+mod xrc;

@@ -52,8 +52,10 @@ mod qp_type_serde {
             "RC" => Ok(QpType::Rc),
             "UC" => Ok(QpType::Uc),
             "UD" => Ok(QpType::Ud),
+            "XRC_SEND" => Ok(QpType::XrcSend),
+            "XRC_RECV" => Ok(QpType::XrcRecv),
             _ => Err(serde::de::Error::custom(format!(
-                "QP type {v:?}: expected \"RC\", \"UC\" or \"UD\""
+                "QP type {v:?}: expected \"RC\", \"UC\", \"UD\", \"XRC_SEND\" or \"XRC_RECV\""
             ))),
         }
     }
@@ -76,11 +78,7 @@ impl QpEndpoint {
     /// endpoints without serde.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(ENDPOINT_HEADER + self.regions.len() * REGION_BYTES);
-        v.push(match self.qp_type {
-            QpType::Rc => 2,
-            QpType::Uc => 3,
-            QpType::Ud => 4,
-        });
+        v.push(self.qp_type.to_ibv() as u8);
         v.extend_from_slice(&self.qpn.to_le_bytes());
         v.extend_from_slice(&self.psn.to_le_bytes());
         v.extend_from_slice(&self.gid);
@@ -99,11 +97,10 @@ impl QpEndpoint {
         if b.len() < ENDPOINT_HEADER {
             return bad("endpoint record shorter than its header");
         }
-        let qp_type = match b[0] {
-            2 => QpType::Rc,
-            3 => QpType::Uc,
-            4 => QpType::Ud,
-            _ => return bad("endpoint record names no QP type (RC 2, UC 3, UD 4)"),
+        let Some(qp_type) = QpType::from_ibv(b[0] as u32) else {
+            return bad(
+                "endpoint record names no QP type (RC 2, UC 3, UD 4, XRC_SEND 9, XRC_RECV 10)",
+            );
         };
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
@@ -337,14 +334,21 @@ impl Qp {
     }
 
     /// Connect this QP to `remote`: RESET → INIT → RTR → RTS with `opts`
-    /// (RC and UC; a UD QP just becomes ready to send, `remote` naming
-    /// nothing). From INIT or RTR it goes on from there. The QP sends from
-    /// [`Qp::endpoint`]'s PSN and expects `remote.psn`.
+    /// (RC and UC, and an XRC initiator to a target or back; a UD QP just
+    /// becomes ready to send, `remote` naming nothing). From INIT or RTR it
+    /// goes on from there. The QP sends from [`Qp::endpoint`]'s PSN and
+    /// expects `remote.psn`.
     pub fn connect(&self, remote: &QpEndpoint, opts: &ConnectOptions) -> Result<()> {
         opts.check()?;
-        if self.qp_type != QpType::Ud && remote.qp_type != self.qp_type {
+        let peer = match self.qp_type {
+            QpType::XrcSend => QpType::XrcRecv,
+            QpType::XrcRecv => QpType::XrcSend,
+            t => t,
+        };
+        if self.qp_type != QpType::Ud && remote.qp_type != peer {
             return Err(CoreError::InvalidArgument(
-                "the remote endpoint is of another QP type (RC connects to RC, UC to UC)",
+                "the remote endpoint is of another QP type (RC connects to RC, UC to UC, \
+                 XRC_SEND to XRC_RECV)",
             )
             .into());
         }

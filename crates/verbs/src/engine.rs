@@ -555,14 +555,38 @@ impl State {
         let Ok(q) = self.ep.qp(qpn) else {
             return;
         };
+        if q.qp_type == softrdma_core::qp::state::QpType::XrcRecv {
+            // No CQs of its own: its receive completions go to the CQs of
+            // the XRC SRQs, counted as users by `count_udp_cq`.
+            return;
+        }
         self.udp_total = self.udp_total.saturating_add_signed(delta);
         for cq in [q.send_cq.0, q.recv_cq.0] {
-            let i = cq as usize;
-            if self.udp_qps.len() <= i {
-                self.udp_qps.resize(i + 1, 0);
-            }
-            self.udp_qps[i] = self.udp_qps[i].saturating_add_signed(delta);
+            self.count_udp_cq(cq, delta);
         }
+    }
+
+    /// One more (or fewer) user of CQ `cq` whose completions come from UDP:
+    /// a QP's, or an XRC SRQ's (an XRC target's requests always arrive
+    /// over UDP).
+    pub fn count_udp_cq(&mut self, cq: u32, delta: i32) {
+        let i = cq as usize;
+        if self.udp_qps.len() <= i {
+            self.udp_qps.resize(i + 1, 0);
+        }
+        self.udp_qps[i] = self.udp_qps[i].saturating_add_signed(delta);
+    }
+
+    /// Post a send on an XRC initiator QP, naming the target's XRC SRQ
+    /// (always over UDP: XRC is not offered to the shared-memory transport).
+    pub fn post_send_xrc(
+        &mut self,
+        qpn: u32,
+        wr: &softrdma_core::wr::SendWr<'_>,
+        remote_srqn: u32,
+    ) -> Result<(), softrdma_core::Error> {
+        let mem = self.mem;
+        self.ep.post_send_xrc(qpn, wr, remote_srqn, &mem)
     }
 
     /// Connect QP `qpn` through shared memory (`Some`) or not, keeping the

@@ -70,6 +70,7 @@ mod memory;
 pub mod oob;
 mod ops;
 mod sys;
+mod xrc;
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -96,6 +97,7 @@ pub use softrdma_core::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
 pub use softrdma_core::Error as CoreError;
 pub use softrdma_core::RecvCheck;
 pub use softrdma_udp::{FaultConfig, PortStats};
+pub use xrc::Xrcd;
 
 use buffer::OwnedBuf;
 use engine::Engine;
@@ -842,6 +844,7 @@ impl Pd {
             psn: random_psn(),
             gid: self.gid,
             port_mtu: self.port_mtu,
+            tgt: None,
         })
     }
 
@@ -865,6 +868,7 @@ impl Pd {
         Ok(Srq {
             eng: self.eng.clone(),
             id,
+            xrc: None,
         })
     }
 }
@@ -1547,6 +1551,8 @@ impl Drop for Cq {
 pub struct Srq {
     eng: Arc<Engine>,
     id: u32,
+    /// An XRC SRQ: its domain (kept open while the SRQ exists) and CQ.
+    xrc: Option<(xrc::XrcdRef, CqId)>,
 }
 
 impl Srq {
@@ -1571,7 +1577,12 @@ impl Srq {
 
 impl Drop for Srq {
     fn drop(&mut self) {
-        let _ = self.eng.lock().ep.destroy_srq(self.id);
+        let mut st = self.eng.lock();
+        if st.ep.destroy_srq(self.id).is_ok() {
+            if let Some((_, cq)) = &self.xrc {
+                st.count_udp_cq(cq.0, -1);
+            }
+        }
     }
 }
 
@@ -1650,6 +1661,9 @@ pub struct Qp {
     psn: u32,
     gid: [u8; 16],
     port_mtu: Mtu,
+    /// An XRC target QP: the QP itself, shared by every handle
+    /// [`Xrcd::open_tgt_qp`] opened on it and destroyed with the last.
+    tgt: Option<Arc<xrc::TgtQp>>,
 }
 
 /// A random 24-bit PSN (from the OS CSPRNG, which `Context::open` checked).
@@ -2051,6 +2065,9 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        if self.tgt.is_some() {
+            return; // the shared target QP goes with its last handle
+        }
         let mut st = self.eng.lock();
         // An ACK the last pass deferred belongs to this QP, perhaps: the
         // peer must get it (it would retransmit into a destroyed QP).

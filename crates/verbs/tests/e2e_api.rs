@@ -305,7 +305,7 @@ fn endpoint_encodings() {
         .to_string()
         .contains("region count"));
     let mut bad = b.clone();
-    bad[0] = 9;
+    bad[0] = 8; // IBV_QPT_RAW_PACKET: not a type softrdma has
     assert!(QpEndpoint::from_bytes(&bad)
         .unwrap_err()
         .to_string()

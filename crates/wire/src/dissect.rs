@@ -429,6 +429,9 @@ impl fmt::Display for Line<'_> {
                 if let Some(h) = e.deth {
                     write!(f, " DETH qkey=0x{:08x} srcqp=0x{:06x}", h.qkey, h.src_qp)?;
                 }
+                if let Some(h) = e.xrceth {
+                    write!(f, " XRCETH srqn=0x{:06x}", h.srqn)?;
+                }
                 if let Some(h) = e.reth {
                     write!(
                         f,
@@ -722,6 +725,9 @@ pub fn to_json(number: usize, d: &Dissection) -> String {
                     ",\"deth\":{{\"qkey\":{},\"src_qp\":{}}}",
                     h.qkey, h.src_qp
                 );
+            }
+            if let Some(h) = e.xrceth {
+                let _ = write!(o, ",\"xrceth\":{{\"srqn\":{}}}", h.srqn);
             }
             if let Some(h) = e.reth {
                 let _ = write!(

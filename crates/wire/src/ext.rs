@@ -133,6 +133,14 @@ header! {
 }
 
 header! {
+    /// XRC Extended Transport Header: the XRC SRQ at the responder that a
+    /// request is for (IBA Annex A14). 8 reserved bits, then 24 bits.
+    XrcEth / XrcEthRepr, len::XRCETH, "XRCETH";
+    /// 24-bit XRC SRQ number (the reserved byte before it is emitted as 0).
+    srqn: u32 @ 1 => u24_at / put_u24,
+}
+
+header! {
     /// Datagram Extended Transport Header (UD).
     Deth / DethRepr, len::DETH, "DETH";
     qkey: u32 @ 0 => u32_at / put_u32,

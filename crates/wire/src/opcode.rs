@@ -6,9 +6,11 @@
 //! asks of the responder. The receive path does a single lookup and then
 //! tests bits; nothing downstream matches on opcodes by hand.
 //!
-//! Opcodes are those of IBA vol. 1 §9.2 for RC, UC and UD, plus RoCEv2's
-//! Congestion Notification Packet (0x81, Annex A17). Reliable Datagram and
-//! the newer FLUSH/ATOMIC WRITE opcodes are not supported and read as unknown.
+//! Opcodes are those of IBA vol. 1 §9.2 for RC, UC and UD, the XRC group
+//! (0xa0..: RC's opcodes with the XRCETH after the BTH on every request,
+//! IBA vol. 1 §9.2 / Annex A14), plus RoCEv2's Congestion Notification Packet
+//! (0x81, Annex A17). Reliable Datagram and FLUSH are not supported and read
+//! as unknown.
 
 use core::fmt;
 
@@ -60,6 +62,9 @@ impl Flags {
     /// RDMA ATOMIC WRITE (IBA 1.5): an RDMA WRITE of exactly 8 bytes that
     /// the responder stores as one aligned 64-bit word.
     pub const ATOMIC_WRITE: Flags = Flags(1 << 23);
+    /// XRC Extended Transport Header (the XRC SRQ number), right after the
+    /// BTH on every XRC request.
+    pub const XRCETH: Flags = Flags(1 << 24);
 
     /// No bits.
     pub const EMPTY: Flags = Flags(0);
@@ -96,7 +101,7 @@ impl core::ops::BitOr for Flags {
 
 impl fmt::Debug for Flags {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const NAMES: [&str; 23] = [
+        const NAMES: [&str; 25] = [
             "RETH",
             "AETH",
             "ATOMIC_ETH",
@@ -120,6 +125,8 @@ impl fmt::Debug for Flags {
             "ATOMIC",
             "READ_RESPONSE",
             "ACK",
+            "ATOMIC_WRITE",
+            "XRCETH",
         ];
         let mut first = true;
         for (i, n) in NAMES.iter().enumerate() {
@@ -144,6 +151,8 @@ pub enum Transport {
     Rc,
     Uc,
     Ud,
+    /// Extended reliable connected (IBA Annex A14): RC with an XRC SRQ number.
+    Xrc,
     /// RoCEv2 congestion notification.
     Cnp,
 }
@@ -159,6 +168,7 @@ pub mod len {
     pub const IETH: usize = 4;
     pub const DETH: usize = 8;
     pub const CNP_RSVD: usize = 16;
+    pub const XRCETH: usize = 4;
     pub const ICRC: usize = 4;
 }
 
@@ -186,11 +196,12 @@ pub struct Offsets {
     pub atomic_ack_eth: u8,
     pub immdt: u8,
     pub ieth: u8,
+    pub xrceth: u8,
 }
 
 impl OpcodeInfo {
-    /// Lay the headers out in IBA order: BTH, DETH, RETH, AtomicETH, AETH,
-    /// AtomicAckETH, ImmDt/IETH.
+    /// Lay the headers out in IBA order: BTH, DETH or XRCETH, RETH,
+    /// AtomicETH, AETH, AtomicAckETH, ImmDt/IETH.
     const fn new(name: &'static str, transport: Transport, flags: Flags) -> OpcodeInfo {
         let mut at = len::BTH;
         let mut o = Offsets {
@@ -201,9 +212,14 @@ impl OpcodeInfo {
             atomic_ack_eth: 0,
             immdt: 0,
             ieth: 0,
+            xrceth: 0,
         };
         if flags.contains(Flags::CNP_RSVD) {
             at += len::CNP_RSVD;
+        }
+        if flags.contains(Flags::XRCETH) {
+            o.xrceth = at as u8;
+            at += len::XRCETH;
         }
         if flags.contains(Flags::DETH) {
             o.deth = at as u8;
@@ -327,6 +343,31 @@ opcodes! {
     // Unreliable Datagram.
     UD_SEND_ONLY = 0x64, "UD Send Only", Ud, [REQUEST | SEND | ONLY | PAYLOAD | DETH | RECV_WQE | RECV_COMPLETION];
     UD_SEND_ONLY_WITH_IMMEDIATE = 0x65, "UD Send Only Immediate", Ud, [REQUEST | SEND | ONLY | PAYLOAD | DETH | IMMDT | RECV_WQE | RECV_COMPLETION];
+    // Extended Reliable Connection: RC's opcodes plus 0xa0, every request
+    // with an XRCETH; responses as RC's.
+    XRC_SEND_FIRST = 0xa0, "XRC Send First", Xrc, [REQUEST | SEND | FIRST | PAYLOAD | XRCETH | RECV_WQE];
+    XRC_SEND_MIDDLE = 0xa1, "XRC Send Middle", Xrc, [REQUEST | SEND | MIDDLE | PAYLOAD | XRCETH | RECV_WQE];
+    XRC_SEND_LAST = 0xa2, "XRC Send Last", Xrc, [REQUEST | SEND | LAST | PAYLOAD | XRCETH | RECV_WQE | RECV_COMPLETION];
+    XRC_SEND_LAST_WITH_IMMEDIATE = 0xa3, "XRC Send Last Immediate", Xrc, [REQUEST | SEND | LAST | PAYLOAD | XRCETH | IMMDT | RECV_WQE | RECV_COMPLETION];
+    XRC_SEND_ONLY = 0xa4, "XRC Send Only", Xrc, [REQUEST | SEND | ONLY | PAYLOAD | XRCETH | RECV_WQE | RECV_COMPLETION];
+    XRC_SEND_ONLY_WITH_IMMEDIATE = 0xa5, "XRC Send Only Immediate", Xrc, [REQUEST | SEND | ONLY | PAYLOAD | XRCETH | IMMDT | RECV_WQE | RECV_COMPLETION];
+    XRC_RDMA_WRITE_FIRST = 0xa6, "XRC RDMA Write First", Xrc, [REQUEST | WRITE | FIRST | PAYLOAD | XRCETH | RETH];
+    XRC_RDMA_WRITE_MIDDLE = 0xa7, "XRC RDMA Write Middle", Xrc, [REQUEST | WRITE | MIDDLE | PAYLOAD | XRCETH];
+    XRC_RDMA_WRITE_LAST = 0xa8, "XRC RDMA Write Last", Xrc, [REQUEST | WRITE | LAST | PAYLOAD | XRCETH];
+    XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE = 0xa9, "XRC RDMA Write Last Immediate", Xrc, [REQUEST | WRITE | LAST | PAYLOAD | XRCETH | IMMDT | RECV_WQE | RECV_COMPLETION];
+    XRC_RDMA_WRITE_ONLY = 0xaa, "XRC RDMA Write Only", Xrc, [REQUEST | WRITE | ONLY | PAYLOAD | XRCETH | RETH];
+    XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0xab, "XRC RDMA Write Only Immediate", Xrc, [REQUEST | WRITE | ONLY | PAYLOAD | XRCETH | RETH | IMMDT | RECV_WQE | RECV_COMPLETION];
+    XRC_RDMA_READ_REQUEST = 0xac, "XRC RDMA Read Request", Xrc, [REQUEST | READ | ONLY | XRCETH | RETH];
+    XRC_RDMA_READ_RESPONSE_FIRST = 0xad, "XRC RDMA Read Response First", Xrc, [RESPONSE | READ_RESPONSE | FIRST | PAYLOAD | AETH];
+    XRC_RDMA_READ_RESPONSE_MIDDLE = 0xae, "XRC RDMA Read Response Middle", Xrc, [RESPONSE | READ_RESPONSE | MIDDLE | PAYLOAD];
+    XRC_RDMA_READ_RESPONSE_LAST = 0xaf, "XRC RDMA Read Response Last", Xrc, [RESPONSE | READ_RESPONSE | LAST | PAYLOAD | AETH];
+    XRC_RDMA_READ_RESPONSE_ONLY = 0xb0, "XRC RDMA Read Response Only", Xrc, [RESPONSE | READ_RESPONSE | ONLY | PAYLOAD | AETH];
+    XRC_ACKNOWLEDGE = 0xb1, "XRC Acknowledge", Xrc, [RESPONSE | ACK | ONLY | AETH];
+    XRC_ATOMIC_ACKNOWLEDGE = 0xb2, "XRC Atomic Acknowledge", Xrc, [RESPONSE | ACK | ONLY | AETH | ATOMIC_ACK_ETH];
+    XRC_COMPARE_SWAP = 0xb3, "XRC Compare Swap", Xrc, [REQUEST | ATOMIC | ONLY | XRCETH | ATOMIC_ETH];
+    XRC_FETCH_ADD = 0xb4, "XRC Fetch Add", Xrc, [REQUEST | ATOMIC | ONLY | XRCETH | ATOMIC_ETH];
+    XRC_SEND_LAST_WITH_INVALIDATE = 0xb6, "XRC Send Last Invalidate", Xrc, [REQUEST | SEND | LAST | PAYLOAD | XRCETH | IETH | RECV_WQE | RECV_COMPLETION];
+    XRC_SEND_ONLY_WITH_INVALIDATE = 0xb7, "XRC Send Only Invalidate", Xrc, [REQUEST | SEND | ONLY | PAYLOAD | XRCETH | IETH | RECV_WQE | RECV_COMPLETION];
     // RoCEv2 Congestion Notification Packet.
     CNP = 0x81, "CNP", Cnp, [ONLY | CNP_RSVD];
 }
@@ -397,6 +438,7 @@ mod tests {
                 1 => Transport::Uc,
                 3 => Transport::Ud,
                 4 => Transport::Cnp,
+                5 => Transport::Xrc,
                 _ => unreachable!("{op:?}"),
             };
             assert_eq!(tr, info.transport, "{op:?}");
@@ -426,7 +468,24 @@ mod tests {
                 "{op:?}"
             );
             if f.contains(Flags::AETH) {
-                assert!(info.transport == Transport::Rc && f.contains(Flags::RESPONSE));
+                assert!(
+                    matches!(info.transport, Transport::Rc | Transport::Xrc)
+                        && f.contains(Flags::RESPONSE)
+                );
+            }
+            // Every XRC request, and nothing else, carries an XRCETH.
+            assert_eq!(
+                f.contains(Flags::XRCETH),
+                info.transport == Transport::Xrc && f.contains(Flags::REQUEST),
+                "{op:?}"
+            );
+            // XRC is RC's group moved to 0xa0: same flags but the XRCETH.
+            if info.transport == Transport::Xrc {
+                let rc = Opcode(op.0 & 0x1f).info().expect("RC twin");
+                assert_eq!(rc.transport, Transport::Rc, "{op:?}");
+                assert_eq!(rc.flags.bits(), f.bits() & !Flags::XRCETH.bits(), "{op:?}");
+                assert_eq!(&info.name[..3], "XRC");
+                assert_eq!(&info.name[4..], &rc.name[3..], "{op:?}");
             }
             // The layout adds up.
             let sum = len::BTH
@@ -439,6 +498,7 @@ mod tests {
                     (Flags::IETH, len::IETH),
                     (Flags::DETH, len::DETH),
                     (Flags::CNP_RSVD, len::CNP_RSVD),
+                    (Flags::XRCETH, len::XRCETH),
                 ]
                 .iter()
                 .filter(|(fl, _)| f.contains(*fl))
@@ -446,8 +506,8 @@ mod tests {
                 .sum::<usize>();
             assert_eq!(info.header_len as usize, sum, "{op:?}");
         }
-        // RC 23 + ATOMIC WRITE, UC 12, UD 2, CNP.
-        assert_eq!(n, 24 + 12 + 2 + 1);
+        // RC 23 + ATOMIC WRITE, UC 12, UD 2, XRC 23, CNP.
+        assert_eq!(n, 24 + 12 + 2 + 23 + 1);
     }
 
     #[test]
@@ -465,6 +525,21 @@ mod tests {
         assert_eq!(o(Opcode::CNP).header_len, 28);
         // BTH + RETH, then the 8-byte word.
         assert_eq!(o(Opcode::RC_ATOMIC_WRITE).header_len, 28);
+        // XRC: the XRCETH right after the BTH, the rest moved down by 4.
+        assert_eq!(o(Opcode::XRC_SEND_ONLY).offsets.xrceth, 12);
+        assert_eq!(o(Opcode::XRC_SEND_ONLY).header_len, 16);
+        assert_eq!(
+            o(Opcode::XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE).offsets.reth,
+            16
+        );
+        assert_eq!(
+            o(Opcode::XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE).offsets.immdt,
+            32
+        );
+        assert_eq!(o(Opcode::XRC_COMPARE_SWAP).offsets.atomic_eth, 16);
+        assert_eq!(o(Opcode::XRC_COMPARE_SWAP).header_len, 44);
+        assert_eq!(o(Opcode::XRC_ATOMIC_ACKNOWLEDGE).header_len, 24);
+        assert!(Opcode(0xb5).info().is_none());
         assert!(Opcode(0x15).info().is_none());
         assert!(Opcode(0x40).info().is_none());
         assert_eq!(format!("{:?}", Opcode(0x99)), "Unknown(0x99)");

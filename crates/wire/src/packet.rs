@@ -110,6 +110,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.ext(Flags::DETH, self.info.offsets.deth, len::DETH)
             .and_then(|b| DethRepr::parse_bytes(b).ok())
     }
+    pub fn xrceth(&self) -> Option<XrcEthRepr> {
+        self.ext(Flags::XRCETH, self.info.offsets.xrceth, len::XRCETH)
+            .and_then(|b| XrcEthRepr::parse_bytes(b).ok())
+    }
 
     /// The payload, without pad and ICRC.
     #[inline]
@@ -157,6 +161,7 @@ pub struct ExtRepr {
     pub atomic_ack_eth: Option<AtomicAckEthRepr>,
     pub immdt: Option<ImmDtRepr>,
     pub ieth: Option<IethRepr>,
+    pub xrceth: Option<XrcEthRepr>,
 }
 
 /// A packet as a value: headers plus the payload length.
@@ -182,6 +187,7 @@ impl PacketRepr {
                 atomic_ack_eth: p.atomic_ack_eth(),
                 immdt: p.immdt(),
                 ieth: p.ieth(),
+                xrceth: p.xrceth(),
             },
             payload_len: p.payload().len(),
         })
@@ -208,6 +214,7 @@ impl PacketRepr {
             ),
             (Flags::IMMDT, e.immdt.is_some(), "ImmDt"),
             (Flags::IETH, e.ieth.is_some(), "IETH"),
+            (Flags::XRCETH, e.xrceth.is_some(), "XRCETH"),
         ];
         for (flag, present, what) in pairs {
             if info.has(flag) != present {
@@ -259,6 +266,9 @@ impl PacketRepr {
         let e = &self.ext;
         if let Some(h) = e.deth {
             h.emit(&mut buf[o.deth as usize..]);
+        }
+        if let Some(h) = e.xrceth {
+            h.emit(&mut buf[o.xrceth as usize..]);
         }
         if let Some(h) = e.reth {
             h.emit(&mut buf[o.reth as usize..]);

@@ -78,9 +78,13 @@ fn arb_ext(info: &OpcodeInfo) -> impl Strategy<Value = ExtRepr> {
             has(Flags::IETH),
             any::<u32>().prop_map(|rkey| IethRepr { rkey }),
         ),
+        header(
+            has(Flags::XRCETH),
+            u24().prop_map(|srqn| XrcEthRepr { srqn }),
+        ),
     )
         .prop_map(
-            |(deth, reth, atomic_eth, aeth, atomic_ack_eth, immdt, ieth)| ExtRepr {
+            |(deth, reth, atomic_eth, aeth, atomic_ack_eth, immdt, ieth, xrceth)| ExtRepr {
                 deth,
                 reth,
                 atomic_eth,
@@ -88,6 +92,7 @@ fn arb_ext(info: &OpcodeInfo) -> impl Strategy<Value = ExtRepr> {
                 atomic_ack_eth,
                 immdt,
                 ieth,
+                xrceth,
             },
         )
 }
@@ -277,7 +282,7 @@ proptest! {
         let bth = BthRepr { opcode: op, ..BthRepr::default() };
         let repr = PacketRepr { bth, ext, payload_len };
         let headers = Flags::DETH | Flags::RETH | Flags::ATOMIC_ETH | Flags::AETH
-            | Flags::ATOMIC_ACK_ETH | Flags::IMMDT | Flags::IETH;
+            | Flags::ATOMIC_ACK_ETH | Flags::IMMDT | Flags::IETH | Flags::XRCETH;
         let same_headers = info.flags.bits() & headers.bits()
             == other.info().unwrap().flags.bits() & headers.bits();
         let payload_ok = payload_len == 0 || info.has(Flags::PAYLOAD);
@@ -296,6 +301,7 @@ fn exercise_packet(bytes: &[u8]) {
             p.immdt(),
             p.ieth(),
             p.deth(),
+            p.xrceth(),
         );
         let _ = (p.payload(), p.pad_bytes(), p.icrc(), p.bth().psn());
         let info = p.info();

@@ -63,6 +63,8 @@ pub struct Qp {
     pub send_cq: CqId,
     pub recv_cq: CqId,
     pub srq: Option<u32>,
+    /// XRC target QPs: the XRC domain whose SRQs it delivers to.
+    pub xrcd: Option<u32>,
     pub sq_sig_all: bool,
     pub cap: QpCap,
     pub(crate) sq: SendQueue,
@@ -84,6 +86,7 @@ impl Qp {
             send_cq: init.send_cq,
             recv_cq: init.recv_cq,
             srq: init.srq,
+            xrcd: None,
             sq_sig_all: init.sq_sig_all,
             cap,
             sq: SendQueue::new(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data),
@@ -156,6 +159,7 @@ impl Qp {
         self.attr.qp_state = next;
         if prev != QpState::Rts
             && next == QpState::Rts
+            // Selective repeat is offered on RC only; XRC goes back N.
             && self.qp_type == QpType::Rc
             && self.req.sr == requester::SrMode::Off
             && ctx.sr

@@ -104,6 +104,8 @@ pub(crate) struct SendWqe {
     pub op: SendOp,
     pub flags: SendFlags,
     pub ud: Option<UdDest>,
+    /// XRC_SEND only: the target's XRC SRQ, sent in every packet's XRCETH.
+    pub xrc_srqn: u32,
     pub nsge: u8,
     /// Bytes of inline data (then `nsge` is 0).
     pub inline_len: u16,

@@ -91,6 +91,8 @@ fn opcode(t: QpType, op: &SendOp, p: Pos) -> Option<Opcode> {
     use SendOp::*;
     let base = match t {
         QpType::Rc => 0x00,
+        QpType::XrcSend => 0xa0,
+        QpType::XrcRecv => return None,
         QpType::Uc => 0x20,
         QpType::Ud => {
             return match op {
@@ -107,17 +109,17 @@ fn opcode(t: QpType, op: &SendOp, p: Pos) -> Option<Opcode> {
         (SendWithImm { .. }, Pos::Last) => 0x03,
         (Send, Pos::Only) => 0x04,
         (SendWithImm { .. }, Pos::Only) => 0x05,
-        (SendWithInv { .. }, Pos::Last) if t == QpType::Rc => 0x16,
-        (SendWithInv { .. }, Pos::Only) if t == QpType::Rc => 0x17,
+        (SendWithInv { .. }, Pos::Last) if t.is_reliable() => 0x16,
+        (SendWithInv { .. }, Pos::Only) if t.is_reliable() => 0x17,
         (Write { .. } | WriteWithImm { .. }, Pos::First) => 0x06,
         (Write { .. } | WriteWithImm { .. }, Pos::Middle) => 0x07,
         (Write { .. }, Pos::Last) => 0x08,
         (WriteWithImm { .. }, Pos::Last) => 0x09,
         (Write { .. }, Pos::Only) => 0x0a,
         (WriteWithImm { .. }, Pos::Only) => 0x0b,
-        (Read { .. }, _) if t == QpType::Rc => 0x0c,
-        (CompareSwap { .. }, _) if t == QpType::Rc => 0x13,
-        (FetchAdd { .. }, _) if t == QpType::Rc => 0x14,
+        (Read { .. }, _) if t.is_reliable() => 0x0c,
+        (CompareSwap { .. }, _) if t.is_reliable() => 0x13,
+        (FetchAdd { .. }, _) if t.is_reliable() => 0x14,
         (AtomicWrite { .. }, Pos::Only) if t == QpType::Rc => 0x1d,
         _ => return None,
     };
@@ -221,7 +223,7 @@ impl Qp {
             SendState::Done(_) => return Err(Stop::Idle),
             _ => {}
         }
-        let rc = self.qp_type == QpType::Rc;
+        let rc = self.qp_type.is_reliable();
         if wqe.state == SendState::Posted {
             if self.state == QpState::Sqd {
                 return Err(Stop::Idle); // draining: start nothing new
@@ -296,7 +298,7 @@ impl Qp {
             psn,
         } = self.next_request(limit).ok()?;
         let mtu = self.mtu();
-        let rc = self.qp_type == QpType::Rc;
+        let rc = self.qp_type.is_reliable();
 
         let is_read = matches!(wqe.op, SendOp::Read { .. });
         let p = if is_read || wqe.op.is_atomic() {
@@ -370,6 +372,9 @@ impl Qp {
                     ext.ieth = Some(IethRepr { rkey });
                 }
             }
+        }
+        if info.has(softrdma_wire::opcode::Flags::XRCETH) {
+            ext.xrceth = Some(XrcEthRepr { srqn: wqe.xrc_srqn });
         }
         let (dest_qp, dgid) = match (self.qp_type, wqe.ud) {
             (QpType::Ud, Some(ud)) => {

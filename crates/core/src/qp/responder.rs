@@ -20,8 +20,9 @@ use super::attr::AccessFlags;
 use super::reorder::{Hold, Staging};
 use super::state::QpType;
 use super::Qp;
+use crate::cq::CqId;
 use crate::endpoint::{Ctx, RxMeta};
-use crate::mr::{MemRef, Memory, RemoteAccessError, Span};
+use crate::mr::{MemRef, Memory, PdId, RemoteAccessError, Span};
 use crate::transmit::{Seg, Segs, Transmit};
 use crate::wc::{wc_flags, Completion, WcOpcode, WcStatus};
 use crate::Event;
@@ -121,6 +122,19 @@ pub(crate) struct Responder {
     pub peer_sr: bool,
     /// Requests held ahead of `epsn`, allocated at the first one.
     held: Option<Box<Staging>>,
+    /// XRC target: the SRQ the request being executed names, with its PD
+    /// and CQ (set by each request from its XRCETH).
+    xrc: Option<XrcTarget>,
+}
+
+/// Where an XRC target QP delivers one request: the XRC SRQ its XRCETH
+/// names, whose PD checks the memory the request reaches and whose CQ
+/// gets its receive completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct XrcTarget {
+    srqn: u32,
+    pd: PdId,
+    cq: CqId,
 }
 
 impl Responder {
@@ -140,6 +154,7 @@ impl Responder {
             fatal: None,
             peer_sr: false,
             held: None,
+            xrc: None,
         }
     }
 
@@ -266,6 +281,34 @@ fn nak_for(_: RemoteAccessError) -> Fault {
 }
 
 impl Qp {
+    /// The PD the responder checks memory against: the QP's own, or for an
+    /// XRC target the PD of the SRQ the current request names.
+    fn rx_pd(&self) -> PdId {
+        self.resp.xrc.map_or(self.pd, |t| t.pd)
+    }
+
+    /// The CQ receive completions go to: the QP's, or for an XRC target
+    /// that of the SRQ the current request names.
+    fn rx_cq(&self) -> CqId {
+        self.resp.xrc.map_or(self.recv_cq, |t| t.cq)
+    }
+
+    /// The XRC SRQ a request's XRCETH names, if it exists and belongs to
+    /// this target's XRC domain.
+    fn xrc_target(&self, repr: &PacketRepr, ctx: &Ctx<'_>) -> Option<XrcTarget> {
+        let srqn = repr.ext.xrceth?.srqn;
+        let slot = ctx.srqs.get(srqn as usize)?.as_ref()?;
+        let x = slot.xrc?;
+        if Some(x.xrcd) != self.xrcd {
+            return None;
+        }
+        Some(XrcTarget {
+            srqn,
+            pd: slot.pd,
+            cq: x.cq,
+        })
+    }
+
     /// A request packet for this QP (the responder side).
     pub(crate) fn handle_request(
         &mut self,
@@ -276,7 +319,9 @@ impl Qp {
         mem: &mut impl Memory,
     ) {
         match self.qp_type {
-            QpType::Rc => self.request_rc(pkt, repr, ctx, mem),
+            QpType::Rc | QpType::XrcRecv => self.request_rc(pkt, repr, ctx, mem),
+            // An initiator has no responder: a request for it is not ours.
+            QpType::XrcSend => ctx.stats.malformed += 1,
             QpType::Uc => self.request_uc(pkt, repr, ctx, mem),
             QpType::Ud => self.request_ud(meta, pkt, repr, ctx, mem),
         }
@@ -460,7 +505,7 @@ impl Qp {
         mem: &mut impl Memory,
     ) -> Result<bool, Fault> {
         let info = pkt.info();
-        let rc = self.qp_type == QpType::Rc;
+        let rc = self.qp_type.is_reliable();
         let invalid = if rc {
             Fault::Nak(NakCode::InvalidRequest, Event::QpReqErr(0))
         } else {
@@ -475,6 +520,16 @@ impl Qp {
         };
         if !seq_ok {
             return Err(invalid);
+        }
+        if self.qp_type == QpType::XrcRecv {
+            // Every XRC request names its SRQ; one this target may not
+            // deliver to is an invalid request (IBA Annex A14).
+            let t = self.xrc_target(repr, ctx).ok_or(invalid)?;
+            // A message's later packets name the SRQ its first one did.
+            if !starts && self.resp.xrc.is_some_and(|p| p.srqn != t.srqn) {
+                return Err(invalid);
+            }
+            self.resp.xrc = Some(t);
         }
         let mtu = self.mtu() as usize;
         let data = pkt.payload();
@@ -510,7 +565,7 @@ impl Qp {
             if end > capacity {
                 // The receive buffer is too small: its WQE completes in error.
                 let c = Completion::new(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.qpn);
-                ctx.complete(self.recv_cq, c, false);
+                ctx.complete(self.rx_cq(), c, false);
                 self.resp.cur = Cur::Idle;
                 return Err(invalid);
             }
@@ -519,7 +574,7 @@ impl Qp {
                 // A region of the receive buffer was deregistered while the
                 // WQE was posted or half filled: rxe's malformed-WQE case.
                 let c = Completion::new(wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qpn);
-                ctx.complete(self.recv_cq, c, false);
+                ctx.complete(self.rx_cq(), c, false);
                 self.resp.cur = Cur::Idle;
                 return Err(self.local_fault());
             }
@@ -537,7 +592,7 @@ impl Qp {
                     c.imm_or_inv = i.imm;
                 }
                 if let Some(i) = repr.ext.ieth {
-                    if !ctx.mrs.invalidate_rkey(self.pd, i.rkey) {
+                    if !ctx.mrs.invalidate_rkey(self.rx_pd(), i.rkey) {
                         self.resp.cur = Cur::Idle;
                         let c = Completion::new(
                             wr_id,
@@ -545,13 +600,13 @@ impl Qp {
                             WcOpcode::Recv,
                             self.qpn,
                         );
-                        ctx.complete(self.recv_cq, c, false);
+                        ctx.complete(self.rx_cq(), c, false);
                         return Err(invalid);
                     }
                     c.wc_flags |= wc_flags::WITH_INV;
                     c.imm_or_inv = i.rkey;
                 }
-                ctx.complete(self.recv_cq, c, repr.bth.solicited);
+                ctx.complete(self.rx_cq(), c, repr.bth.solicited);
                 self.resp.cur = Cur::Idle;
                 self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
             }
@@ -575,7 +630,7 @@ impl Qp {
                         .mrs
                         .resolve_remote(
                             self.qpn,
-                            self.pd,
+                            self.rx_pd(),
                             reth.rkey,
                             reth.va,
                             len,
@@ -652,7 +707,7 @@ impl Qp {
                     c.byte_len = total as u32;
                     c.wc_flags |= wc_flags::WITH_IMM;
                     c.imm_or_inv = repr.ext.immdt.map_or(0, |i| i.imm);
-                    ctx.complete(self.recv_cq, c, repr.bth.solicited);
+                    ctx.complete(self.rx_cq(), c, repr.bth.solicited);
                 }
             }
             return Ok(true);
@@ -674,7 +729,7 @@ impl Qp {
                 .mrs
                 .resolve_remote(
                     self.qpn,
-                    self.pd,
+                    self.rx_pd(),
                     reth.rkey,
                     reth.va,
                     len,
@@ -714,7 +769,7 @@ impl Qp {
                 .mrs
                 .resolve_remote(
                     self.qpn,
-                    self.pd,
+                    self.rx_pd(),
                     a.rkey,
                     a.va,
                     8,
@@ -733,7 +788,8 @@ impl Qp {
             if !addr.is_multiple_of(8) {
                 return Err(invalid);
             }
-            let orig = if repr.bth.opcode == Opcode::RC_COMPARE_SWAP {
+            // RC's COMPARE SWAP, or XRC's (RC's opcode plus 0xa0).
+            let orig = if repr.bth.opcode.0 & 0x1f == Opcode::RC_COMPARE_SWAP.0 {
                 mem.compare_swap(addr, a.compare, a.swap_add)
             } else {
                 mem.fetch_add(addr, a.swap_add)
@@ -757,7 +813,7 @@ impl Qp {
     /// rxe's class A answer, a Remote Operational Error NAK and ERR; UC and
     /// UD have no one to tell and go to ERR.
     fn local_fault(&self) -> Fault {
-        if self.qp_type == QpType::Rc {
+        if self.qp_type.is_reliable() {
             Fault::Nak(NakCode::RemoteOperationalError, Event::QpFatal(0))
         } else {
             Fault::Fatal
@@ -765,7 +821,7 @@ impl Qp {
     }
 
     fn access_fault(&self) -> Fault {
-        if self.qp_type == QpType::Rc {
+        if self.qp_type.is_reliable() {
             Fault::Nak(NakCode::RemoteAccessError, Event::QpAccessErr(0))
         } else {
             Fault::Drop
@@ -774,7 +830,7 @@ impl Qp {
 
     /// No receive WQE: RNR NAK (RC) or drop the message (UC).
     fn not_ready(&mut self, psn: Psn, ctx: &mut Ctx<'_>) -> Result<bool, Fault> {
-        if self.qp_type != QpType::Rc {
+        if !self.qp_type.is_reliable() {
             ctx.stats.dropped_messages += 1;
             self.resp.cur = Cur::Dropping;
             return Err(Fault::Drop);
@@ -797,7 +853,7 @@ impl Qp {
         if let Some(s) = self.resp.spare.take() {
             return Some(s);
         }
-        let w = match self.srq {
+        let w = match self.resp.xrc.map(|t| t.srqn).or(self.srq) {
             Some(srq) => ctx.srq_pop(srq, &mut self.resp.sges)?,
             None => self.rq.pop(&mut self.resp.sges)?,
         };
@@ -806,6 +862,20 @@ impl Qp {
 
     /// A request behind `epsn`: answer it again without executing it twice.
     fn duplicate(&mut self, pkt: &Packet<&[u8]>, repr: &PacketRepr, ctx: &mut Ctx<'_>) {
+        if self.qp_type != QpType::XrcRecv {
+            return self.answer_duplicate(pkt, repr, ctx);
+        }
+        // A duplicate is answered under the SRQ it names, as the first
+        // time; the message in progress keeps its own.
+        let Some(t) = self.xrc_target(repr, ctx) else {
+            return;
+        };
+        let current = self.resp.xrc.replace(t);
+        self.answer_duplicate(pkt, repr, ctx);
+        self.resp.xrc = current;
+    }
+
+    fn answer_duplicate(&mut self, pkt: &Packet<&[u8]>, repr: &PacketRepr, ctx: &mut Ctx<'_>) {
         if !self.resp.has_room() {
             ctx.stats.responder_busy += 1;
             return;
@@ -825,7 +895,7 @@ impl Qp {
             let len = reth.dma_len as u64;
             let Ok((target, off)) = ctx.mrs.resolve_remote(
                 self.qpn,
-                self.pd,
+                self.rx_pd(),
                 reth.rkey,
                 reth.va,
                 len,
@@ -952,7 +1022,7 @@ impl Qp {
         let total = 40 + data.len() as u64;
         if total > cap {
             let c = Completion::new(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.qpn);
-            ctx.complete(self.recv_cq, c, false);
+            ctx.complete(self.rx_cq(), c, false);
             return;
         }
         let grh = meta.grh(pkt.bytes().len());
@@ -961,7 +1031,7 @@ impl Qp {
             .and_then(|()| super::queue::scatter(&ctx.mrs, sges, 40, data, mem));
         if written.is_err() {
             let c = Completion::new(wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qpn);
-            ctx.complete(self.recv_cq, c, false);
+            ctx.complete(self.rx_cq(), c, false);
             self.fatal_now(Event::QpFatal(self.qpn), ctx);
             return;
         }
@@ -974,7 +1044,7 @@ impl Qp {
             c.wc_flags |= wc_flags::WITH_IMM;
             c.imm_or_inv = i.imm;
         }
-        ctx.complete(self.recv_cq, c, repr.bth.solicited);
+        ctx.complete(self.rx_cq(), c, repr.bth.solicited);
     }
 
     /// Raise `ev` and enter ERR now.
@@ -1112,6 +1182,12 @@ impl Qp {
                     (op, psn.add(idx), ext, n as usize)
                 }
             }
+        };
+        // An XRC target answers with XRC's responses: RC's, moved to 0xa0.
+        let op = if self.qp_type == QpType::XrcRecv {
+            Opcode(op.0 | 0xa0)
+        } else {
+            op
         };
         let repr = PacketRepr {
             bth: BthRepr {

@@ -96,18 +96,33 @@ pub enum QpType {
     Uc = 3,
     /// Unreliable datagram.
     Ud = 4,
+    /// XRC initiator (`IBV_QPT_XRC_SEND`): an RC requester whose every
+    /// request names the XRC SRQ it is for; no receive queue.
+    XrcSend = 9,
+    /// XRC target (`IBV_QPT_XRC_RECV`): an RC responder of an XRC domain,
+    /// with no send or receive queue, CQ or PD of its own: each request
+    /// goes to the XRC SRQ it names, under that SRQ's PD and CQ.
+    XrcRecv = 10,
 }
 
 impl QpType {
-    pub const ALL: [QpType; 3] = [QpType::Rc, QpType::Uc, QpType::Ud];
+    pub const ALL: [QpType; 5] = [
+        QpType::Rc,
+        QpType::Uc,
+        QpType::Ud,
+        QpType::XrcSend,
+        QpType::XrcRecv,
+    ];
 
-    /// From an `IBV_QPT_*` value; other types (XRC, raw packet) are not
+    /// From an `IBV_QPT_*` value; other types (raw packet, driver) are not
     /// implemented and give `None`.
     pub const fn from_ibv(value: u32) -> Option<QpType> {
         match value {
             2 => Some(QpType::Rc),
             3 => Some(QpType::Uc),
             4 => Some(QpType::Ud),
+            9 => Some(QpType::XrcSend),
+            10 => Some(QpType::XrcRecv),
             _ => None,
         }
     }
@@ -119,7 +134,20 @@ impl QpType {
             QpType::Rc => "RC",
             QpType::Uc => "UC",
             QpType::Ud => "UD",
+            QpType::XrcSend => "XRC_SEND",
+            QpType::XrcRecv => "XRC_RECV",
         }
+    }
+
+    /// RC's reliable service (acknowledged, retried, with READ and
+    /// atomics): RC and both halves of XRC.
+    pub const fn is_reliable(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcSend | QpType::XrcRecv)
+    }
+
+    /// Either half of XRC.
+    pub const fn is_xrc(self) -> bool {
+        matches!(self, QpType::XrcSend | QpType::XrcRecv)
     }
 }
 
@@ -155,6 +183,10 @@ pub struct Transition {
     pub rc: Option<AttrRule>,
     pub uc: Option<AttrRule>,
     pub ud: Option<AttrRule>,
+    /// XRC initiator (`IBV_QPT_XRC_SEND`).
+    pub xi: Option<AttrRule>,
+    /// XRC target (`IBV_QPT_XRC_RECV`).
+    pub xt: Option<AttrRule>,
 }
 
 impl Transition {
@@ -163,6 +195,8 @@ impl Transition {
             QpType::Rc => self.rc,
             QpType::Uc => self.uc,
             QpType::Ud => self.ud,
+            QpType::XrcSend => self.xi,
+            QpType::XrcRecv => self.xt,
         }
     }
 }
@@ -191,16 +225,21 @@ const fn teardown(from: QpState, to: QpState) -> Transition {
         rc: rule,
         uc: rule,
         ud: rule,
+        xi: rule,
+        xt: rule,
     }
 }
 
 /// Every transition `modify_qp` may request, with the attributes it takes.
 ///
 /// Pairs that are not listed are invalid for every QP type. The rows follow
-/// the kernel's `qp_state_table` for RC, UC and UD; the one place this
+/// the kernel's `qp_state_table` for RC, UC, UD and the two XRC halves
+/// (`xi` initiator, `xt` target: the initiator has no responder to size at
+/// RTR, the target no requester to arm at RTS); the one place this
 /// table is stricter is SQE->RTS for RC, which the kernel's table lets
 /// through with no attributes but which cannot arise, because an RC QP never
-/// enters SQE (IBA 10.3.1: send-queue errors on RC go straight to ERR).
+/// enters SQE (IBA 10.3.1: send-queue errors on RC go straight to ERR;
+/// likewise XRC).
 pub static TRANSITIONS: &[Transition] = {
     // Scoped here so that `Err` means the state only inside the table.
     use QpState::{Err, Init, Reset, Rtr, Rts, Sqd, Sqe};
@@ -227,6 +266,8 @@ pub static TRANSITIONS: &[Transition] = {
             rc: allow(mask!(PKEY_INDEX | PORT | ACCESS_FLAGS), mask!()),
             uc: allow(mask!(PKEY_INDEX | PORT | ACCESS_FLAGS), mask!()),
             ud: allow(mask!(PKEY_INDEX | PORT | QKEY), mask!()),
+            xi: allow(mask!(PKEY_INDEX | PORT | ACCESS_FLAGS), mask!()),
+            xt: allow(mask!(PKEY_INDEX | PORT | ACCESS_FLAGS), mask!()),
         },
         Transition {
             from: Init,
@@ -234,6 +275,8 @@ pub static TRANSITIONS: &[Transition] = {
             rc: allow(mask!(), mask!(PKEY_INDEX | PORT | ACCESS_FLAGS)),
             uc: allow(mask!(), mask!(PKEY_INDEX | PORT | ACCESS_FLAGS)),
             ud: allow(mask!(), mask!(PKEY_INDEX | PORT | QKEY)),
+            xi: allow(mask!(), mask!(PKEY_INDEX | PORT | ACCESS_FLAGS)),
+            xt: allow(mask!(), mask!(PKEY_INDEX | PORT | ACCESS_FLAGS)),
         },
         // Connected types learn their peer here; RC also sizes its responder
         // (read/atomic resources, RNR timer it advertises).
@@ -249,6 +292,14 @@ pub static TRANSITIONS: &[Transition] = {
                 mask!(ALT_PATH | ACCESS_FLAGS | PKEY_INDEX),
             ),
             ud: allow(mask!(), mask!(PKEY_INDEX | QKEY)),
+            xi: allow(
+                mask!(AV | PATH_MTU | DEST_QPN | RQ_PSN),
+                mask!(ALT_PATH | ACCESS_FLAGS | PKEY_INDEX),
+            ),
+            xt: allow(
+                mask!(AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER),
+                mask!(ALT_PATH | ACCESS_FLAGS | PKEY_INDEX),
+            ),
         },
         // The requester side: starting PSN, and for RC the retry machinery.
         Transition {
@@ -263,6 +314,14 @@ pub static TRANSITIONS: &[Transition] = {
                 mask!(CUR_STATE | ALT_PATH | ACCESS_FLAGS | PATH_MIG_STATE),
             ),
             ud: allow(mask!(SQ_PSN), mask!(CUR_STATE | QKEY)),
+            xi: allow(
+                mask!(TIMEOUT | RETRY_CNT | RNR_RETRY | SQ_PSN | MAX_QP_RD_ATOMIC),
+                mask!(CUR_STATE | ALT_PATH | ACCESS_FLAGS | PATH_MIG_STATE),
+            ),
+            xt: allow(
+                mask!(TIMEOUT | SQ_PSN),
+                mask!(CUR_STATE | ALT_PATH | ACCESS_FLAGS | MIN_RNR_TIMER | PATH_MIG_STATE),
+            ),
         },
         Transition {
             from: Rts,
@@ -276,6 +335,14 @@ pub static TRANSITIONS: &[Transition] = {
                 mask!(CUR_STATE | ACCESS_FLAGS | ALT_PATH | PATH_MIG_STATE),
             ),
             ud: allow(mask!(), mask!(CUR_STATE | QKEY)),
+            xi: allow(
+                mask!(),
+                mask!(CUR_STATE | ACCESS_FLAGS | ALT_PATH | PATH_MIG_STATE),
+            ),
+            xt: allow(
+                mask!(),
+                mask!(CUR_STATE | ACCESS_FLAGS | ALT_PATH | PATH_MIG_STATE | MIN_RNR_TIMER),
+            ),
         },
         // Drain the send queue so path attributes can change under SQD.
         Transition {
@@ -284,6 +351,8 @@ pub static TRANSITIONS: &[Transition] = {
             rc: allow(mask!(), mask!(EN_SQD_ASYNC_NOTIFY)),
             uc: allow(mask!(), mask!(EN_SQD_ASYNC_NOTIFY)),
             ud: allow(mask!(), mask!(EN_SQD_ASYNC_NOTIFY)),
+            xi: allow(mask!(), mask!(EN_SQD_ASYNC_NOTIFY)),
+            xt: allow(mask!(), mask!(EN_SQD_ASYNC_NOTIFY)),
         },
         Transition {
             from: Sqd,
@@ -297,6 +366,14 @@ pub static TRANSITIONS: &[Transition] = {
                 mask!(CUR_STATE | ALT_PATH | ACCESS_FLAGS | PATH_MIG_STATE),
             ),
             ud: allow(mask!(), mask!(CUR_STATE | QKEY)),
+            xi: allow(
+                mask!(),
+                mask!(CUR_STATE | ALT_PATH | ACCESS_FLAGS | PATH_MIG_STATE),
+            ),
+            xt: allow(
+                mask!(),
+                mask!(CUR_STATE | ALT_PATH | ACCESS_FLAGS | MIN_RNR_TIMER | PATH_MIG_STATE),
+            ),
         },
         // In SQD (once drained; the owner checks that) almost everything about
         // the path and the requester may change.
@@ -324,6 +401,33 @@ pub static TRANSITIONS: &[Transition] = {
                 mask!(AV | ALT_PATH | ACCESS_FLAGS | PKEY_INDEX | PATH_MIG_STATE),
             ),
             ud: allow(mask!(), mask!(PKEY_INDEX | QKEY)),
+            xi: allow(
+                mask!(),
+                mask!(
+                    PORT | AV
+                        | TIMEOUT
+                        | RETRY_CNT
+                        | RNR_RETRY
+                        | MAX_QP_RD_ATOMIC
+                        | ALT_PATH
+                        | ACCESS_FLAGS
+                        | PKEY_INDEX
+                        | PATH_MIG_STATE
+                ),
+            ),
+            xt: allow(
+                mask!(),
+                mask!(
+                    PORT | AV
+                        | TIMEOUT
+                        | MAX_DEST_RD_ATOMIC
+                        | ALT_PATH
+                        | ACCESS_FLAGS
+                        | PKEY_INDEX
+                        | MIN_RNR_TIMER
+                        | PATH_MIG_STATE
+                ),
+            ),
         },
         // Recovery from a send-queue error, which only UC and UD have.
         Transition {
@@ -332,6 +436,8 @@ pub static TRANSITIONS: &[Transition] = {
             rc: NEVER,
             uc: allow(mask!(), mask!(CUR_STATE | ACCESS_FLAGS)),
             ud: allow(mask!(), mask!(CUR_STATE | QKEY)),
+            xi: NEVER,
+            xt: NEVER,
         },
     ]
 };
@@ -842,7 +948,7 @@ mod tests {
         fn check_modify_accepts_exactly_the_rule(
             cur in 0u32..7,
             to in 0u32..7,
-            ty in 0usize..3,
+            ty in 0usize..5,
             with_state in any::<bool>(),
             near_rule in any::<bool>(),
             pick in any::<u32>(),

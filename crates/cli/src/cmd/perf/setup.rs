@@ -339,11 +339,7 @@ pub fn run_test(
         title: &title,
         device: &dev.name,
         qps: n,
-        conn: match p.conn {
-            QpType::Rc => "RC",
-            QpType::Uc => "UC",
-            QpType::Ud => "UD",
-        },
+        conn: p.conn.name(),
         tx_depth: p.tx_depth,
         rx_depth: (verb == Verb::Send && !client).then_some(p.rx_depth),
         cq_mod: p.test.is_bw().then_some(p.cq_mod),

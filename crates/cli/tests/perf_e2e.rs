@@ -255,3 +255,52 @@ fn write_bw_with_rdma_cm() {
         );
     }
 }
+
+/// `-R -c UD` (perftest's send tests over UD with rdma_cm): each data QP's
+/// service resolved by SIDR, rdma_cm's Q_Key, every byte checked; the
+/// default size (64 KiB for send_bw) cut to the MTU as perftest does.
+#[test]
+fn ud_send_tests_with_rdma_cm() {
+    for (test, port) in [("send_bw", "19388"), ("send_lat", "19389")] {
+        let args = |host: Option<&'static str>| {
+            let mut v = vec![
+                "perf", test, "-R", "-c", "UD", "--check", "-n", "200", "-p", port,
+            ];
+            v.extend(host);
+            v
+        };
+        let srv = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+            .args(args(None))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("server");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let cli = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+            .args(args(Some("127.0.0.1")))
+            .output()
+            .expect("client");
+        let srv = srv.wait_with_output().expect("server output");
+        for (who, o) in [("client", &cli), ("server", &srv)] {
+            let out = String::from_utf8_lossy(&o.stdout);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "{test} {who}: {out}{err}");
+            assert!(out.contains(" Connection type : UD"), "{test} {who}: {out}");
+            assert!(out.contains(" rdma_cm QPs\t : ON"), "{test} {who}: {out}");
+            assert!(
+                out.contains(" --check: every byte verified"),
+                "{test} {who}: {out}"
+            );
+            if test == "send_bw" {
+                assert!(
+                    err.contains(" Max msg size in UD is MTU 4096"),
+                    "{who}: {err}"
+                );
+                assert!(
+                    out.lines().any(|l| l.trim_start().starts_with("4096 ")),
+                    "{who}: {out}"
+                );
+            }
+        }
+    }
+}

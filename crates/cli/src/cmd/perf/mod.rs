@@ -437,9 +437,6 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         println!(" UC is not supported in librdmacm");
         return Ok(ExitCode::from(1));
     }
-    if a.rdma_cm && p.conn == QpType::Ud {
-        return Err(" -R with UD: not yet supported by softrdma perf (RC only)".into());
-    }
     let patience = Duration::from_secs(if a.loopback { 20 } else { 2 });
     let mut ctx = None;
     let (chan, dev) = if a.rdma_cm {

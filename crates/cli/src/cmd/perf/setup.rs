@@ -44,6 +44,8 @@ pub struct Res {
     pub mine: Vec<Dest>,
     pub theirs: Vec<Dest>,
     pub mtu: Mtu,
+    /// UD's Q_Key: perftest's 0x11111111, or rdma_cm's (`-R`).
+    pub qkey: u32,
 }
 
 impl Res {
@@ -59,7 +61,7 @@ impl Res {
         UdDest {
             gid: self.theirs[i].gid,
             remote_qpn: self.theirs[i].qpn,
-            remote_qkey: UD_QKEY,
+            remote_qkey: self.qkey,
         }
     }
 }
@@ -160,9 +162,22 @@ pub fn run_test(
     let agreed: Agreed = chan.prologue(cycle as u32, cl as u32, local_mtu.to_ibv() as u8)?;
     let mtu = Mtu::from_ibv(agreed.mtu as u32).unwrap_or(Mtu::B1024);
     let (cycle, cl) = (agreed.cycle_buffer as usize, agreed.cache_line as usize);
-    if p.conn == QpType::Ud && p.sizes.iter().any(|&s| s > mtu.bytes() as u64) {
-        return Err(" Max message size in UD cannot be greater than MTU".into());
-    }
+    // UD: a message is one packet. perftest 4.5 cuts the size to the
+    // agreed MTU, and says so.
+    let clamped;
+    let p = if p.conn == QpType::Ud && p.sizes.iter().any(|&s| s > mtu.bytes() as u64) {
+        let max = mtu.bytes() as u64;
+        if !quiet {
+            eprintln!(" Max msg size in UD is MTU {max}");
+            eprintln!(" Changing to this MTU");
+        }
+        let mut sizes: Vec<u64> = p.sizes.iter().map(|&s| s.min(max)).collect();
+        sizes.dedup();
+        clamped = Params { sizes, ..p.clone() };
+        &clamped
+    } else {
+        p
+    };
 
     // -R: the context the exchange already runs on.
     let ctx = match ctx {
@@ -239,6 +254,7 @@ pub fn run_test(
     } else {
         None
     };
+    let qkey = if p.rdma_cm { cm::UDP_QKEY } else { UD_QKEY };
     let mut qps = Vec::with_capacity(n);
     let qp_access = match verb {
         Verb::Write => AccessFlags::REMOTE_WRITE,
@@ -266,7 +282,7 @@ pub fn run_test(
             pkey_index: 0,
             port_num: 1,
             qp_access_flags: qp_access,
-            qkey: UD_QKEY,
+            qkey,
             ..Default::default()
         };
         let mask = if p.conn == QpType::Ud {
@@ -313,6 +329,7 @@ pub fn run_test(
         mine: mine.clone(),
         theirs: vec![Dest::default(); n],
         mtu,
+        qkey,
     };
 
     let title = {
@@ -367,7 +384,46 @@ pub fn run_test(
             initiator_depth: out_reads.min(16) as u8,
             ..Default::default()
         };
-        if client {
+        if p.conn == QpType::Ud {
+            // UD: each data QP's service is resolved by SIDR (perftest's
+            // rdma_cm_..._connection for UD); the QPs take their peer from
+            // the records exchanged below, as without -R, and connect
+            // (RTR, RTS, address handles) then.
+            if client {
+                let to = std::net::SocketAddr::new(chan.peer_ip()?, chan.port);
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                for _ in &r.qps {
+                    loop {
+                        match cm::resolve_ud(&r.ctx, to, &[], std::time::Duration::from_secs(30)) {
+                            Err(softrdma_verbs::Error::Rejected(j))
+                                if j.no_listener() && std::time::Instant::now() < deadline =>
+                            {
+                                std::thread::sleep(std::time::Duration::from_millis(50));
+                            }
+                            r => {
+                                r.map_err(|e| {
+                                    format!(
+                                        " rdma_cm: resolving the UD service at {to} failed: {e}"
+                                    )
+                                })?;
+                                break;
+                            }
+                        }
+                    }
+                }
+            } else {
+                let at = std::net::SocketAddr::new(dev.addr, chan.port);
+                let l = cm::UdListener::bind(&r.ctx, at)
+                    .map_err(|e| format!(" rdma_cm: cannot serve UD at {at}: {e}"))?;
+                for qp in &r.qps {
+                    let req = l
+                        .next_request(std::time::Duration::from_secs(30))
+                        .map_err(|e| format!(" rdma_cm: no SIDR request for a data QP: {e}"))?;
+                    req.accept(qp, &[])
+                        .map_err(|e| format!(" rdma_cm: answering a SIDR request failed: {e}"))?;
+                }
+            }
+        } else if client {
             let to = std::net::SocketAddr::new(chan.peer_ip()?, chan.port);
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
             for qp in &r.qps {
@@ -403,7 +459,7 @@ pub fn run_test(
     }
     let rts = !p.test.is_bw() || client;
     for i in 0..n {
-        if !p.rdma_cm {
+        if !p.rdma_cm || p.conn == QpType::Ud {
             connect(&r, i, rts, p)?;
         }
     }

@@ -65,6 +65,7 @@ pub mod cm;
 mod connect;
 mod device;
 mod engine;
+pub mod gid;
 mod gsi;
 mod memory;
 pub mod oob;
@@ -84,6 +85,7 @@ pub use device::{
     DeviceInfo,
 };
 pub use engine::AsyncEvent;
+pub use gid::{GidError, GidTable, GID_TBL_LEN};
 pub use softrdma_core::cq::CqId;
 pub use softrdma_core::mr::{MwId, MwType, PdId};
 pub use softrdma_core::qp::attr::{AccessFlags, AddressVector, AttrMask, Mtu, QpAttr};
@@ -114,6 +116,9 @@ pub enum Error {
     /// The peer turned a connection (or UD service request) down: its
     /// reason and private data ([`cm::connect`], [`cm::resolve_ud`]).
     Rejected(cm::Rejection),
+    /// A GID index that names no GID, or one the device does not send
+    /// from (an address vector's `sgid_index`).
+    Gid(GidError),
 }
 
 impl std::fmt::Display for Error {
@@ -128,6 +133,7 @@ impl std::fmt::Display for Error {
             ),
             Error::Timeout(what) => write!(f, "timed out waiting for {what}"),
             Error::Rejected(r) => write!(f, "{r}"),
+            Error::Gid(e) => write!(f, "{e}"),
         }
     }
 }
@@ -144,6 +150,12 @@ impl From<Completion> for Error {
     /// A failed completion as an error (`completion.into_result()?`).
     fn from(c: Completion) -> Self {
         Error::Completion(c)
+    }
+}
+
+impl From<GidError> for Error {
+    fn from(e: GidError) -> Self {
+        Error::Gid(e)
     }
 }
 
@@ -326,8 +338,8 @@ pub struct PortAttr {
     /// `active_mtu`: the path MTU in use ([`OpenOptions::port_mtu`], 4096 by
     /// default).
     pub active_mtu: Mtu,
-    /// `gid_tbl_len`: how many GIDs the port's table holds (1: the device's
-    /// address).
+    /// `gid_tbl_len`: how many slots the port's GID table has (rxe's 1024;
+    /// see [`GidTable`]).
     pub gid_tbl_len: u32,
     /// `lid`: the port's LID; 0, as on every RoCE port.
     pub lid: u16,
@@ -442,6 +454,8 @@ pub struct Context {
     dev: DeviceInfo,
     eng: Arc<Engine>,
     port_mtu: Mtu,
+    /// The port's GID table, as it was when the context opened.
+    gids: Arc<GidTable>,
     /// The device's connection manager, started by the first caller.
     cm: std::sync::OnceLock<cm::Cm>,
 }
@@ -525,6 +539,7 @@ impl Context {
             dev: dev.clone(),
             eng: Engine::start(ep, port, shm, transport, dev.gid())?,
             port_mtu,
+            gids: Arc::new(GidTable::for_addr(dev.addr)),
             cm: std::sync::OnceLock::new(),
         })
     }
@@ -535,7 +550,12 @@ impl Context {
         if let Some(c) = self.cm.get() {
             return Ok(c.clone());
         }
-        let a = cm::Agent::start(self.eng.clone(), self.dev.gid(), self.dev.addr)?;
+        let a = cm::Agent::start(
+            self.eng.clone(),
+            self.dev.gid(),
+            self.gid_index(),
+            self.dev.addr,
+        )?;
         let c = cm::Cm(a);
         match self.cm.set(c.clone()) {
             Ok(()) => Ok(c),
@@ -563,10 +583,23 @@ impl Context {
         &self.dev
     }
 
-    /// GID 0 of port 1 (`ibv_query_gid`): the device's address (see
-    /// [`DeviceInfo::gid`]).
+    /// The device's own GID: its address (see [`DeviceInfo::gid`]), at
+    /// index [`Context::gid_index`] of the port's table.
     pub fn gid(&self) -> [u8; 16] {
         self.dev.gid()
+    }
+
+    /// The index of the device's own GID in the port's table: 0 on an
+    /// interface without a MAC (`lo`), else where rxe has that address
+    /// (an IPv4 address after the link-local default GID: 1).
+    pub fn gid_index(&self) -> u8 {
+        self.gids.own_index()
+    }
+
+    /// The port's GID table (`ibv_query_gid_table`), laid out as rxe's
+    /// over the device's interface (see [`gid`]).
+    pub fn gid_table(&self) -> &GidTable {
+        &self.gids
     }
 
     /// `ibv_query_device`: the device's attributes (as [`device_attr`]).
@@ -580,7 +613,7 @@ impl Context {
             state_active: true,
             max_mtu: Mtu::B4096,
             active_mtu: self.port_mtu,
-            gid_tbl_len: 1,
+            gid_tbl_len: self.gids.len(),
             lid: 0,
             link_layer_ethernet: true,
         }
@@ -593,6 +626,7 @@ impl Context {
             eng: self.eng.clone(),
             id,
             gid: self.gid(),
+            gids: self.gids.clone(),
             port_mtu: self.port_mtu,
         }
     }
@@ -691,6 +725,8 @@ pub struct Pd {
     id: PdId,
     /// The device's GID and active MTU, for the QPs' endpoints.
     gid: [u8; 16],
+    /// The port's GID table: which `sgid_index` a QP may name.
+    gids: Arc<GidTable>,
     port_mtu: Mtu,
 }
 
@@ -729,6 +765,11 @@ pub struct Mr {
 }
 
 impl Pd {
+    /// The port's GID table of the context this PD belongs to.
+    pub fn gid_table(&self) -> &GidTable {
+        &self.gids
+    }
+
     /// The handle the device names the protection domain by.
     pub fn id(&self) -> PdId {
         self.id
@@ -830,6 +871,7 @@ impl Pd {
             qp_type: init.qp_type,
             psn: random_psn(),
             gid: self.gid,
+            gids: self.gids.clone(),
             port_mtu: self.port_mtu,
         })
     }
@@ -1638,6 +1680,7 @@ pub struct Qp {
     /// The PSN [`Qp::connect`] starts sending from (random, 24 bits).
     psn: u32,
     gid: [u8; 16],
+    gids: Arc<GidTable>,
     port_mtu: Mtu,
 }
 
@@ -1659,11 +1702,22 @@ impl Qp {
         self.qp_type
     }
 
+    /// The index of its device's own GID: the `sgid_index` its address
+    /// vector must name (see [`Context::gid_index`]).
+    pub fn gid_index(&self) -> u8 {
+        self.gids.own_index()
+    }
+
     /// `ibv_modify_qp`: apply the attributes `mask` selects from `attr`, a state
     /// transition included. Fails, changing nothing, if the transition is not allowed
     /// from the current state, `mask` lacks what it requires (see [`required_mask`]),
     /// or a value is out of range.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        if mask.contains(AttrMask::AV) {
+            // The source address comes from the GID the index names, as
+            // on rxe; this device sends from its own entry only.
+            self.gids.source(attr.av.sgid_index.into())?;
+        }
         let to = mask.contains(AttrMask::STATE).then_some(attr.qp_state);
         // Reaching RTR connects an RC/UC QP: if its peer is a context of
         // this user on this host, its one-sided operations go through

@@ -128,7 +128,7 @@ pub fn warn(msg: &str) {
     eprintln!("softrdma: {msg}");
 }
 
-fn set_errno(e: c_int) {
+pub fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };
 }

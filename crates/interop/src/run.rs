@@ -267,13 +267,7 @@ fn our_args(c: &Combo, env: &Env, host: Option<&str>, seed: u64, me: &str) -> Ve
     // `Gid::index`).
     let gid = c.gid.index().to_string();
     let mut v: Vec<String> = match c.program {
-        Program::Perf(t) => vec![
-            "perf".into(),
-            t.into(),
-            "-F".into(),
-            "-x".into(),
-            gid,
-        ],
+        Program::Perf(t) => vec!["perf".into(), t.into(), "-F".into(), "-x".into(), gid],
         Program::Pingpong(t) => vec![
             "pingpong".into(),
             "--transport".into(),

@@ -1,8 +1,9 @@
 //! Devices: which soft RNICs exist and which local address each one uses.
 //!
 //! A device is a name (`srdma0`, like `mlx5_0` or `rxe0`) bound to one local
-//! IP address; its single port's GID 0 is that address (IPv4-mapped for
-//! IPv4), as rxe's RoCEv2 GIDs are.
+//! IP address, which it sends from; that address (IPv4-mapped for IPv4, as
+//! rxe's RoCEv2 GIDs are) is its entry in its port's GID table, which is
+//! laid out as rxe's over the same interface (see `crate::gid`).
 //!
 //! The list comes from, in order:
 //! 1. `SOFTRDMA_DEVICES`, e.g. `srdma0=127.0.0.1,srdma1=::1,srdma2=10.0.0.5`;
@@ -22,12 +23,13 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 pub struct DeviceInfo {
     /// The device's name (`srdma0`), what `ibv_get_device_name` returns.
     pub name: String,
-    /// The local IP address it sends and receives on: its port's GID 0.
+    /// The local IP address it sends and receives on: its own GID.
     pub addr: IpAddr,
 }
 
 impl DeviceInfo {
-    /// GID 0 of port 1: the address, IPv4-mapped for IPv4.
+    /// Its own GID: the address, IPv4-mapped for IPv4 (index 0 of the
+    /// table on `lo`, 1 for an IPv4 address on an Ethernet interface).
     pub fn gid(&self) -> [u8; 16] {
         ip_to_gid(self.addr)
     }

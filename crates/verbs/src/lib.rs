@@ -1606,8 +1606,8 @@ impl Drop for Srq {
     }
 }
 
-/// An address handle: where UD sends go (`ibv_ah`). softrdma's port has one
-/// GID, so the handle is the destination GID plus the GRH fields.
+/// An address handle: where UD sends go (`ibv_ah`). A device sends from its
+/// own GID only, so the handle is the destination GID plus the GRH fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ah {
     /// The destination GID: the peer device's address (see [`ip_to_gid`]).

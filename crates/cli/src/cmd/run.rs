@@ -164,6 +164,41 @@ fn sys_class(devs: &[ViewDevice]) -> Vec<(String, Node)> {
     v
 }
 
+/// The view as `--show` prints it: a line a file; a run of hard links to
+/// one file (the empty GID slots) as one line naming its first and last.
+fn show(view: &[(String, Node)]) -> String {
+    let mut o = String::new();
+    let mut i = 0;
+    while i < view.len() {
+        let (p, n) = &view[i];
+        match n {
+            Node::Dir => {}
+            Node::File(s) => {
+                let _ = write!(o, "/sys/class/{p}: {s}");
+            }
+            Node::Link(t) => {
+                let _ = writeln!(o, "/sys/class/{p} -> {t}");
+            }
+            Node::Same(t) => {
+                let run = view[i..]
+                    .iter()
+                    .take_while(|(_, m)| matches!(m, Node::Same(u) if u == t))
+                    .count();
+                if run > 1 {
+                    let last = &view[i + run - 1].0;
+                    let _ = writeln!(o, "/sys/class/{p} … {last}: as /sys/class/{t}");
+                } else {
+                    let _ = writeln!(o, "/sys/class/{p}: as /sys/class/{t}");
+                }
+                i += run;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    o
+}
+
 fn file(s: &str) -> Node {
     Node::File(format!("{s}\n"))
 }
@@ -189,22 +224,7 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         .collect();
     let view = sys_class(&devs);
     if a.show {
-        let mut o = String::new();
-        for (p, n) in &view {
-            match n {
-                Node::Dir => {}
-                Node::File(s) => {
-                    let _ = write!(o, "/sys/class/{p}: {s}");
-                }
-                Node::Link(t) => {
-                    let _ = writeln!(o, "/sys/class/{p} -> {t}");
-                }
-                Node::Same(t) => {
-                    let _ = writeln!(o, "/sys/class/{p}: as /sys/class/{t}");
-                }
-            }
-        }
-        print!("{o}");
+        print!("{}", show(&view));
         return Ok(ExitCode::SUCCESS);
     }
     let Some((prog, args)) = a.command.split_first() else {

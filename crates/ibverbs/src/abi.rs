@@ -65,6 +65,8 @@ pub const IBV_ATOMIC_HCA: u32 = 1;
 pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
 /// `enum ibv_gid_type_sysfs` (private API): RoCE v2.
 pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
+/// `enum ibv_gid_type_sysfs`: IB or RoCE v1 (what an empty slot reads as).
+pub const IBV_GID_TYPE_SYSFS_IB_ROCE_V1: u32 = 0;
 
 pub const IBV_FORK_UNNEEDED: c_int = 2;
 

@@ -4,8 +4,9 @@
 //!
 //! Devices are softrdma's (`SOFTRDMA_DEVICES`, `/etc/softrdma/devices`, or
 //! the host's addresses). Each has one RoCE v2 port: link layer Ethernet,
-//! always ACTIVE, one GID (its address, IPv4-mapped for IPv4), one P_Key
-//! (0xffff). The active MTU is 4096 unless `SOFTRDMA_MTU` says otherwise
+//! always ACTIVE, rxe's GID table over the device's interface (1024 slots;
+//! the device's address, IPv4-mapped for IPv4, among them: see
+//! `softrdma_verbs::gid`), one P_Key (0xffff). The active MTU is 4096 unless `SOFTRDMA_MTU` says otherwise
 //! (bytes: 256, 512, 1024, 2048 or 4096). The vendor id is not one perftest
 //! knows, so it uses the classic `ibv_post_send` path without inline data.
 //! `SOFTRDMA_IBV_STATS=1` prints the transport and port counters when a
@@ -418,14 +419,11 @@ pub unsafe extern "C" fn ibv_query_port(
     unsafe { vctx_query_port(context, port_num, port_attr_out, COMPAT_PORT_ATTR_LEN) }
 }
 
+/// The GID at `index` (the table is rxe's, see `softrdma_verbs::gid`): an
+/// empty slot is ENODATA, past the end EINVAL, as the kernel answers.
 fn gid_of(ctx: &Context, port: u32, index: u32) -> Res<[u8; 16]> {
     check_port(port)?;
-    if index != 0 {
-        return Err(Fail::inval(format!(
-            "GID index {index} is out of range: the GID table has one entry, index 0"
-        )));
-    }
-    Ok(ctx.sv.gid())
+    Ok(ctx.sv.gid_table().get(index)?)
 }
 
 #[no_mangle]
@@ -439,8 +437,14 @@ pub unsafe extern "C" fn ibv_query_gid(
         non_null!(gid);
         let ctx = Context::from_c(context)?;
         let index = u32::try_from(index).map_err(|_| Fail::inval("negative GID index"))?;
+        // An empty slot reads as the zero GID, as rdma-core's ibv_query_gid
+        // keeps it ("Preserve API behavior for empty GID").
+        let g = match gid_of(&ctx, port_num.into(), index) {
+            Err(f) if f.errno == libc::ENODATA => [0; 16],
+            r => r?,
+        };
         // SAFETY: the caller passes a writable union ibv_gid.
-        unsafe { (*gid).raw = gid_of(&ctx, port_num.into(), index)? };
+        unsafe { (*gid).raw = g };
         Ok(0)
     })
 }
@@ -453,7 +457,7 @@ fn gid_entry(ctx: &Context, port: u32, index: u32) -> Res<ibv_gid_entry> {
         gid_index: index,
         port_num: port,
         gid_type: IBV_GID_TYPE_ROCE_V2,
-        ndev_ifindex: 0,
+        ndev_ifindex: ctx.sv.gid_table().ifindex,
     })
 }
 
@@ -466,7 +470,11 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
-    errno_ret("ibv_query_gid_ex", || {
+    // An empty slot is an answer, not a misuse: a scan of the table
+    // (perftest's, ibv_devinfo's) meets 1023 of them, so it is returned
+    // without SOFTRDMA_IBV_LOG's line.
+    let mut empty = false;
+    let r = errno_ret("ibv_query_gid_ex", || {
         non_null!(entry);
         if flags != 0 {
             return Err(Fail::inval("flags must be 0"));
@@ -477,10 +485,18 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
             ));
         }
         let ctx = Context::from_c(context)?;
-        // SAFETY: the caller passes a writable entry of entry_size bytes.
-        unsafe { *entry = gid_entry(&ctx, port_num, gid_index)? };
+        match gid_entry(&ctx, port_num, gid_index) {
+            Err(f) if f.errno == libc::ENODATA => empty = true,
+            // SAFETY: the caller passes a writable entry of entry_size bytes.
+            r => unsafe { *entry = r? },
+        }
         Ok(())
-    })
+    });
+    if empty {
+        ffi::set_errno(libc::ENODATA);
+        return libc::ENODATA;
+    }
+    r
 }
 
 #[no_mangle]
@@ -503,13 +519,25 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
             ));
         }
         let ctx = Context::from_c(context)?;
-        if max_entries < 1 {
-            return Err(Fail::inval("max_entries is smaller than the GID table (1)"));
+        let t = ctx.sv.gid_table();
+        let count = t.entries().count();
+        if max_entries < count {
+            return Err(Fail::inval(format!(
+                "max_entries ({max_entries}) is smaller than the number of GIDs ({count})"
+            )));
         }
-        // SAFETY: the caller passes max_entries writable entries of
-        // entry_size bytes each.
-        unsafe { *entries = gid_entry(&ctx, 1, 0)? };
-        n = 1;
+        for (k, (i, _)) in t.entries().enumerate() {
+            // SAFETY: the caller passes max_entries (>= count > k) writable
+            // entries of entry_size bytes each.
+            unsafe {
+                entries
+                    .cast::<u8>()
+                    .add(k * entry_size)
+                    .cast::<ibv_gid_entry>()
+                    .write_unaligned(gid_entry(&ctx, 1, i)?)
+            };
+        }
+        n = count as isize;
         Ok(())
     });
     if r != 0 {
@@ -529,9 +557,14 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     minus_one("ibv_query_gid_type", || {
         non_null!(gid_type);
         let ctx = Context::from_c(context)?;
-        gid_of(&ctx, port_num.into(), index)?;
+        // rdma-core answers an empty slot with IB/RoCE v1 and success
+        // ("Preserve API behavior for empty GID").
+        let t = match gid_of(&ctx, port_num.into(), index) {
+            Err(f) if f.errno == libc::ENODATA => IBV_GID_TYPE_SYSFS_IB_ROCE_V1,
+            r => r.map(|_| IBV_GID_TYPE_SYSFS_ROCE_V2)?,
+        };
         // SAFETY: the caller passes a writable enum.
-        unsafe { *gid_type = IBV_GID_TYPE_SYSFS_ROCE_V2 };
+        unsafe { *gid_type = t };
         Ok(0)
     })
 }

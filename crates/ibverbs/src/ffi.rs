@@ -71,7 +71,14 @@ impl From<softrdma_verbs::Error> for Fail {
             e @ softrdma_verbs::Error::Completion(_) => Fail::new(libc::EIO, e.to_string()),
             e @ softrdma_verbs::Error::Timeout(_) => Fail::new(libc::ETIMEDOUT, e.to_string()),
             e @ softrdma_verbs::Error::Rejected(_) => Fail::new(libc::ECONNREFUSED, e.to_string()),
+            softrdma_verbs::Error::Gid(g) => g.into(),
         }
+    }
+}
+
+impl From<softrdma_verbs::GidError> for Fail {
+    fn from(e: softrdma_verbs::GidError) -> Fail {
+        Fail::new(e.errno(), e.to_string())
     }
 }
 
@@ -121,7 +128,7 @@ pub fn warn(msg: &str) {
     eprintln!("softrdma: {msg}");
 }
 
-fn set_errno(e: c_int) {
+pub fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };
 }

@@ -1362,7 +1362,7 @@ fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
                     grh: ibv_global_route {
                         dgid: ibv_gid { raw: u.dgid },
                         flow_label: 0,
-                        sgid_index: 0,
+                        sgid_index: i.id.device().map_or(0, |d| d.gid_index()),
                         hop_limit: u.hop_limit,
                         traffic_class: u.traffic_class,
                     },

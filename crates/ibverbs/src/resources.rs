@@ -767,6 +767,8 @@ fn ah_from_attr(attr: &ibv_ah_attr) -> Res<sv::Ah> {
 fn create_ah(pd: *mut ibv_pd, attr: &ibv_ah_attr) -> Res<*mut ibv_ah> {
     let p = Pd::from_c(pd)?;
     let ah = ah_from_attr(attr)?;
+    // The source GID, as the kernel checks it (`rdma_fill_sgid_attr`).
+    p.sv.gid_table().source(attr.grh.sgid_index.into())?;
     let c = ibv_ah {
         // SAFETY: live PD.
         context: unsafe { (*p.c_ptr()).context },

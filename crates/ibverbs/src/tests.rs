@@ -443,3 +443,88 @@ mod handles;
 mod mr;
 mod mw;
 mod xrc;
+
+#[test]
+fn the_gid_table_answers_as_rxes_does_for_empty_and_bad_indices() {
+    // SAFETY: as a C program would call them; every out-pointer is a live
+    // local of the right type and size.
+    unsafe {
+        let ctx = open_first();
+        let mut p = ibv_port_attr::default();
+        assert_eq!(ibv_query_port(ctx, 1, &mut p), 0);
+        assert_eq!(p.gid_tbl_len, 1024, "rxe's table size");
+        let sz = std::mem::size_of::<ibv_gid_entry>();
+        let mut e: ibv_gid_entry = std::mem::zeroed();
+        // Index 0: 127.0.0.1, RoCE v2, on lo.
+        assert_eq!(_ibv_query_gid_ex(ctx, 1, 0, &mut e, 0, sz), 0);
+        assert_eq!(e.gid.raw, softrdma_verbs::ip_to_gid([127, 0, 0, 1].into()));
+        assert_eq!(
+            (e.gid_index, e.port_num, e.gid_type),
+            (0, 1, IBV_GID_TYPE_ROCE_V2)
+        );
+        assert_eq!(e.ndev_ifindex, libc::if_nametoindex(c"lo".as_ptr()));
+        // An empty slot: ENODATA from the _ex query; the legacy query
+        // reads the zero GID and succeeds, as rdma-core's does.
+        assert_eq!(_ibv_query_gid_ex(ctx, 1, 1, &mut e, 0, sz), libc::ENODATA);
+        let mut g = ibv_gid { raw: [0xaa; 16] };
+        assert_eq!(ibv_query_gid(ctx, 1, 1, &mut g), 0);
+        assert_eq!(g.raw, [0; 16]);
+        let mut t = 9u32;
+        assert_eq!(ibv_query_gid_type(ctx, 1, 1, &mut t), 0);
+        assert_eq!(t, IBV_GID_TYPE_SYSFS_IB_ROCE_V1);
+        assert_eq!(ibv_query_gid_type(ctx, 1, 0, &mut t), 0);
+        assert_eq!(t, IBV_GID_TYPE_SYSFS_ROCE_V2);
+        // Past the table: EINVAL everywhere.
+        assert_eq!(_ibv_query_gid_ex(ctx, 1, 1024, &mut e, 0, sz), libc::EINVAL);
+        assert_eq!(ibv_query_gid(ctx, 1, 1024, &mut g), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        // The table: its populated entries only; too small a buffer EINVAL.
+        let mut all = vec![std::mem::zeroed::<ibv_gid_entry>(); 1024];
+        assert_eq!(_ibv_query_gid_table(ctx, all.as_mut_ptr(), 1024, 0, sz), 1);
+        assert_eq!(
+            all[0].gid.raw,
+            softrdma_verbs::ip_to_gid([127, 0, 0, 1].into())
+        );
+        assert_eq!(
+            _ibv_query_gid_table(ctx, all.as_mut_ptr(), 0, 0, sz),
+            -(libc::EINVAL as isize)
+        );
+
+        // An empty slot as a QP's or an address handle's source: ENODATA,
+        // as the kernel's rdma_fill_sgid_attr answers.
+        let s = side(ctx, 2);
+        let mut a = ibv_qp_attr {
+            qp_state: 1,
+            port_num: 1,
+            qp_access_flags: 1 | 2 | 4 | 8,
+            ..Default::default()
+        };
+        assert_eq!(ibv_modify_qp(s.qp, &mut a, 0x39), 0);
+        let mut a = ibv_qp_attr {
+            qp_state: 2,
+            path_mtu: 3,
+            dest_qp_num: (*s.qp).qp_num,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            ..Default::default()
+        };
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid.raw = softrdma_verbs::ip_to_gid([127, 0, 0, 1].into());
+        a.ah_attr.grh.sgid_index = 1;
+        a.ah_attr.port_num = 1;
+        assert_eq!(ibv_modify_qp(s.qp, &mut a, 0x129181), libc::ENODATA);
+        assert_eq!((*s.qp).state, 1, "nothing changed");
+        a.ah_attr.grh.sgid_index = 0;
+        assert_eq!(ibv_modify_qp(s.qp, &mut a, 0x129181), 0);
+        let mut ah = a.ah_attr;
+        ah.grh.sgid_index = 7;
+        assert!(ibv_create_ah(s.pd, &mut ah).is_null());
+        assert_eq!(errno(), libc::ENODATA);
+        ah.grh.sgid_index = 0;
+        let h = ibv_create_ah(s.pd, &mut ah);
+        assert!(!h.is_null());
+        assert_eq!(ibv_destroy_ah(h), 0);
+        teardown(s);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}

@@ -73,6 +73,11 @@ fn command(ns: &Ns, tool: &str, args: &[&str]) -> Command {
         .args(args)
         .env("LD_LIBRARY_PATH", common::lib_dir())
         .env("SOFTRDMA_DEVICES", format!("srdma0={}", ns.1))
+        // The provider's datagram endpoints send from GID index 0 unless
+        // told: on the veth, as on rxe over it, index 0 is the link-local
+        // default GID and the IPv4 address is index 1, the one a device on
+        // that address sends from (docs/DESIGN.md, "The GID table").
+        .env("FI_VERBS_GID_IDX", "1")
         .env_remove("SOFTRDMA_MTU")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

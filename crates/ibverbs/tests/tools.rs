@@ -49,7 +49,7 @@ fn ibv_devinfo_verbose_shows_caps_and_the_roce_v2_gid() {
     for want in [
         "atomic_cap:\t\t\tATOMIC_HCA (1)",
         "max_qp_rd_atom:\t\t\t128",
-        "gid_tbl_len:\t\t1",
+        "gid_tbl_len:\t\t1024",
         "GID[  0]:\t\t::ffff:127.0.0.1, RoCE v2",
         "num_comp_vectors:\t\t1",
     ] {

@@ -22,6 +22,18 @@ pub enum Gid {
     V6,
 }
 
+impl Gid {
+    /// Its GID index, the same on both sides: rxe's table and ours are laid
+    /// out alike (the link-local default GID, then the IPv4 address), so
+    /// each side's tools take the index rxe users type (`-x 1` for IPv4).
+    pub fn index(self) -> u8 {
+        match self {
+            Gid::V4 => 1,
+            Gid::V6 => 0,
+        }
+    }
+}
+
 /// The program pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Program {

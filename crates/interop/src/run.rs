@@ -207,10 +207,7 @@ fn rping_args(c: &Combo, server: bool, addr: &str) -> Vec<String> {
 /// The VM-side command line; `vm` is the VM's own address (an rping
 /// server binds it).
 fn vm_cmd(c: &Combo, env: &Env, host: Option<&str>, vm: &str) -> String {
-    let gid = match c.gid {
-        Gid::V4 => 1,
-        Gid::V6 => 0,
-    };
+    let gid = c.gid.index();
     let mut s = match c.program {
         Program::Perf(t) | Program::RxePair(t) | Program::Library(t) => {
             format!("ib_{t} -d rxe0 -F -x {gid} -n {}", c.iters)
@@ -266,30 +263,21 @@ fn our_args(c: &Combo, env: &Env, host: Option<&str>, seed: u64, me: &str) -> Ve
     if c.program == Program::Rping {
         return rping_args(c, host.is_none(), host.unwrap_or(me));
     }
+    // Our GID index is rxe's: our table is laid out as its (see
+    // `Gid::index`).
+    let gid = c.gid.index().to_string();
     let mut v: Vec<String> = match c.program {
-        Program::Perf(t) => vec![
-            "perf".into(),
-            t.into(),
-            "-F".into(),
-            "-x".into(),
-            "0".into(),
-        ],
+        Program::Perf(t) => vec!["perf".into(), t.into(), "-F".into(), "-x".into(), gid],
         Program::Pingpong(t) => vec![
             "pingpong".into(),
             "--transport".into(),
             t.into(),
             "-g".into(),
-            "0".into(),
+            gid,
             "-c".into(),
         ],
-        // perftest itself on our library: its own flags.
-        Program::Library(_) => vec![
-            "-d".into(),
-            "srdma4".into(),
-            "-x".into(),
-            "0".into(),
-            "-F".into(),
-        ],
+        // perftest itself on our library, as rxe users type it.
+        Program::Library(_) => vec!["-d".into(), "srdma4".into(), "-x".into(), gid, "-F".into()],
         // rdma_cm picks the device and GID by address.
         Program::LibraryCm(_) => vec!["-R".into(), "-d".into(), "srdma4".into(), "-F".into()],
         Program::RxePair(_) | Program::Rping => unreachable!("handled above"),

@@ -372,6 +372,7 @@ impl Qp {
             ..Default::default()
         };
         a.av.dgid = remote.gid;
+        a.av.sgid_index = self.gid_index();
         a.av.hop_limit = opts.hop_limit;
         a.av.traffic_class = opts.traffic_class;
         let (mut state, _, _) = self.query()?;

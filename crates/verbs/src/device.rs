@@ -1,8 +1,9 @@
 //! Devices: which soft RNICs exist and which local address each one uses.
 //!
 //! A device is a name (`srdma0`, like `mlx5_0` or `rxe0`) bound to one local
-//! IP address; its single port's GID 0 is that address (IPv4-mapped for
-//! IPv4), as rxe's RoCEv2 GIDs are.
+//! IP address, which it sends from; that address (IPv4-mapped for IPv4, as
+//! rxe's RoCEv2 GIDs are) is its entry in its port's GID table, which is
+//! laid out as rxe's over the same interface (see `crate::gid`).
 //!
 //! The list comes from, in order:
 //! 1. `SOFTRDMA_DEVICES`, e.g. `srdma0=127.0.0.1,srdma1=::1,srdma2=10.0.0.5`;
@@ -22,12 +23,13 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 pub struct DeviceInfo {
     /// The device's name (`srdma0`), what `ibv_get_device_name` returns.
     pub name: String,
-    /// The local IP address it sends and receives on: its port's GID 0.
+    /// The local IP address it sends and receives on: its own GID.
     pub addr: IpAddr,
 }
 
 impl DeviceInfo {
-    /// GID 0 of port 1: the address, IPv4-mapped for IPv4.
+    /// Its own GID: the address, IPv4-mapped for IPv4 (index 0 of the
+    /// table on `lo`, 1 for an IPv4 address on an Ethernet interface).
     pub fn gid(&self) -> [u8; 16] {
         ip_to_gid(self.addr)
     }
@@ -224,10 +226,63 @@ pub fn roce_mtu(netdev_mtu: u32) -> Option<crate::Mtu> {
 /// `getifaddrs` order.
 fn interfaces() -> Vec<(String, IpAddr)> {
     let mut out = Vec::new();
+    walk_ifaddrs(|name, a| {
+        if let IfAddr::Ip(ip) = a {
+            out.push((name.to_string(), ip));
+        }
+    });
+    out
+}
+
+/// A network interface as a GID table needs it.
+#[derive(Debug, Clone)]
+pub(crate) struct Interface {
+    pub name: String,
+    pub index: u32,
+    /// Its MAC, if it is an Ethernet interface (`ARPHRD_ETHER`).
+    pub mac: Option<[u8; 6]>,
+    /// Its addresses in the kernel's order (IPv4 and IPv6 each as listed).
+    pub addrs: Vec<IpAddr>,
+}
+
+/// The interface that holds local address `ip`, with its MAC and addresses.
+pub(crate) fn interface_with(ip: IpAddr) -> Option<Interface> {
+    let name = interface_of(ip)?;
+    let mut i = Interface {
+        index: 0,
+        mac: None,
+        addrs: Vec::new(),
+        name,
+    };
+    walk_ifaddrs(|n, a| {
+        if n != i.name {
+            return;
+        }
+        match a {
+            IfAddr::Ip(ip) => i.addrs.push(ip),
+            IfAddr::Ether(mac) => i.mac = Some(mac),
+        }
+    });
+    let c = std::ffi::CString::new(i.name.clone()).ok()?;
+    // SAFETY: a NUL-terminated name that outlives the call.
+    i.index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    Some(i)
+}
+
+/// What one `getifaddrs` node says.
+enum IfAddr {
+    Ip(IpAddr),
+    /// The link-layer address of an Ethernet interface.
+    Ether([u8; 6]),
+}
+
+/// Calls `f` with each node's interface name and address, in `getifaddrs`
+/// order (nodes of other families are skipped).
+fn walk_ifaddrs(mut f: impl FnMut(&str, IfAddr)) {
     let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `ifap` with a list we free below.
     if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
-        return out;
+        return;
     }
     let mut p = ifap;
     while !p.is_null() {
@@ -236,23 +291,38 @@ fn interfaces() -> Vec<(String, IpAddr)> {
         if !ifa.ifa_addr.is_null() {
             // SAFETY: ifa_addr points to a sockaddr whose family says its type.
             let fam = unsafe { (*ifa.ifa_addr).sa_family } as i32;
-            if fam == libc::AF_INET {
+            let a = if fam == libc::AF_INET {
                 // SAFETY: family AF_INET means a sockaddr_in.
                 let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-                out.push((ifa_name(ifa), IpAddr::V4(ip)));
+                Some(IfAddr::Ip(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                    sin.sin_addr.s_addr,
+                )))))
             } else if fam == libc::AF_INET6 {
                 // SAFETY: family AF_INET6 means a sockaddr_in6.
                 let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                out.push((ifa_name(ifa), IpAddr::V6(ip)));
+                Some(IfAddr::Ip(IpAddr::V6(std::net::Ipv6Addr::from(
+                    sin6.sin6_addr.s6_addr,
+                ))))
+            } else if fam == libc::AF_PACKET {
+                // SAFETY: family AF_PACKET means a sockaddr_ll (glibc's
+                // getifaddrs gives one per interface, from its link info).
+                let sll = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_ll) };
+                (sll.sll_hatype == libc::ARPHRD_ETHER && sll.sll_halen == 6).then(|| {
+                    let mut m = [0u8; 6];
+                    m.copy_from_slice(&sll.sll_addr[..6]);
+                    IfAddr::Ether(m)
+                })
+            } else {
+                None
+            };
+            if let Some(a) = a {
+                f(&ifa_name(ifa), a);
             }
         }
         p = ifa.ifa_next;
     }
     // SAFETY: frees the list getifaddrs allocated, exactly once.
     unsafe { libc::freeifaddrs(ifap) };
-    out
 }
 
 /// An `ifaddrs` node's interface name.

@@ -65,6 +65,7 @@ pub mod cm;
 mod connect;
 mod device;
 mod engine;
+pub mod gid;
 mod gsi;
 mod memory;
 pub mod oob;
@@ -85,6 +86,7 @@ pub use device::{
     DeviceInfo,
 };
 pub use engine::AsyncEvent;
+pub use gid::{GidError, GidTable, GID_TBL_LEN};
 pub use softrdma_core::cq::CqId;
 pub use softrdma_core::mcast::MULTICAST_QPN;
 pub use softrdma_core::mr::{MwId, MwType, PdId};
@@ -117,6 +119,9 @@ pub enum Error {
     /// The peer turned a connection (or UD service request) down: its
     /// reason and private data ([`cm::connect`], [`cm::resolve_ud`]).
     Rejected(cm::Rejection),
+    /// A GID index that names no GID, or one the device does not send
+    /// from (an address vector's `sgid_index`).
+    Gid(GidError),
 }
 
 impl std::fmt::Display for Error {
@@ -131,6 +136,7 @@ impl std::fmt::Display for Error {
             ),
             Error::Timeout(what) => write!(f, "timed out waiting for {what}"),
             Error::Rejected(r) => write!(f, "{r}"),
+            Error::Gid(e) => write!(f, "{e}"),
         }
     }
 }
@@ -147,6 +153,12 @@ impl From<Completion> for Error {
     /// A failed completion as an error (`completion.into_result()?`).
     fn from(c: Completion) -> Self {
         Error::Completion(c)
+    }
+}
+
+impl From<GidError> for Error {
+    fn from(e: GidError) -> Self {
+        Error::Gid(e)
     }
 }
 
@@ -336,8 +348,8 @@ pub struct PortAttr {
     /// `active_mtu`: the path MTU in use ([`OpenOptions::port_mtu`], 4096 by
     /// default).
     pub active_mtu: Mtu,
-    /// `gid_tbl_len`: how many GIDs the port's table holds (1: the device's
-    /// address).
+    /// `gid_tbl_len`: how many slots the port's GID table has (rxe's 1024;
+    /// see [`GidTable`]).
     pub gid_tbl_len: u32,
     /// `lid`: the port's LID; 0, as on every RoCE port.
     pub lid: u16,
@@ -455,6 +467,8 @@ pub struct Context {
     dev: DeviceInfo,
     eng: Arc<Engine>,
     port_mtu: Mtu,
+    /// The port's GID table, as it was when the context opened.
+    gids: Arc<GidTable>,
     /// The device's connection manager, started by the first caller.
     cm: std::sync::OnceLock<cm::Cm>,
 }
@@ -538,6 +552,7 @@ impl Context {
             dev: dev.clone(),
             eng: Engine::start(ep, port, shm, transport, dev.gid())?,
             port_mtu,
+            gids: Arc::new(GidTable::for_addr(dev.addr)),
             cm: std::sync::OnceLock::new(),
         })
     }
@@ -548,7 +563,12 @@ impl Context {
         if let Some(c) = self.cm.get() {
             return Ok(c.clone());
         }
-        let a = cm::Agent::start(self.eng.clone(), self.dev.gid(), self.dev.addr)?;
+        let a = cm::Agent::start(
+            self.eng.clone(),
+            self.dev.gid(),
+            self.gid_index(),
+            self.dev.addr,
+        )?;
         let c = cm::Cm(a);
         match self.cm.set(c.clone()) {
             Ok(()) => Ok(c),
@@ -576,10 +596,23 @@ impl Context {
         &self.dev
     }
 
-    /// GID 0 of port 1 (`ibv_query_gid`): the device's address (see
-    /// [`DeviceInfo::gid`]).
+    /// The device's own GID: its address (see [`DeviceInfo::gid`]), at
+    /// index [`Context::gid_index`] of the port's table.
     pub fn gid(&self) -> [u8; 16] {
         self.dev.gid()
+    }
+
+    /// The index of the device's own GID in the port's table: 0 on an
+    /// interface without a MAC (`lo`), else where rxe has that address
+    /// (an IPv4 address after the link-local default GID: 1).
+    pub fn gid_index(&self) -> u8 {
+        self.gids.own_index()
+    }
+
+    /// The port's GID table (`ibv_query_gid_table`), laid out as rxe's
+    /// over the device's interface (see [`gid`]).
+    pub fn gid_table(&self) -> &GidTable {
+        &self.gids
     }
 
     /// `ibv_query_device`: the device's attributes (as [`device_attr`]).
@@ -593,7 +626,7 @@ impl Context {
             state_active: true,
             max_mtu: Mtu::B4096,
             active_mtu: self.port_mtu,
-            gid_tbl_len: 1,
+            gid_tbl_len: self.gids.len(),
             lid: 0,
             link_layer_ethernet: true,
         }
@@ -606,6 +639,7 @@ impl Context {
             eng: self.eng.clone(),
             id,
             gid: self.gid(),
+            gids: self.gids.clone(),
             port_mtu: self.port_mtu,
         }
     }
@@ -704,6 +738,8 @@ pub struct Pd {
     id: PdId,
     /// The device's GID and active MTU, for the QPs' endpoints.
     gid: [u8; 16],
+    /// The port's GID table: which `sgid_index` a QP may name.
+    gids: Arc<GidTable>,
     port_mtu: Mtu,
 }
 
@@ -742,6 +778,11 @@ pub struct Mr {
 }
 
 impl Pd {
+    /// The port's GID table of the context this PD belongs to.
+    pub fn gid_table(&self) -> &GidTable {
+        &self.gids
+    }
+
     /// The handle the device names the protection domain by.
     pub fn id(&self) -> PdId {
         self.id
@@ -843,6 +884,7 @@ impl Pd {
             qp_type: init.qp_type,
             psn: random_psn(),
             gid: self.gid,
+            gids: self.gids.clone(),
             port_mtu: self.port_mtu,
             tgt: None,
         })
@@ -1586,8 +1628,8 @@ impl Drop for Srq {
     }
 }
 
-/// An address handle: where UD sends go (`ibv_ah`). softrdma's port has one
-/// GID, so the handle is the destination GID plus the GRH fields.
+/// An address handle: where UD sends go (`ibv_ah`). A device sends from its
+/// own GID only, so the handle is the destination GID plus the GRH fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ah {
     /// The destination GID: the peer device's address (see [`ip_to_gid`]).
@@ -1660,6 +1702,7 @@ pub struct Qp {
     /// The PSN [`Qp::connect`] starts sending from (random, 24 bits).
     psn: u32,
     gid: [u8; 16],
+    gids: Arc<GidTable>,
     port_mtu: Mtu,
     /// An XRC target QP: the QP itself, shared by every handle
     /// [`Xrcd::open_tgt_qp`] opened on it and destroyed with the last.
@@ -1716,11 +1759,22 @@ impl Qp {
         Ok(())
     }
 
+    /// The index of its device's own GID: the `sgid_index` its address
+    /// vector must name (see [`Context::gid_index`]).
+    pub fn gid_index(&self) -> u8 {
+        self.gids.own_index()
+    }
+
     /// `ibv_modify_qp`: apply the attributes `mask` selects from `attr`, a state
     /// transition included. Fails, changing nothing, if the transition is not allowed
     /// from the current state, `mask` lacks what it requires (see [`required_mask`]),
     /// or a value is out of range.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        if mask.contains(AttrMask::AV) {
+            // The source address comes from the GID the index names, as
+            // on rxe; this device sends from its own entry only.
+            self.gids.source(attr.av.sgid_index.into())?;
+        }
         let to = mask.contains(AttrMask::STATE).then_some(attr.qp_state);
         // Reaching RTR connects an RC/UC QP: if its peer is a context of
         // this user on this host, its one-sided operations go through

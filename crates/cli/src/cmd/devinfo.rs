@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use softrdma_verbs::{device_attr, devices, DeviceInfo, Mtu};
+use softrdma_verbs::{device_attr, devices, DeviceInfo, GidTable, Mtu};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -78,18 +78,17 @@ pub fn render(d: &DeviceInfo, verbose: bool) -> String {
     let _ = writeln!(o, "\t\t\tlink_layer:\t\tEthernet");
     if verbose {
         let _ = writeln!(o, "\t\t\tmax_msg_sz:\t\t0x{:x}", a.max_msg_sz);
-        let _ = writeln!(o, "\t\t\tgid_tbl_len:\t\t1");
-        let g = d.gid();
-        let words: Vec<String> = g
-            .chunks(2)
-            .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
-            .collect();
-        let _ = writeln!(
-            o,
-            "\t\t\tGID[  0]:\t\t{}, RoCE v2 ({})",
-            words.join(":"),
-            d.addr
-        );
+        // The port's GID table, laid out as rxe's over the device's
+        // interface; printed as rdma-core's ibv_devinfo prints RoCE v2 GIDs.
+        let t = GidTable::for_addr(d.addr);
+        let _ = writeln!(o, "\t\t\tgid_tbl_len:\t\t{}", t.len());
+        for (i, g) in t.entries() {
+            let _ = writeln!(
+                o,
+                "\t\t\tGID[{i:>3}]:\t\t{}, RoCE v2",
+                std::net::Ipv6Addr::from(g)
+            );
+        }
     }
     o
 }

@@ -376,6 +376,20 @@ impl Pp {
         };
         let ctx = Context::open(dev, &opts)
             .map_err(|e| format!("Couldn't get context for {}: {e}", dev.name))?;
+        // -g: an index of the port's GID table (rxe's layout), which must
+        // be the device's own entry: it is the one it sends from.
+        if let Some(g) = a.gid_idx.filter(|&g| g >= 0) {
+            let t = ctx.gid_table();
+            if t.get(g as u32).is_err() {
+                return fail(if a.transport == Transport::Ud {
+                    format!("Could not get local gid for gid index {g}")
+                } else {
+                    format!("can't read sgid of index {g}")
+                });
+            }
+            t.source(g as u32)
+                .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
+        }
         if t == Transport::Ud {
             let mtu = ctx.query_port().active_mtu.bytes();
             if size > mtu {
@@ -521,7 +535,7 @@ impl Pp {
         };
         attr.av.dgid = rem.gid;
         attr.av.hop_limit = 1;
-        attr.av.sgid_index = 0;
+        attr.av.sgid_index = self.ctx.gid_index();
         attr.av.sl = a.sl.clamp(0, 15) as u8;
         let rtr = match self.t {
             Transport::Rc => {
@@ -621,13 +635,6 @@ fn pingpong(a: &Args) -> Result<bool, Fail> {
     }
     if a.rx_depth == 0 {
         return fail("Couldn't create QP: rx depth must be at least 1");
-    }
-    if let Some(g) = a.gid_idx.filter(|&g| g > 0) {
-        return fail(if t == Transport::Ud {
-            format!("Could not get local gid for gid index {g}")
-        } else {
-            format!("can't read sgid of index {g}")
-        });
     }
     let size = a
         .size

@@ -34,7 +34,8 @@ use rustix::mount::{
     fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, open_tree, FsMountFlags,
     FsOpenFlags, MountAttrFlags, MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags,
 };
-use softrdma_verbs::{device_attr, devices, interface_of, DeviceInfo};
+use softrdma_verbs::gid::gid_words;
+use softrdma_verbs::{device_attr, devices, DeviceInfo, GidTable};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -64,13 +65,17 @@ pub enum Node {
     File(String),
     /// A symbolic link to this target.
     Link(String),
+    /// A hard link to this earlier file of the view (its path in the
+    /// view): the empty GID slots, 1023 a device, share one page.
+    Same(String),
 }
 
 /// A device as the view shows it: softrdma's device and the network
 /// interface that holds its address.
 struct ViewDevice {
     info: DeviceInfo,
-    netdev: Option<String>,
+    /// Its port's GID table (rxe's layout), which names its interface.
+    gids: GidTable,
 }
 
 /// The `/sys/class` entries for `devs`, paths relative to `/sys/class`,
@@ -87,6 +92,7 @@ fn sys_class(devs: &[ViewDevice]) -> Vec<(String, Node)> {
     for (i, d) in devs.iter().enumerate() {
         let a = device_attr(&d.info);
         let dev = format!("infiniband/{}", d.info.name);
+        let netdev = &d.gids.netdev;
         let mut add = |p: &str, n: Node| v.push((format!("{dev}{p}"), n));
         add("", Node::Dir);
         add("/node_type", file("1: CA"));
@@ -95,12 +101,12 @@ fn sys_class(devs: &[ViewDevice]) -> Vec<(String, Node)> {
         add("/fw_ver", file(&a.fw_ver));
         add("/node_desc", file(&format!("softrdma {}", d.info.name)));
         // rxe's `parent`: the network device it is bound to.
-        if let Some(n) = &d.netdev {
+        if let Some(n) = netdev {
             add("/parent", file(n));
         }
         add("/device", Node::Dir);
         add("/device/net", Node::Dir);
-        if let Some(n) = &d.netdev {
+        if let Some(n) = netdev {
             add(
                 &format!("/device/net/{n}"),
                 Node::Link(format!("../../../../net/{n}")),
@@ -119,14 +125,33 @@ fn sys_class(devs: &[ViewDevice]) -> Vec<(String, Node)> {
         // ibv_query_port: width 1X, speed 25 Gb/s (EDR).
         add("/ports/1/rate", file("25 Gb/sec (1X EDR)"));
         add("/ports/1/link_layer", file("Ethernet"));
+        // Every slot of the table has its file, an empty one the zero GID
+        // (sysfs.c's show_port_gid); only populated ones have a type and a
+        // network device (the kernel's files of an empty slot fail to read
+        // with EINVAL, which a file here cannot: they are left out).
         add("/ports/1/gids", Node::Dir);
-        add("/ports/1/gids/0", file(&gid(&d.info.gid())));
+        let mut empty: Option<String> = None;
+        for i in 0..d.gids.len() {
+            let p = format!("/ports/1/gids/{i}");
+            match (d.gids.get(i), &empty) {
+                (Ok(g), _) => add(&p, file(&gid_words(&g))),
+                (Err(_), Some(first)) => add(&p, Node::Same(first.clone())),
+                (Err(_), None) => {
+                    add(&p, file(&gid_words(&[0; 16])));
+                    empty = Some(format!("{dev}{p}"));
+                }
+            }
+        }
         add("/ports/1/gid_attrs", Node::Dir);
         add("/ports/1/gid_attrs/types", Node::Dir);
-        add("/ports/1/gid_attrs/types/0", file("RoCE v2"));
+        for (i, _) in d.gids.entries() {
+            add(&format!("/ports/1/gid_attrs/types/{i}"), file("RoCE v2"));
+        }
         add("/ports/1/gid_attrs/ndevs", Node::Dir);
-        if let Some(n) = &d.netdev {
-            add("/ports/1/gid_attrs/ndevs/0", file(n));
+        if let Some(n) = netdev {
+            for (i, _) in d.gids.entries() {
+                add(&format!("/ports/1/gid_attrs/ndevs/{i}"), file(n));
+            }
         }
         add("/ports/1/pkeys", Node::Dir);
         add("/ports/1/pkeys/0", file("0xffff"));
@@ -137,6 +162,41 @@ fn sys_class(devs: &[ViewDevice]) -> Vec<(String, Node)> {
         v.push((format!("{uv}/dev"), file(&format!("231:{}", 192 + i))));
     }
     v
+}
+
+/// The view as `--show` prints it: a line a file; a run of hard links to
+/// one file (the empty GID slots) as one line naming its first and last.
+fn show(view: &[(String, Node)]) -> String {
+    let mut o = String::new();
+    let mut i = 0;
+    while i < view.len() {
+        let (p, n) = &view[i];
+        match n {
+            Node::Dir => {}
+            Node::File(s) => {
+                let _ = write!(o, "/sys/class/{p}: {s}");
+            }
+            Node::Link(t) => {
+                let _ = writeln!(o, "/sys/class/{p} -> {t}");
+            }
+            Node::Same(t) => {
+                let run = view[i..]
+                    .iter()
+                    .take_while(|(_, m)| matches!(m, Node::Same(u) if u == t))
+                    .count();
+                if run > 1 {
+                    let last = &view[i + run - 1].0;
+                    let _ = writeln!(o, "/sys/class/{p} … {last}: as /sys/class/{t}");
+                } else {
+                    let _ = writeln!(o, "/sys/class/{p}: as /sys/class/{t}");
+                }
+                i += run;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    o
 }
 
 fn file(s: &str) -> Node {
@@ -153,39 +213,18 @@ fn guid(g: u64) -> String {
     w.join(":")
 }
 
-/// A GID as sysfs prints it: eight groups of four hex digits.
-fn gid(g: &[u8; 16]) -> String {
-    let w: Vec<String> = g
-        .chunks(2)
-        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
-        .collect();
-    w.join(":")
-}
-
 pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let devs: Vec<ViewDevice> = devices()
         .map_err(|e| e.to_string())?
         .into_iter()
         .map(|info| ViewDevice {
-            netdev: interface_of(info.addr),
+            gids: GidTable::for_addr(info.addr),
             info,
         })
         .collect();
     let view = sys_class(&devs);
     if a.show {
-        let mut o = String::new();
-        for (p, n) in &view {
-            match n {
-                Node::Dir => {}
-                Node::File(s) => {
-                    let _ = write!(o, "/sys/class/{p}: {s}");
-                }
-                Node::Link(t) => {
-                    let _ = writeln!(o, "/sys/class/{p} -> {t}");
-                }
-            }
-        }
-        print!("{o}");
+        print!("{}", show(&view));
         return Ok(ExitCode::SUCCESS);
     }
     let Some((prog, args)) = a.command.split_first() else {
@@ -306,6 +345,7 @@ fn materialize(dir: &Path, view: &[(String, Node)]) -> io::Result<()> {
             Node::Dir => std::fs::create_dir(&path)?,
             Node::File(s) => std::fs::write(&path, s)?,
             Node::Link(t) => std::os::unix::fs::symlink(t, &path)?,
+            Node::Same(t) => std::fs::hard_link(dir.join(t), &path)?,
         }
     }
     Ok(())
@@ -450,12 +490,15 @@ mod tests {
     use super::*;
 
     fn dev(name: &str, addr: &str, netdev: Option<&str>) -> ViewDevice {
+        let addr = addr.parse().unwrap();
+        let mut gids = GidTable::from_interface(addr, None, &[]);
+        gids.netdev = netdev.map(str::to_string);
         ViewDevice {
             info: DeviceInfo {
                 name: name.into(),
-                addr: addr.parse().unwrap(),
+                addr,
             },
-            netdev: netdev.map(str::to_string),
+            gids,
         }
     }
 
@@ -504,6 +547,22 @@ mod tests {
         assert!(!v
             .iter()
             .any(|(p, _)| p == "infiniband/srdma1/ports/1/gid_attrs/ndevs/0"));
+        // Every slot has a GID file; empty ones read as the zero GID and
+        // have no type or network device.
+        assert_eq!(
+            f("infiniband/srdma0/ports/1/gids/1"),
+            "0000:0000:0000:0000:0000:0000:0000:0000\n"
+        );
+        assert_eq!(
+            get(&v, "infiniband/srdma0/ports/1/gids/1023"),
+            &Node::Same("infiniband/srdma0/ports/1/gids/1".into())
+        );
+        assert!(!v
+            .iter()
+            .any(|(p, _)| p == "infiniband/srdma0/ports/1/gids/1024"));
+        assert!(!v
+            .iter()
+            .any(|(p, _)| p == "infiniband/srdma0/ports/1/gid_attrs/types/1"));
         // Parents come before children, so writing in order works.
         for (i, (p, _)) in v.iter().enumerate() {
             if let Some((parent, _)) = p.rsplit_once('/') {
@@ -512,6 +571,32 @@ mod tests {
                     "{p}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn an_ethernet_device_shows_rxes_table() {
+        let addr = "10.91.47.1".parse().unwrap();
+        let mac = [0x52, 0x54, 0x00, 0x91, 0x47, 0x01];
+        let mut gids = GidTable::from_interface(addr, Some(mac), &[addr]);
+        gids.netdev = Some("rxebr0".into());
+        let v = sys_class(&[ViewDevice {
+            info: DeviceInfo {
+                name: "srdma4".into(),
+                addr,
+            },
+            gids,
+        }]);
+        let f = |p: &str| match get(&v, &format!("infiniband/srdma4/ports/1/{p}")) {
+            Node::File(s) => s.clone(),
+            n => panic!("{p}: {n:?}"),
+        };
+        assert_eq!(f("gids/0"), "fe80:0000:0000:0000:5054:00ff:fe91:4701\n");
+        assert_eq!(f("gids/1"), "0000:0000:0000:0000:0000:ffff:0a5b:2f01\n");
+        assert_eq!(f("gids/2"), "0000:0000:0000:0000:0000:0000:0000:0000\n");
+        for i in 0..2 {
+            assert_eq!(f(&format!("gid_attrs/types/{i}")), "RoCE v2\n");
+            assert_eq!(f(&format!("gid_attrs/ndevs/{i}")), "rxebr0\n");
         }
     }
 

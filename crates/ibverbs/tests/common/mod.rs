@@ -176,6 +176,11 @@ fn finish(mut child: Child, deadline: Instant) -> Output {
     }
 }
 
+/// Wait for a started program (killed after `timeout`); its output.
+pub fn wait(child: Child, timeout: Duration) -> Output {
+    finish(child, Instant::now() + timeout)
+}
+
 /// Run one program to completion (killed after `timeout`).
 pub fn run(mut cmd: Command, timeout: Duration) -> Output {
     let child = cmd.spawn().expect("spawn");

@@ -132,6 +132,9 @@ struct Table {
 pub(crate) struct Agent {
     pub eng: Arc<Engine>,
     pub gid: [u8; 16],
+    /// Where `gid` is in the port's GID table: the `sgid_index` of the
+    /// address vectors this manager hands out.
+    pub gid_index: u8,
     pub addr: IpAddr,
     slot: u8,
     /// Our node GUID as the CM messages carry it (from the GID).
@@ -186,7 +189,12 @@ fn random_u32() -> u32 {
 }
 
 impl Agent {
-    pub fn start(eng: Arc<Engine>, gid: [u8; 16], addr: IpAddr) -> io::Result<Arc<Agent>> {
+    pub fn start(
+        eng: Arc<Engine>,
+        gid: [u8; 16],
+        gid_index: u8,
+        addr: IpAddr,
+    ) -> io::Result<Arc<Agent>> {
         let (inbox, slot) = {
             let st = eng.lock();
             (st.gsi.clone(), st.port.slot())
@@ -200,6 +208,7 @@ impl Agent {
         let a = Arc::new(Agent {
             eng,
             gid,
+            gid_index,
             addr,
             slot,
             guid: guid_of(&gid),

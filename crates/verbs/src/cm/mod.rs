@@ -401,9 +401,14 @@ impl Cm {
         self.0.addr
     }
 
-    /// The device's GID 0.
+    /// The device's own GID.
     pub fn gid(&self) -> [u8; 16] {
         self.0.gid
+    }
+
+    /// Its index in the port's GID table.
+    pub fn gid_index(&self) -> u8 {
+        self.0.gid_index
     }
 
     fn same(&self, o: &Cm) -> bool {
@@ -1277,7 +1282,7 @@ impl CmId {
                 attr.rq_psn = s.psn;
                 attr.av = AddressVector {
                     dgid: a.peer_gid,
-                    sgid_index: 0,
+                    sgid_index: s.dev.as_ref().map_or(0, Cm::gid_index),
                     hop_limit: a.hop_limit,
                     traffic_class: a.traffic_class,
                     flow_label: 0,

@@ -282,6 +282,9 @@ pub struct Params {
     pub check: bool,
     pub rdma_cm: bool,
     pub no_peak: bool,
+    /// `-x`: the GID index to send from, checked against the device's
+    /// table once it is open (it must be the device's own entry).
+    pub gid_index: Option<u8>,
 }
 
 const MAX_SIZE: u64 = 8 << 20;
@@ -322,13 +325,15 @@ impl Params {
         if a.duration.is_some() && (a.all || a.events) {
             return Err(fail(" Duration mode cannot be combined with -a or -e"));
         }
-        if let Some(x) = a.gid_index {
-            if x != 0 {
-                return Err(fail(&format!(
-                    " GID index {x} out of range: softrdma devices have one GID (index 0)"
-                )));
-            }
-        }
+        let gid_index = match a.gid_index {
+            None => None,
+            Some(x) => Some(u8::try_from(x).map_err(|_| {
+                fail(&format!(
+                    " GID index {x} out of range: the GID table has {} entries",
+                    softrdma_verbs::GID_TBL_LEN
+                ))
+            })?),
+        };
         if a.ib_port != 1 {
             return Err(fail(" softrdma devices have one port (1)"));
         }
@@ -422,6 +427,7 @@ impl Params {
             check: a.check,
             rdma_cm: a.rdma_cm,
             no_peak: a.duration.is_some() || (t.is_bw() && iters > 20000),
+            gid_index,
         })
     }
 }

@@ -184,6 +184,12 @@ pub fn run_test(
         Some(c) => c,
         None => Context::open(dev, opts)?,
     };
+    let gid_index = ctx.gid_index();
+    if let Some(x) = p.gid_index {
+        ctx.gid_table()
+            .source(x.into())
+            .map_err(|e| format!(" Failed to use GID index {x} of {}: {e}", dev.name))?;
+    }
     let pd = ctx.alloc_pd();
     let slice = inc((p.buf_size as usize).max(cycle), cl);
     let ud_extra = if p.conn == QpType::Ud { cl } else { 0 };
@@ -361,7 +367,7 @@ pub fn run_test(
         rx_depth: (verb == Verb::Send && !client).then_some(p.rx_depth),
         cq_mod: p.test.is_bw().then_some(p.cq_mod),
         mtu: mtu.bytes(),
-        gid_index: 0,
+        gid_index: gid_index.into(),
         inline: p.inline,
         outstand_reads: matches!(verb, Verb::Read | Verb::Atomic).then_some(p.outs as u32),
         events: p.events,
@@ -686,6 +692,7 @@ fn connect(r: &Res, i: usize, rts: bool, p: &Params) -> Result<(), Box<dyn std::
         ..Default::default()
     };
     a.av.dgid = rem.gid;
+    a.av.sgid_index = qp.gid_index();
     a.av.hop_limit = 255;
     let mask = required_mask(QpState::Init, QpState::Rtr, p.conn).expect("INIT->RTR exists");
     qp.modify(&a, mask)

@@ -9,8 +9,9 @@
 //! `softrdma_verbs::gid`), one P_Key (0xffff). The active MTU is 4096 unless `SOFTRDMA_MTU` says otherwise
 //! (bytes: 256, 512, 1024, 2048 or 4096). The vendor id is not one perftest
 //! knows, so it uses the classic `ibv_post_send` path without inline data.
-//! `SOFTRDMA_IBV_STATS=1` prints the transport and port counters when a
-//! context is closed.
+//! `SOFTRDMA_IBV_STATS=1` prints the transport, port and shared-memory
+//! counters (packets lost to a peer's full ring among them) when a context
+//! is closed.
 
 use std::os::fd::AsRawFd;
 use std::os::raw::{c_char, c_int, c_void};
@@ -228,6 +229,11 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
             let (t, p) = ctx.sv.stats();
             eprintln!("softrdma: {} transport: {t:?}", ctx.dev.info.name);
             eprintln!("softrdma: {} port: {p:?}", ctx.dev.info.name);
+            eprintln!(
+                "softrdma: {} shm: {:?}",
+                ctx.dev.info.name,
+                ctx.sv.shm_stats()
+            );
         }
         drop(ctx);
         Ok(())

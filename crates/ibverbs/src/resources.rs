@@ -915,9 +915,17 @@ pub unsafe extern "C" fn ibv_get_async_event(
                 };
                 return Ok(0);
             }
-            // The engine keeps this descriptor non-blocking for itself, so
-            // its mode says nothing about the application's wish: wait, as
-            // rdma-core does by default.
+            // The descriptor starts out blocking, as rdma-core's does; an
+            // application that set O_NONBLOCK on it (UCX does) gets EAGAIN
+            // instead of a wait, as from rdma-core's read of the kernel's
+            // event file. UCX calls this from its async thread, which it
+            // joins at teardown, and takes EAGAIN as "nothing there": a
+            // wait here with nothing queued (an event dropped for a QP
+            // destroyed meanwhile, or a wake-up with none pending) hung
+            // ucx_perftest's exit in that join.
+            if nonblocking(fd) {
+                return Err(Fail::new(libc::EAGAIN, "no async event pending"));
+            }
             let mut p = libc::pollfd {
                 fd,
                 events: libc::POLLIN,

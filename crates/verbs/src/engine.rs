@@ -903,7 +903,11 @@ impl Engine {
             progress_promised: AtomicBool::new(false),
             epoll: Epoll::new()?,
             sock_fd,
-            async_fd: EventFd::new(true)?,
+            // Blocking, as rdma-core's async descriptor starts out: the
+            // mode is the application's to set (`ibv_get_async_event`
+            // follows it), and `Context::get_async_event` never reads it
+            // when it is empty.
+            async_fd: EventFd::new(false)?,
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
             idle_bell: EventFd::new(false)?,

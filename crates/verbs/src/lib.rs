@@ -683,11 +683,14 @@ impl Context {
     /// `ibv_get_async_event` without blocking: the oldest queued event, or `None` if
     /// none is queued (wait for one on [`Context::async_fd`]). Nothing needs acking.
     pub fn get_async_event(&self) -> Option<AsyncEvent> {
-        let _ = self.eng.async_fd.drain();
         let mut st = self.eng.lock();
         let e = st.async_events.pop_front();
-        if !st.async_events.is_empty() {
-            self.eng.async_fd.signal();
+        if e.is_some() && st.async_events.is_empty() {
+            // The descriptor's counter is non-zero exactly while events
+            // are queued (each one queued adds one, under this lock), so
+            // this read finds it non-zero and cannot block, whatever mode
+            // the application set on the descriptor.
+            let _ = self.eng.async_fd.drain();
         }
         e
     }

@@ -164,3 +164,99 @@ fn cq_overflow_raises_cq_err_and_qp_fatal() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL on a descriptor the context owns.
+    unsafe { libc::fcntl(fd, libc::F_GETFL) & libc::O_NONBLOCK != 0 }
+}
+
+fn readable(fd: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd; zero timeout.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
+
+/// `ibv_get_async_event` in another thread, bounded: `Some(result, errno)`
+/// if it returned within 10 s, `None` if it was still waiting.
+fn get_async_event_bounded(ctx: *mut ibv_context) -> Option<(c_int, c_int)> {
+    let ctx = ctx as usize;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut e = ibv_async_event {
+            element: null_mut(),
+            event_type: 99,
+        };
+        // SAFETY: a live context (the test closes it only after this
+        // returned, or leaks it if it never does), a writable event.
+        let r = unsafe { ibv_get_async_event(ctx as *mut ibv_context, &mut e) };
+        let _ = tx.send((r, errno()));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10)).ok()
+}
+
+/// The async descriptor starts out blocking, as rdma-core's does, and once
+/// the application makes it non-blocking (UCX does), `ibv_get_async_event`
+/// with nothing to report returns EAGAIN instead of waiting — also when
+/// what woke the application was an event for a QP destroyed since, which
+/// is dropped. UCX's async thread, which its teardown joins, hung in that
+/// wait.
+#[test]
+fn non_blocking_async_fd_gives_eagain() {
+    // SAFETY: as a C program would call them; buffers outlive their MRs.
+    unsafe {
+        let ctx = open_first();
+        let fd = (*ctx).async_fd;
+        assert!(!nonblocking(fd), "rdma-core's async_fd starts blocking");
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK), 0);
+        assert_eq!(get_async_event_bounded(ctx), Some((-1, libc::EAGAIN)));
+
+        // Two events (CQ error, QP fatal), taken one at a time; the
+        // descriptor stays readable until the last is taken.
+        let (a, b, ah) = ud_pair(ctx);
+        assert_eq!(ibv_resize_cq(a.cq, 1), 0);
+        ud_sends(ctx, &a, &b, ah, 2);
+        let e = next_event(ctx);
+        assert_eq!((e.event_type, e.element), (IBV_EVENT_CQ_ERR, a.cq.cast()));
+        assert!(readable(fd), "one event is still queued");
+        let e = next_event(ctx);
+        assert_eq!((e.event_type, e.element), (IBV_EVENT_QP_FATAL, a.qp.cast()));
+        assert!(!readable(fd), "nothing is queued");
+        assert_eq!(get_async_event_bounded(ctx), Some((-1, libc::EAGAIN)));
+
+        // Events for objects destroyed before the application reads them:
+        // readable, but nothing to report.
+        let mut gid = ibv_gid::default();
+        assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
+        let c = side(ctx, 4);
+        to_rts(&c, gid, 0, 4);
+        assert_eq!(ibv_resize_cq(c.cq, 1), 0);
+        ud_sends(ctx, &c, &b, ah, 2);
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        assert_eq!(libc::poll(&mut p, 1, 10_000), 1, "no async event");
+        assert_eq!(ibv_destroy_qp(c.qp), 0);
+        assert_eq!(ibv_dereg_mr(c.mr), 0);
+        assert_eq!(ibv_destroy_cq(c.cq), 0);
+        assert_eq!(ibv_dealloc_pd(c.pd), 0);
+        drop(c.buf);
+        assert_eq!(
+            get_async_event_bounded(ctx),
+            Some((-1, libc::EAGAIN)),
+            "(None: it waited)"
+        );
+        assert!(!readable(fd));
+
+        assert_eq!(ibv_destroy_ah(ah), 0);
+        teardown(a);
+        teardown(b);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}

@@ -27,6 +27,7 @@ use softrdma_core::qp::state::QpType;
 use softrdma_core::wr::SendWr;
 
 use crate::engine::Engine;
+use crate::gid::GidTable;
 use crate::{random_psn, Context, Cq, Mtu, Pd, Qp, Result, Sge, Srq};
 
 /// An XRC domain (`struct ibv_xrcd`). It stays open while an XRC SRQ or
@@ -35,6 +36,7 @@ use crate::{random_psn, Context, Cq, Mtu, Pd, Qp, Result, Sge, Srq};
 pub struct Xrcd {
     inner: XrcdRef,
     gid: [u8; 16],
+    gids: Arc<GidTable>,
     port_mtu: Mtu,
 }
 
@@ -90,6 +92,7 @@ impl Context {
                 tgts: Mutex::new(HashMap::new()),
             }),
             gid: self.gid(),
+            gids: self.gids.clone(),
             port_mtu: self.port_mtu,
         }
     }
@@ -150,6 +153,7 @@ impl Xrcd {
             qp_type: QpType::XrcRecv,
             psn: random_psn(),
             gid: self.gid,
+            gids: self.gids.clone(),
             port_mtu: self.port_mtu,
             tgt: Some(tgt),
         }

@@ -325,6 +325,7 @@ mod tests {
     /// ICRC check at the other, and one flipped bit anywhere fails it.
     #[test]
     fn forged_packets_carry_a_correct_icrc() {
+        let _fds = crate::FD_TESTS.lock().unwrap_or_else(|p| p.into_inner());
         let mut a = Forger::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let b = Forger::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let r = write_only(0x1234, 77, 0x1000, 0xdead_beef, 5);

@@ -21,6 +21,12 @@
 pub mod forge;
 pub mod procstat;
 
+/// Held by this crate's unit tests that open descriptors or count them:
+/// the test harness runs them on parallel threads of one process, whose
+/// descriptor count `procstat`'s test reads.
+#[cfg(test)]
+pub(crate) static FD_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// xorshift64*: a seeded generator both processes can run to agree on a
 /// plan without sending it (not for anything secret).
 #[derive(Debug, Clone)]

@@ -119,6 +119,7 @@ mod tests {
 
     #[test]
     fn reads_this_process() {
+        let _fds = crate::FD_TESTS.lock().unwrap_or_else(|p| p.into_inner());
         let x = sample(Duration::ZERO, 0).unwrap();
         assert!(x.rss_kib > 0 && x.fds >= 3, "{x:?}");
         let f = std::fs::File::open("/proc/self/status").unwrap();

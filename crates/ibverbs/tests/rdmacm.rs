@@ -73,13 +73,8 @@ fn wait(mut child: Child, path: PathBuf, deadline: Instant) -> Done {
 }
 
 /// Whether a process listens on `port` (rdma_cm's TCP or UDP port space)
-/// at 127.0.0.1: softrdma's port steering lists its listeners in a file
-/// next to the address's state (crates/udp's steer.rs).
-fn listening(port: u16) -> bool {
-    listening_at("127.0.0.1", port)
-}
-
-/// [`listening`] at `addr`.
+/// at `addr`: softrdma's port steering lists its listeners in a file next
+/// to the address's state (crates/udp's steer.rs).
 fn listening_at(addr: &str, port: u16) -> bool {
     let uid = this_uid();
     let dirs = [
@@ -121,12 +116,7 @@ fn pair_on(port: u16, name: &str, server: &[&str], client: &[&str]) -> (Done, Do
     let _one = ONE_PAIR.lock().unwrap_or_else(|p| p.into_inner());
     let deadline = Instant::now() + TIMEOUT;
     let (mut srv, spath) = spawn(name, server, "server");
-    while !listening(port) && Instant::now() < deadline {
-        if srv.try_wait().expect("wait").is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_listening(&mut srv, "127.0.0.1", port, deadline);
     let mut tries = 0;
     let cli = loop {
         let (c, cpath) = spawn(name, client, "client");
@@ -155,6 +145,27 @@ fn pair_on(port: u16, name: &str, server: &[&str], client: &[&str]) -> (Done, Do
         cli.out
     );
     (s, cli)
+}
+
+/// Whether perftest's output has its result row: bytes, then the `iters`
+/// iterations asked for.
+fn has_result_row(out: &str, iters: u32) -> bool {
+    let iters = iters.to_string();
+    out.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() >= 3 && f[0].parse::<u64>().is_ok() && f[1] == iters
+    })
+}
+
+/// Wait until the server `srv` listens on `port` at `addr` (or exits, or
+/// `deadline` passes).
+fn wait_listening(srv: &mut Child, addr: &str, port: u16, deadline: Instant) {
+    while !listening_at(addr, port) && Instant::now() < deadline {
+        if srv.try_wait().expect("wait").is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn pair(name: &str, server: &[&str], client: &[&str]) -> (Done, Done) {
@@ -276,13 +287,8 @@ fn perftest_eight_tests_over_rdma_cm() {
         let (s, c) = pair(tool, &srv, &cli);
         eprintln!("{tool} -R: {:?}", t0.elapsed());
         let out = if lat { &c.out } else { &s.out };
-        // The result row: bytes, then the iterations asked for.
-        let row = out.lines().find(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() >= 3 && f[0].parse::<u64>().is_ok() && f[1] == "200"
-        });
         assert!(
-            row.is_some(),
+            has_result_row(out, 200),
             "{tool} -R printed no result row:\n{}\n{}",
             s.out,
             c.out
@@ -317,13 +323,7 @@ fn perftest_ud_send_tests_over_rdma_cm() {
             let _one = ONE_PAIR.lock().unwrap_or_else(|p| p.into_inner());
             let deadline = Instant::now() + TIMEOUT;
             let (mut sv, spath) = spawn_at(tool, &srv, "ud-server", &addr);
-            let port: u16 = p.parse().unwrap();
-            while !listening_at(&addr, port) && Instant::now() < deadline {
-                if sv.try_wait().expect("wait").is_some() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            wait_listening(&mut sv, &addr, p.parse().unwrap(), deadline);
             let (cl, cpath) = spawn_at(tool, &cli, "ud-client", &addr);
             let c = wait(cl, cpath, deadline);
             let raced = !c.ok
@@ -352,12 +352,8 @@ fn perftest_ud_send_tests_over_rdma_cm() {
             break (s, c);
         };
         let out = if lat { &c.out } else { &s.out };
-        let row = out.lines().find(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() >= 3 && f[0].parse::<u64>().is_ok() && f[1] == "200"
-        });
         assert!(
-            row.is_some(),
+            has_result_row(out, 200),
             "{tool} -R -c UD printed no result row:\n{}\n{}",
             s.out,
             c.out

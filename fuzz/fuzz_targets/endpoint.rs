@@ -608,7 +608,7 @@ impl Side {
     fn pump(&mut self, now: u64, n: usize) -> usize {
         let mut got = 0;
         while got < n {
-            let Some(t) = self.ep.poll_transmit(now, &mut self.head) else {
+            let Some(t) = self.ep.poll_transmit(now, &mut self.head, &self.mem) else {
                 break;
             };
             let mut d = Vec::with_capacity(t.wire_len());
@@ -1187,7 +1187,7 @@ impl World {
                     s.length as u64,
                     AccessFlags::EMPTY,
                 ) {
-                    Ok(host) => s.addr = host,
+                    Ok(host) => s.addr = host.addr,
                     Err(_) => return,
                 }
             }

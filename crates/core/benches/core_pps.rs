@@ -148,7 +148,7 @@ impl Wire {
     /// Move everything `from` has to send into `to`; returns how many.
     fn pump(&mut self, from: &mut Side, to: &mut Side) -> usize {
         let mut n = 0;
-        while let Some(t) = from.ep.poll_transmit(0, &mut self.head) {
+        while let Some(t) = from.ep.poll_transmit(0, &mut self.head, &from.mem) {
             let mut len = t.head_len;
             self.dgram[..len].copy_from_slice(&self.head[..len]);
             for s in t.segs.as_slice() {

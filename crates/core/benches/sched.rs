@@ -170,7 +170,7 @@ impl Pair {
     /// Move everything `from` has to send into `to`; returns how many.
     fn pump(head: &mut [u8], dgram: &mut [u8], from: &mut Side, to: &mut Side) -> usize {
         let mut n = 0;
-        while let Some(t) = from.ep.poll_transmit(0, head) {
+        while let Some(t) = from.ep.poll_transmit(0, head, &from.mem) {
             let mut len = t.head_len;
             dgram[..len].copy_from_slice(&head[..len]);
             for s in t.segs.as_slice() {

@@ -402,6 +402,15 @@ impl Endpoint {
         self.shared.mrs.register(pd, iova, host_addr, len, access)
     }
 
+    /// Register an implicit on-demand region of `pd`: the owner's whole
+    /// address space at iova = host address, every access to it
+    /// [checked](crate::mr::Mr::checked) (an address not mapped, or not
+    /// writable, ends the access with IBA's access error instead of a
+    /// fault).
+    pub fn reg_mr_implicit(&mut self, pd: PdId, access: AccessFlags) -> Result<(u32, u32), Error> {
+        self.shared.mrs.register_implicit(pd, access)
+    }
+
     /// Deregister a region. When this returns, nothing the endpoint does
     /// afterwards reads or writes the region's memory: work in flight that
     /// names it fails instead (a remote access NAK for a peer's WRITE or
@@ -1251,10 +1260,13 @@ impl Endpoint {
                 let mut mapped = true;
                 // Zero-length entries move nothing: they are left out, so
                 // every span handed to the offload has bytes behind it.
+                // An implicit region's bytes are never handed out as host
+                // addresses (they may not be there): such work goes the
+                // packet way, copied checked.
                 for sp in segs.iter().filter(|sp| sp.len > 0) {
-                    match self.shared.mrs.host(sp.mem, sp.off, sp.len as u64) {
-                        Some(a) => host.push((a, sp.len)),
-                        None => mapped = false,
+                    match self.shared.mrs.locate(sp.mem, sp.off, sp.len as u64) {
+                        Some(h) if !h.checked => host.push((h.addr, sp.len)),
+                        _ => mapped = false,
                     }
                 }
                 let local = if inline {
@@ -1445,7 +1457,12 @@ impl Endpoint {
     /// into `buf`, which must hold at least 4096 + 128 bytes. The payload
     /// segments stay valid only until the next call into the endpoint (see
     /// [`Transmit`]). Only QPs on the scheduler's ready list are looked at.
-    pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
+    pub fn poll_transmit(
+        &mut self,
+        now: Nanos,
+        buf: &mut [u8],
+        mem: &impl Memory,
+    ) -> Option<Transmit> {
         assert!(
             buf.len() >= 4096 + 128,
             "poll_transmit needs a 4224-byte buffer"
@@ -1454,7 +1471,7 @@ impl Endpoint {
         // sends again.
         self.fail_qps_of_dead_cqs();
         self.sched
-            .poll_transmit(&mut self.qps, &mut self.shared, now, buf)
+            .poll_transmit(&mut self.qps, &mut self.shared, now, buf, mem)
     }
 
     /// Whether all this endpoint has to send now is lone positive ACKs (or

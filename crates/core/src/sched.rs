@@ -845,6 +845,7 @@ impl Sched {
         shared: &mut Shared,
         now: Nanos,
         buf: &mut [u8],
+        mem: &impl crate::mr::Memory,
     ) -> Option<Transmit> {
         self.now = self.now.max(now);
         let mut empty = 0usize;
@@ -884,7 +885,7 @@ impl Sched {
                 let pass = !self.slots[s].passed_ack && qp.only_ack_queued();
                 self.slots[s].passed_ack = false;
                 if !pass {
-                    t = qp.poll_response(buf, shared);
+                    t = qp.poll_response(buf, shared, mem);
                 }
                 if t.is_none() && self.slots[s].gate.rate_open(now) {
                     let limit = self.limit(s, qp);
@@ -903,7 +904,7 @@ impl Sched {
                         .as_ref()
                         .is_some_and(|c| c.acks_every_packet());
                     qp.req.ask_ack = probe || every;
-                    t = qp.poll_request(now, buf, shared, limit);
+                    t = qp.poll_request(now, buf, shared, limit, mem);
                     qp.req.ask_ack = false;
                     if probe && t.is_some() {
                         // Time a new PSN (not a resend: Karn).
@@ -925,7 +926,7 @@ impl Sched {
                     }
                 }
                 if t.is_none() && pass {
-                    t = qp.poll_response(buf, shared);
+                    t = qp.poll_response(buf, shared, mem);
                 }
             }
             // A woken waiter has had its turn at the budget (if it sends

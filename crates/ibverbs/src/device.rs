@@ -302,11 +302,12 @@ pub unsafe extern "C" fn ibv_query_device(
 /// application would — so `IBV_ACCESS_ON_DEMAND` changes nothing and every
 /// operation of RC, UC and UD works on such a region (`IBV_ODP_SUPPORT_*`:
 /// SEND, RECV, WRITE, READ, ATOMIC, SRQ_RECV as each transport has them).
-/// Not implicit ODP (`IBV_ODP_SUPPORT_IMPLICIT`, a region of the whole
-/// address space): a peer's access to an address the process has not
-/// mapped would be a fault in this process, where an RNIC gets an error.
+/// Implicit ODP too (`IBV_ODP_SUPPORT_IMPLICIT`, a region of the whole
+/// address space): every access to such a region is a checked copy by the
+/// kernel (`process_vm_readv`/`writev`), so an address the process has not
+/// mapped gives the access error an RNIC gives, not a fault.
 const ODP_CAPS: ibv_odp_caps = ibv_odp_caps {
-    general_caps: 1,
+    general_caps: 1 | 2, // IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT
     rc_odp_caps: 0x3f,
     uc_odp_caps: 0x27,
     ud_odp_caps: 0x23,

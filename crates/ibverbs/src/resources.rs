@@ -187,8 +187,20 @@ fn reg_mr(
     access: c_int,
 ) -> Res<*mut ibv_mr> {
     let p = Pd::from_c(pd)?;
+    // Implicit on-demand paging: the whole address space, as the kernel's
+    // ib_uverbs takes (start 0, length U64_MAX, ON_DEMAND; mlx5 also wants
+    // iova 0). Every access is checked as it happens (see the verbs crate's
+    // `Pd::reg_mr_implicit`).
+    if addr.is_null() && length == usize::MAX && access as u32 & IBV_ACCESS_ON_DEMAND != 0 {
+        if iova != 0 {
+            return Err(Fail::inval("an implicit on-demand region's iova must be 0"));
+        }
+        return reg_mr_implicit(&p, pd, access as u32);
+    }
     if addr.is_null() && length != 0 {
-        return Err(Fail::inval("addr is NULL"));
+        return Err(Fail::inval(
+            "addr is NULL (an implicit on-demand region is NULL, SIZE_MAX and IBV_ACCESS_ON_DEMAND)",
+        ));
     }
     // Optional access bits (relaxed ordering, …) are hints a provider may
     // ignore; softrdma has nothing to relax. ON_DEMAND is how every region
@@ -204,6 +216,41 @@ fn reg_mr(
     // What get_user_pages would refuse (EFAULT). After the core's checks,
     // so bad flags are EINVAL first, as the kernel checks them first.
     crate::pages::check(addr as u64, length as u64, crate::pages::needs_write(bits))?;
+    Ok(publish_mr(&p, pd, addr, length, mr, bits))
+}
+
+/// `ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | …)`.
+fn reg_mr_implicit(p: &Pd, pd: *mut ibv_pd, access: u32) -> Res<*mut ibv_mr> {
+    let bits = access & !IBV_ACCESS_OPTIONAL_RANGE & !(IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB);
+    // SAFETY: an application registering the whole address space for
+    // remote access hands its memory to its peers, which is what this verb
+    // means (C code holds no Rust references into it); what softrdma owes
+    // it is that no access faults, which the region's checked accesses
+    // ensure, except a peer's atomic on a word the application unmaps at
+    // that very moment (see `reg_mr_implicit`: an RNIC's MMU notifiers
+    // would fence that off; a check without pinning cannot).
+    let mr = unsafe {
+        p.sv.reg_mr_implicit(sv::AccessFlags::from_bits_retain(bits))?
+    };
+    Ok(publish_mr(
+        p,
+        pd,
+        std::ptr::null_mut(),
+        usize::MAX,
+        mr,
+        bits,
+    ))
+}
+
+/// The `ibv_mr` of a region just registered.
+fn publish_mr(
+    p: &Pd,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    mr: sv::Mr,
+    bits: u32,
+) -> *mut ibv_mr {
     // SAFETY: p.c_ptr() is a live ibv_pd.
     let context = unsafe { (*p.c_ptr()).context };
     let c = ibv_mr {
@@ -226,7 +273,7 @@ fn reg_mr(
             .unwrap_or_else(|e| e.into_inner())
             .insert(handle, m as usize);
     }
-    Ok(m)
+    m
 }
 
 #[no_mangle]

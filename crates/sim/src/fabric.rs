@@ -58,7 +58,7 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use softrdma_core::cc::CcConfig;
 use softrdma_core::cq::CqId;
-use softrdma_core::mr::{KeySource, Memory, PdId};
+use softrdma_core::mr::{Fault, KeySource, Memory, PdId};
 use softrdma_core::qp::attr::{AccessFlags, Mtu, QpAttr};
 use softrdma_core::qp::state::{required_mask, QpState, QpType};
 use softrdma_core::qp::QpCap;
@@ -202,6 +202,27 @@ impl Memory for NullMemory {
         0
     }
     fn store_u64(&mut self, _addr: u64, _bytes: [u8; 8]) {}
+    fn read_checked(&self, _addr: u64, out: &mut [u8]) -> Result<(), Fault> {
+        out.fill(0);
+        Ok(())
+    }
+    fn write_checked(&mut self, _addr: u64, _data: &[u8]) -> Result<(), Fault> {
+        Ok(())
+    }
+    fn compare_swap_checked(
+        &mut self,
+        _addr: u64,
+        _compare: u64,
+        _swap: u64,
+    ) -> Result<u64, Fault> {
+        Ok(0)
+    }
+    fn fetch_add_checked(&mut self, _addr: u64, _add: u64) -> Result<u64, Fault> {
+        Ok(0)
+    }
+    fn store_u64_checked(&mut self, _addr: u64, _bytes: [u8; 8]) -> Result<(), Fault> {
+        Ok(())
+    }
 }
 
 /// One INT hop record.
@@ -1304,7 +1325,10 @@ impl Fabric {
                 return;
             }
             let host = &mut self.hosts[h as usize];
-            let Some(tx) = host.ep.poll_transmit(now / PS_PER_NS, &mut self.txbuf) else {
+            let Some(tx) = host
+                .ep
+                .poll_transmit(now / PS_PER_NS, &mut self.txbuf, &NullMemory)
+            else {
                 return;
             };
             let head_len = tx.head_len;

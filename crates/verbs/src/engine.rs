@@ -475,7 +475,7 @@ impl State {
         self.tx_deferred = false;
         let mut sent = 0;
         let mut more = false;
-        while let Some(t) = self.ep.poll_transmit(now, &mut self.head) {
+        while let Some(t) = self.ep.poll_transmit(now, &mut self.head, &self.mem) {
             let mut slices: [&[u8]; softrdma_core::MAX_SGE] = [&[]; softrdma_core::MAX_SGE];
             let segs = t.segs.as_slice();
             for (s, g) in slices.iter_mut().zip(segs) {
@@ -509,6 +509,23 @@ impl State {
                 let pushed = unsafe { peer.push(&parts[..=segs.len()], t.pad as usize + 4) };
                 if !pushed {
                     self.ring_drops += 1;
+                }
+                sent += 1;
+                if sent == TX_BUDGET {
+                    more = true;
+                    break;
+                }
+                continue;
+            }
+            if t.head_len > softrdma_udp::MAX_HEAD {
+                // Payload the core copied into the head (an implicit
+                // region's, checked): longer than a queued head may be, and
+                // in `self.head`, which the next `poll_transmit` rewrites.
+                // Sent now, the part past MAX_HEAD as its payload.
+                let (head, rest) = self.head[..t.head_len].split_at(softrdma_udp::MAX_HEAD);
+                let r = self.port.send(t.dgid, t.src_qpn, head, &[rest], t.pad);
+                if r.is_err() {
+                    self.tx_refused += 1;
                 }
                 sent += 1;
                 if sent == TX_BUDGET {
@@ -668,7 +685,9 @@ impl State {
         let remote = softrdma_core::qp::attr::AccessFlags::REMOTE_WRITE
             .union(softrdma_core::qp::attr::AccessFlags::REMOTE_READ)
             .union(softrdma_core::qp::attr::AccessFlags::REMOTE_ATOMIC);
-        if !mr.access.intersects(remote) {
+        // An implicit region is the whole address space, mostly not there:
+        // nothing to move, and peers reach it through packets, checked.
+        if !mr.access.intersects(remote) || mr.checked {
             return None;
         }
         let s = host.share(mr.host_addr, mr.len)?;

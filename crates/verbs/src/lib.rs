@@ -778,6 +778,9 @@ pub struct Mr {
     share: Option<engine::ShareGuard>,
     /// False once `deregister` has succeeded (`MrBuf::into_buffer`).
     registered: bool,
+    /// An implicit region ([`Pd::reg_mr_implicit`]): its bytes may not be
+    /// mapped, so [`Mr::read`] and its kin copy them checked.
+    checked: bool,
 }
 
 impl Pd {
@@ -832,6 +835,7 @@ impl Pd {
             buf: Some(buf),
             share,
             registered: true,
+            checked: false,
         })
     }
 
@@ -862,6 +866,45 @@ impl Pd {
             buf: None,
             share,
             registered: true,
+            checked: false,
+        })
+    }
+
+    /// Register an implicit on-demand region (`ibv_reg_mr(pd, NULL,
+    /// SIZE_MAX, IBV_ACCESS_ON_DEMAND | …)`): the process's whole address
+    /// space, addressed by SGEs and peers at host addresses ([`Mr::iova`]
+    /// and [`Mr::addr`] are 0, [`Mr::len`] is `usize::MAX`). Nothing need
+    /// be mapped: every access to it is checked as it happens, and one that
+    /// meets memory not mapped (or not writable, for a write) ends as an
+    /// access outside a region does — a local protection error for the
+    /// local side, a remote access error NAK for a peer's — never as a
+    /// fault in this process. It is never moved into shared memory: peers
+    /// on this host reach it through packets.
+    ///
+    /// # Safety
+    /// With remote write or atomic access, any peer holding the rkey may
+    /// change any writable byte of the process, and local work requests
+    /// may name any address: the caller must ensure that no Rust reference
+    /// (and nothing that relies on memory not changing under it) covers
+    /// memory that such work or such peers write while the region lives;
+    /// and memory a peer's atomic may land on must not be unmapped while it
+    /// can (an unmapped word is checked for before each atomic, but the
+    /// check cannot pin the page).
+    pub unsafe fn reg_mr_implicit(&self, access: AccessFlags) -> Result<Mr> {
+        let mut st = self.eng.lock();
+        let (lkey, rkey) = st.ep.reg_mr_implicit(self.id, access)?;
+        drop(st);
+        Ok(Mr {
+            eng: self.eng.clone(),
+            lkey,
+            rkey,
+            addr: 0,
+            iova: 0,
+            len: usize::MAX,
+            buf: None,
+            share: None,
+            registered: true,
+            checked: true,
         })
     }
 
@@ -915,6 +958,22 @@ impl Pd {
             id,
             xrc: None,
         })
+    }
+}
+
+/// A send request's SGEs as the core reads them, and room for inline bytes
+/// copied out of an implicit region (see `Qp::host_sges`).
+pub(crate) struct HostSgl {
+    sges: [Sge; softrdma_core::MAX_SGE],
+    bounce: [u8; softrdma_core::MAX_INLINE],
+}
+
+impl HostSgl {
+    pub(crate) fn new() -> HostSgl {
+        HostSgl {
+            sges: [Sge::default(); softrdma_core::MAX_SGE],
+            bounce: [0; softrdma_core::MAX_INLINE],
+        }
     }
 }
 
@@ -1000,7 +1059,13 @@ impl Mr {
     /// the region.
     pub fn try_read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let a = self.range(offset, out.len())?;
-        let _st = self.eng.lock();
+        let st = self.eng.lock();
+        if self.checked {
+            return softrdma_core::mr::Memory::read_checked(&st.mem, a, out).map_err(|_| {
+                CoreError::InvalidArgument("implicit region: the range is not mapped readable")
+                    .into()
+            });
+        }
         // SAFETY: in bounds of this region, which is live while `self` is;
         // the engine touches region memory only under the lock held here.
         // A peer process sharing the memory may write these bytes during
@@ -1026,7 +1091,13 @@ impl Mr {
     /// the region.
     pub fn try_write(&self, offset: usize, data: &[u8]) -> Result<()> {
         let a = self.range(offset, data.len())?;
-        let _st = self.eng.lock();
+        let mut st = self.eng.lock();
+        if self.checked {
+            return softrdma_core::mr::Memory::write_checked(&mut st.mem, a, data).map_err(|_| {
+                CoreError::InvalidArgument("implicit region: the range is not mapped writable")
+                    .into()
+            });
+        }
         // SAFETY: in bounds of this region (checked just now), which is live
         // while `self` is; the engine's own accesses wait for the lock held
         // here; a peer process sharing the memory may touch the same bytes
@@ -1043,11 +1114,14 @@ impl Mr {
     /// is visible too.
     ///
     /// # Panics
-    /// If `offset` is not inside the region.
+    /// If `offset` is not inside the region, or the region is implicit
+    /// (whose bytes may not be mapped: [`Mr::read`] and [`Mr::write`] copy
+    /// them checked).
     pub fn read_volatile_u8(&self, offset: usize) -> u8 {
         let a = self
             .range(offset, 1)
             .unwrap_or_else(|e| panic!("Mr::read_volatile_u8({offset}): {e}"));
+        assert!(!self.checked, "Mr::read_volatile_u8 on an implicit region");
         // SAFETY: in bounds of this region (checked just now), which is live
         // while `self` is; AtomicU8 has alignment 1 and every bit pattern is
         // valid. Writers (the engine's copies, a peer process's WRITE) store
@@ -1063,11 +1137,14 @@ impl Mr {
     /// spinning side of a benchmark is not held off by the engine).
     ///
     /// # Panics
-    /// If `offset` is not inside the region.
+    /// If `offset` is not inside the region, or the region is implicit
+    /// (whose bytes may not be mapped: [`Mr::read`] and [`Mr::write`] copy
+    /// them checked).
     pub fn write_volatile_u8(&self, offset: usize, v: u8) {
         let a = self
             .range(offset, 1)
             .unwrap_or_else(|e| panic!("Mr::write_volatile_u8({offset}): {e}"));
+        assert!(!self.checked, "Mr::write_volatile_u8 on an implicit region");
         // SAFETY: as for `read_volatile_u8`: in bounds of this live region,
         // a one-byte atomic (alignment 1, any value valid) that no
         // concurrent copy by the engine or a peer can tear.
@@ -1160,6 +1237,7 @@ impl Mr {
             self.addr = addr;
             self.len = len;
             self.iova = iova;
+            self.checked = false;
         }
         if self.share.is_some() {
             Self::republish(&mut self.share, self.lkey, &mut st);
@@ -1912,7 +1990,7 @@ impl Qp {
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         self.join_ud(wr);
         let mut st = self.eng.lock();
-        let mut host = [Sge::default(); softrdma_core::MAX_SGE];
+        let mut host = HostSgl::new();
         let wr = self.host_sges(&st, wr, &mut host)?;
         let done = st.post_send(self.qpn, &wr)?;
         self.eng.posted_send(&mut st, done);
@@ -1933,7 +2011,7 @@ impl Qp {
         let mut all_done = true;
         let mut res = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            let mut host = [Sge::default(); softrdma_core::MAX_SGE];
+            let mut host = HostSgl::new();
             let posted = self
                 .host_sges(&st, wr, &mut host)
                 .and_then(|w| st.post_send(self.qpn, &w).map_err(Error::from));
@@ -1954,24 +2032,31 @@ impl Qp {
     /// data from the address as it stands, verbs checking no key; safe
     /// callers name region memory in its iova space, so each is checked to
     /// lie in a region of this QP's PD first).
+    ///
+    /// Inline bytes in an implicit region (which may not be mapped) are
+    /// copied into `host`'s own buffer now, checked, and the SGE points
+    /// there: a missing page is an error here, not a fault in the core's
+    /// copy.
     fn host_sges<'w>(
         &self,
         st: &engine::State,
         wr: &SendWr<'w>,
-        host: &'w mut [Sge; softrdma_core::MAX_SGE],
+        host: &'w mut HostSgl,
     ) -> Result<SendWr<'w>> {
         if !wr.flags.contains(SendFlags::INLINE) {
             return Ok(*wr);
         }
-        if wr.sgl.len() > host.len() {
+        let HostSgl { sges, bounce } = host;
+        if wr.sgl.len() > sges.len() {
             return Err(CoreError::TooManySge {
                 got: wr.sgl.len(),
-                max: host.len() as u32,
+                max: sges.len() as u32,
             }
             .into());
         }
-        for (h, s) in host.iter_mut().zip(wr.sgl) {
-            let addr = st
+        let mut used = 0;
+        for (h, s) in sges.iter_mut().zip(wr.sgl) {
+            let at = st
                 .ep
                 .mrs()
                 .check_local(self.pd, s.lkey, s.addr, s.length as u64, AccessFlags::EMPTY)
@@ -1980,10 +2065,27 @@ impl Qp {
                         "inline SGE is not inside a memory region of the QP's PD",
                     )
                 })?;
+            let mut addr = at.addr;
+            if at.checked {
+                let n = s.length as usize;
+                let room = bounce
+                    .get_mut(used..used + n)
+                    .ok_or(CoreError::InlineTooLong {
+                        got: wr.sgl.iter().map(|s| s.length as usize).sum(),
+                        max: softrdma_core::MAX_INLINE as u32,
+                    })?;
+                softrdma_core::mr::Memory::read_checked(&st.mem, at.addr, room).map_err(|_| {
+                    CoreError::InvalidArgument(
+                        "inline SGE names memory of the implicit region that is not mapped readable",
+                    )
+                })?;
+                addr = room.as_ptr() as u64;
+                used += n;
+            }
             *h = Sge { addr, ..*s };
         }
         Ok(SendWr {
-            sgl: &host[..wr.sgl.len()],
+            sgl: &sges[..wr.sgl.len()],
             ..*wr
         })
     }

@@ -28,7 +28,7 @@ use softrdma_core::wr::SendWr;
 
 use crate::engine::Engine;
 use crate::gid::GidTable;
-use crate::{random_psn, Context, Cq, Mtu, Pd, Qp, Result, Sge, Srq};
+use crate::{random_psn, Context, Cq, Mtu, Pd, Qp, Result, Srq};
 
 /// An XRC domain (`struct ibv_xrcd`). It stays open while an XRC SRQ or
 /// target QP of it exists (each holds a reference); closed when the last
@@ -198,7 +198,7 @@ impl Qp {
     /// this QP's protection domain.
     pub fn post_send_xrc(&self, wr: &SendWr<'_>, remote_srqn: u32) -> Result<()> {
         let mut st = self.eng.lock();
-        let mut host = [Sge::default(); softrdma_core::MAX_SGE];
+        let mut host = crate::HostSgl::new();
         let wr = self.host_sges(&st, wr, &mut host)?;
         st.post_send_xrc(self.qpn, &wr, remote_srqn)?;
         self.eng.posted_send(&mut st, false);

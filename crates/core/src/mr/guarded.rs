@@ -54,7 +54,14 @@ impl GuardedMemory {
     /// Take the live regions from a region table.
     pub fn sync(&mut self, mrs: &MrTable) {
         self.live.clear();
-        self.live.extend(mrs.iter().map(|m| (m.host_addr, m.len)));
+        // An implicit region spans everything but is reached only through
+        // checked calls: counting it live would let every unchecked access
+        // through.
+        self.live.extend(
+            mrs.iter()
+                .filter(|m| !m.checked)
+                .map(|m| (m.host_addr, m.len)),
+        );
     }
 
     /// Declare `[host, host + len)` live (a registration succeeded).
@@ -89,6 +96,13 @@ impl GuardedMemory {
             "{what} of {len} bytes at {addr:#x} is outside every live memory region \
              (live: {:x?})",
             self.live
+        );
+    }
+
+    fn check_aligned(&self, addr: u64) {
+        assert!(
+            addr.is_multiple_of(8),
+            "atomic at {addr:#x}: host address not 8-byte aligned"
         );
     }
 
@@ -147,6 +161,36 @@ impl Memory for GuardedMemory {
         self.check_atomic("atomic write", addr);
         self.accesses += 1;
         self.inner.store_u64(addr, bytes)
+    }
+    // A checked access is to an implicit region, which any address may be
+    // in: liveness says nothing, the memory itself answers (a fault for
+    // bytes outside the vector).
+    fn read_checked(&self, addr: u64, out: &mut [u8]) -> Result<(), super::Fault> {
+        self.inner.read_checked(addr, out)
+    }
+    fn write_checked(&mut self, addr: u64, data: &[u8]) -> Result<(), super::Fault> {
+        self.accesses += 1;
+        self.inner.write_checked(addr, data)
+    }
+    fn compare_swap_checked(
+        &mut self,
+        addr: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, super::Fault> {
+        self.check_aligned(addr);
+        self.accesses += 1;
+        self.inner.compare_swap_checked(addr, compare, swap)
+    }
+    fn fetch_add_checked(&mut self, addr: u64, add: u64) -> Result<u64, super::Fault> {
+        self.check_aligned(addr);
+        self.accesses += 1;
+        self.inner.fetch_add_checked(addr, add)
+    }
+    fn store_u64_checked(&mut self, addr: u64, bytes: [u8; 8]) -> Result<(), super::Fault> {
+        self.check_aligned(addr);
+        self.accesses += 1;
+        self.inner.store_u64_checked(addr, bytes)
     }
 }
 

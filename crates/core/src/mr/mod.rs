@@ -40,7 +40,19 @@ pub use window::{Mw, MwBind, MwBindError, MwId, MwType, MAX_MW};
 
 use crate::qp::attr::AccessFlags;
 
+/// An access to memory that is not there: not mapped, or not with the
+/// access it needs. Only an access to a [checked](Mr::checked) region can
+/// end this way; every other region's memory is the registrant's promise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault;
+
 /// Byte access to registered memory at addresses the core has validated.
+///
+/// The infallible calls are for regions whose memory the registrant
+/// promised to keep (every region but an implicit one). The `_checked`
+/// calls are for [checked](Mr::checked) regions, where a peer or an SGE may
+/// name any address at all: they must fail with [`Fault`], never fault the
+/// process, when the memory is not there.
 pub trait Memory {
     /// Copy `out.len()` bytes from `addr`.
     fn read(&self, addr: u64, out: &mut [u8]);
@@ -55,6 +67,84 @@ pub trait Memory {
     /// with respect to the other atomics and to aligned 64-bit loads (RDMA
     /// ATOMIC WRITE).
     fn store_u64(&mut self, addr: u64, bytes: [u8; 8]);
+    /// [`Memory::read`] of memory that may not be mapped readable: all of
+    /// `out` is copied, or [`Fault`].
+    fn read_checked(&self, addr: u64, out: &mut [u8]) -> Result<(), Fault>;
+    /// [`Memory::write`] of memory that may not be mapped writable: all of
+    /// `data` lands, or [`Fault`] (some bytes may have landed, as a DMA
+    /// that faults midway leaves them).
+    fn write_checked(&mut self, addr: u64, data: &[u8]) -> Result<(), Fault>;
+    /// [`Memory::compare_swap`] on a word that may not be mapped readable
+    /// and writable.
+    fn compare_swap_checked(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, Fault>;
+    /// [`Memory::fetch_add`] on a word that may not be mapped.
+    fn fetch_add_checked(&mut self, addr: u64, add: u64) -> Result<u64, Fault>;
+    /// [`Memory::store_u64`] on a word that may not be mapped writable.
+    fn store_u64_checked(&mut self, addr: u64, bytes: [u8; 8]) -> Result<(), Fault>;
+}
+
+/// Where a translated range is in the owner's address space, and whether
+/// it must be reached through [`Memory`]'s checked calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Host {
+    pub addr: u64,
+    /// The range is in a [checked](Mr::checked) region.
+    pub checked: bool,
+}
+
+impl Host {
+    /// Copy `out.len()` bytes from here.
+    pub fn read(self, mem: &impl Memory, out: &mut [u8]) -> Result<(), Fault> {
+        if self.checked {
+            mem.read_checked(self.addr, out)
+        } else {
+            mem.read(self.addr, out);
+            Ok(())
+        }
+    }
+
+    /// Copy `data` here.
+    pub fn write(self, mem: &mut impl Memory, data: &[u8]) -> Result<(), Fault> {
+        if self.checked {
+            mem.write_checked(self.addr, data)
+        } else {
+            mem.write(self.addr, data);
+            Ok(())
+        }
+    }
+
+    /// 64-bit compare-and-swap here; returns the previous value.
+    pub fn compare_swap(
+        self,
+        mem: &mut impl Memory,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, Fault> {
+        if self.checked {
+            mem.compare_swap_checked(self.addr, compare, swap)
+        } else {
+            Ok(mem.compare_swap(self.addr, compare, swap))
+        }
+    }
+
+    /// 64-bit fetch-and-add here; returns the previous value.
+    pub fn fetch_add(self, mem: &mut impl Memory, add: u64) -> Result<u64, Fault> {
+        if self.checked {
+            mem.fetch_add_checked(self.addr, add)
+        } else {
+            Ok(mem.fetch_add(self.addr, add))
+        }
+    }
+
+    /// Store one 64-bit word here (ATOMIC WRITE).
+    pub fn store_u64(self, mem: &mut impl Memory, bytes: [u8; 8]) -> Result<(), Fault> {
+        if self.checked {
+            mem.store_u64_checked(self.addr, bytes)
+        } else {
+            mem.store_u64(self.addr, bytes);
+            Ok(())
+        }
+    }
 }
 
 /// A protection domain handle.
@@ -94,6 +184,13 @@ pub struct Mr {
     pub rkey: u32,
     /// Memory windows bound to it; it cannot be deregistered while any is.
     pub windows: u32,
+    /// An implicit on-demand region (`ibv_reg_mr(pd, NULL, SIZE_MAX,
+    /// IBV_ACCESS_ON_DEMAND)`): the whole address space, mapped or not.
+    /// Nothing promises its memory is there, so every byte of it moves
+    /// through [`Memory`]'s checked calls (copied, never handed to an IO
+    /// layer as a [`crate::transmit::Seg`]), and a missing page ends the
+    /// access the way IBA ends one outside a region.
+    pub checked: bool,
 }
 
 impl Mr {
@@ -260,6 +357,29 @@ impl MrTable {
         len: u64,
         access: AccessFlags,
     ) -> Result<(u32, u32), crate::Error> {
+        self.insert(pd, iova, host_addr, len, access, false)
+    }
+
+    /// Register an implicit on-demand region: every address of the owner's
+    /// address space, at iova = host address, [checked](Mr::checked) on
+    /// each access. Returns its (lkey, rkey).
+    pub fn register_implicit(
+        &mut self,
+        pd: PdId,
+        access: AccessFlags,
+    ) -> Result<(u32, u32), crate::Error> {
+        self.insert(pd, 0, 0, u64::MAX, access, true)
+    }
+
+    fn insert(
+        &mut self,
+        pd: PdId,
+        iova: u64,
+        host_addr: u64,
+        len: u64,
+        access: AccessFlags,
+        checked: bool,
+    ) -> Result<(u32, u32), crate::Error> {
         access
             .validate_for_mr()
             .map_err(crate::Error::InvalidAccess)?;
@@ -285,6 +405,7 @@ impl MrTable {
             lkey,
             rkey,
             windows: 0,
+            checked,
         }));
         self.by_key.insert(lkey, idx);
         self.by_key.insert(rkey, idx);
@@ -361,8 +482,18 @@ impl MrTable {
     /// caller dereferences (there are no bytes to move).
     #[inline]
     pub fn host(&self, r: MemRef, off: u64, len: u64) -> Option<u64> {
+        self.locate(r, off, len).map(|h| h.addr)
+    }
+
+    /// [`MrTable::host`], with whether the region is [checked](Mr::checked):
+    /// what every access of the core goes through.
+    #[inline]
+    pub fn locate(&self, r: MemRef, off: u64, len: u64) -> Option<Host> {
         if len == 0 {
-            return Some(0);
+            return Some(Host {
+                addr: 0,
+                checked: false,
+            });
         }
         let s = self.slots.get(r.slot as usize)?;
         if s.gen != r.gen {
@@ -370,7 +501,10 @@ impl MrTable {
         }
         let end = off.checked_add(len)?;
         match s.obj.as_ref()? {
-            Obj::Mr(mr) => (end <= mr.len).then(|| mr.host_addr + off),
+            Obj::Mr(mr) => (end <= mr.len).then(|| Host {
+                addr: mr.host_addr + off,
+                checked: mr.checked,
+            }),
             Obj::Mw(mw) => {
                 let b = mw.binding.as_ref()?;
                 if end > b.len {
@@ -378,7 +512,7 @@ impl MrTable {
                 }
                 // Through the window to its region, which must still be
                 // the one it was bound to.
-                self.host(b.mr, b.mr_off + off, len)
+                self.locate(b.mr, b.mr_off + off, len)
             }
         }
     }
@@ -469,11 +603,14 @@ impl MrTable {
         addr: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<u64, LocalAccessError> {
+    ) -> Result<Host, LocalAccessError> {
         let len32 = u32::try_from(len).map_err(|_| LocalAccessError::OutOfBounds)?;
         let s = self.resolve_local(pd, lkey, addr, len32, need)?;
         let mr = self.slots[s.mem.slot as usize].mr().expect("just resolved");
-        Ok(mr.host_addr + s.off)
+        Ok(Host {
+            addr: mr.host_addr + s.off,
+            checked: mr.checked,
+        })
     }
 }
 
@@ -531,6 +668,42 @@ impl Memory for VecMemory {
     }
     fn store_u64(&mut self, addr: u64, bytes: [u8; 8]) {
         self.slice_mut(addr, 8).copy_from_slice(&bytes);
+    }
+    // Outside the vector is "not mapped".
+    fn read_checked(&self, addr: u64, out: &mut [u8]) -> Result<(), Fault> {
+        let r = self.checked_range(addr, out.len())?;
+        out.copy_from_slice(&self.bytes[r]);
+        Ok(())
+    }
+    fn write_checked(&mut self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        let r = self.checked_range(addr, data.len())?;
+        self.bytes[r].copy_from_slice(data);
+        Ok(())
+    }
+    fn compare_swap_checked(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, Fault> {
+        self.checked_range(addr, 8)?;
+        Ok(self.compare_swap(addr, compare, swap))
+    }
+    fn fetch_add_checked(&mut self, addr: u64, add: u64) -> Result<u64, Fault> {
+        self.checked_range(addr, 8)?;
+        Ok(self.fetch_add(addr, add))
+    }
+    fn store_u64_checked(&mut self, addr: u64, bytes: [u8; 8]) -> Result<(), Fault> {
+        self.checked_range(addr, 8)?;
+        self.store_u64(addr, bytes);
+        Ok(())
+    }
+}
+
+impl VecMemory {
+    /// The bytes of `[addr, addr + len)`, if all are in the vector.
+    fn checked_range(&self, addr: u64, len: usize) -> Result<std::ops::Range<usize>, Fault> {
+        let off = addr.checked_sub(self.base).ok_or(Fault)?;
+        let end = off.checked_add(len as u64).ok_or(Fault)?;
+        if end > self.bytes.len() as u64 {
+            return Err(Fault);
+        }
+        Ok(off as usize..end as usize)
     }
 }
 

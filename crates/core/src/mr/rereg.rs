@@ -80,6 +80,9 @@ impl MrTable {
             next.iova = t.iova;
             next.host_addr = t.host_addr;
             next.len = t.len;
+            // A translation names memory the registrant promises to keep:
+            // an implicit region given one is an ordinary region from now.
+            next.checked = false;
         }
         let idx = self.renew(idx);
         self.slots[idx as usize].obj = Some(Obj::Mr(next));

@@ -228,15 +228,19 @@ pub(crate) struct Unmapped;
 
 /// Gather `len` bytes at byte offset `off` of a scatter/gather list into
 /// payload segments, translating each piece now. The host addresses in
-/// `out` are good until the caller next changes the region table.
+/// `out` are good until the caller next changes the region table. Returns
+/// whether any piece is in a [checked](crate::mr::Mr::checked) region, whose
+/// bytes the caller must copy through [`copy_checked`] instead of handing
+/// the segments on.
 pub(crate) fn gather(
     mrs: &MrTable,
     sges: &[Span],
     mut off: u64,
     mut len: u64,
     out: &mut crate::transmit::Segs,
-) -> Result<(), Unmapped> {
+) -> Result<bool, Unmapped> {
     out.clear();
+    let mut checked = false;
     for s in sges {
         if len == 0 {
             break;
@@ -247,14 +251,36 @@ pub(crate) fn gather(
             continue;
         }
         let take = (sl - off).min(len);
-        let addr = mrs.host(s.mem, s.off + off, take).ok_or(Unmapped)?;
+        let h = mrs.locate(s.mem, s.off + off, take).ok_or(Unmapped)?;
+        checked |= h.checked;
         out.push(Seg {
-            addr,
+            addr: h.addr,
             len: take as u32,
         });
         len -= take;
         off = 0;
     }
+    Ok(checked)
+}
+
+/// Copy the bytes of `segs` into `out` (exactly their length) through
+/// [`Memory`]'s checked reads, and empty `segs`: for a packet with payload
+/// from an implicit region, which goes out of the caller's buffer. A piece
+/// of an ordinary region in the same packet is copied the same way
+/// (payload order is the segments' order).
+pub(crate) fn copy_checked(
+    segs: &mut crate::transmit::Segs,
+    mem: &impl Memory,
+    out: &mut [u8],
+) -> Result<(), Unmapped> {
+    let mut at = 0;
+    for g in segs.as_slice() {
+        let n = g.len as usize;
+        mem.read_checked(g.addr, &mut out[at..at + n])
+            .map_err(|_| Unmapped)?;
+        at += n;
+    }
+    segs.clear();
     Ok(())
 }
 
@@ -279,8 +305,10 @@ pub(crate) fn scatter(
             continue;
         }
         let take = ((sl - off) as usize).min(data.len());
-        let addr = mrs.host(s.mem, s.off + off, take as u64).ok_or(Unmapped)?;
-        mem.write(addr, &data[..take]);
+        let h = mrs
+            .locate(s.mem, s.off + off, take as u64)
+            .ok_or(Unmapped)?;
+        h.write(mem, &data[..take]).map_err(|_| Unmapped)?;
         data = &data[take..];
         off = 0;
     }

@@ -12,10 +12,11 @@ use softrdma_wire::packet::{ExtRepr, PacketRepr};
 use softrdma_wire::{Opcode, Psn};
 
 use super::attr::local_ack_timeout_ns;
-use super::queue::{gather, SendState};
+use super::queue::{copy_checked, gather, SendState};
 use super::state::{QpState, QpType};
 use super::{Qp, ACK_REQ_EVERY};
 use crate::endpoint::Ctx;
+use crate::mr::Memory;
 use crate::transmit::{Segs, Transmit};
 use crate::wc::{Completion, WcStatus};
 use crate::wr::SendOp;
@@ -274,6 +275,7 @@ impl Qp {
         buf: &mut [u8],
         ctx: &mut Ctx<'_>,
         limit: Psn,
+        mem: &impl Memory,
     ) -> Option<Transmit> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.comp.rnr_waiting() {
             return None;
@@ -456,9 +458,19 @@ impl Qp {
                 payload_len as u64,
                 &mut segs,
             )
+            .and_then(|checked| {
+                // Bytes of an implicit region are copied in here, checked,
+                // rather than handed on as segments.
+                if checked {
+                    copy_checked(&mut segs, mem, &mut buf[head_len..head_len + payload_len])?;
+                    head_len += payload_len;
+                }
+                Ok(())
+            })
             .is_err()
             {
-                // An SGE's region was deregistered after the post: the local
+                // An SGE's region was deregistered after the post (or an
+                // implicit region's page is not there): the local
                 // protection error IBA defines (rxe's finish_packet gives
                 // LOC_PROT_ERR for a range it cannot copy, LOC_QP_OP_ERR for
                 // an lkey it cannot find; mlx5 gives LOC_PROT_ERR for both).

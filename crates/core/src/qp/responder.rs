@@ -657,14 +657,18 @@ impl Qp {
             }
             // Translated now, for this packet alone: the region may have
             // been deregistered since the message's first packet.
-            let Some(addr) = ctx.mrs.host(target, off, n) else {
-                self.resp.cur = Cur::Idle;
-                return Err(if rc {
+            let gone = || {
+                if rc {
                     nak_for(RemoteAccessError::BadRkey)
                 } else {
                     Fault::Drop
-                });
+                }
             };
+            let Some(at) = ctx.mrs.locate(target, off, n) else {
+                self.resp.cur = Cur::Idle;
+                return Err(gone());
+            };
+            let addr = at.addr;
             let mut imm_wqe = None;
             if ends && info.has(Flags::IMMDT) {
                 match self.take_recv(ctx) {
@@ -684,9 +688,16 @@ impl Qp {
                 if total != 8 || !va_aligned || !addr.is_multiple_of(8) {
                     return Err(invalid);
                 }
-                mem.store_u64(addr, word);
-            } else if n > 0 {
-                mem.write(addr, data);
+                if at.store_u64(mem, word).is_err() {
+                    return Err(gone());
+                }
+            } else if n > 0 && at.write(mem, data).is_err() {
+                // An implicit region's page is not there (or not
+                // writable): the remote access error of a range outside
+                // a region; bytes of this packet before the hole may have
+                // landed, as a faulting DMA leaves them.
+                self.resp.cur = Cur::Idle;
+                return Err(gone());
             }
             self.resp.cur = Cur::Write {
                 mem: target,
@@ -776,10 +787,11 @@ impl Qp {
                     AccessFlags::REMOTE_ATOMIC,
                 )
                 .map_err(nak_for)?;
-            let addr = ctx
+            let at = ctx
                 .mrs
-                .host(target, off, 8)
+                .locate(target, off, 8)
                 .ok_or(nak_for(RemoteAccessError::BadRkey))?;
+            let addr = at.addr;
             // An aligned VA can still land on a misaligned host address (a
             // region registered at buf + 4 with an aligned iova); the memory
             // behind `Memory::compare_swap` needs a real 8-byte word. rxe's
@@ -788,12 +800,15 @@ impl Qp {
             if !addr.is_multiple_of(8) {
                 return Err(invalid);
             }
-            // RC's COMPARE SWAP, or XRC's (RC's opcode plus 0xa0).
+            // RC's COMPARE SWAP, or XRC's (RC's opcode plus 0xa0). An
+            // implicit region's word may not be there: a remote access
+            // error, as for a word outside a region.
             let orig = if repr.bth.opcode.0 & 0x1f == Opcode::RC_COMPARE_SWAP.0 {
-                mem.compare_swap(addr, a.compare, a.swap_add)
+                at.compare_swap(mem, a.compare, a.swap_add)
             } else {
-                mem.fetch_add(addr, a.swap_add)
-            };
+                at.fetch_add(mem, a.swap_add)
+            }
+            .map_err(|_| nak_for(RemoteAccessError::BadRkey))?;
             let psn = repr.bth.psn;
             self.resp.remember(Res::Atomic { psn, orig });
             self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
@@ -1103,9 +1118,16 @@ impl Qp {
         }
     }
 
-    pub(crate) fn poll_response(&mut self, buf: &mut [u8], ctx: &mut Ctx<'_>) -> Option<Transmit> {
+    pub(crate) fn poll_response(
+        &mut self,
+        buf: &mut [u8],
+        ctx: &mut Ctx<'_>,
+        memory: &impl Memory,
+    ) -> Option<Transmit> {
         let front = *self.resp.out.front()?;
         let mut segs = Segs::default();
+        // Payload copied into `buf` after the headers (an implicit region's).
+        let mut copied = 0;
         let mtu = self.mtu() as u64;
         let queued = self.resp.out.len();
         let mut gone = false;
@@ -1140,9 +1162,25 @@ impl Qp {
                 } => {
                     let off = idx as u64 * mtu;
                     let n = (len - off.min(len)).min(mtu);
-                    let Some(addr) = ctx.mrs.host(mem, base + off, n) else {
+                    let op = match (idx, npkts) {
+                        (_, 1) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                        (0, _) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                        (i, n) if i + 1 == n => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                        _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                    };
+                    let hl = op.info().expect("table").header_len as usize;
+                    // An implicit region's bytes are copied in, checked,
+                    // right after the headers.
+                    let at = ctx.mrs.locate(mem, base + off, n).filter(|h| {
+                        !h.checked
+                            || memory
+                                .read_checked(h.addr, &mut buf[hl..hl + n as usize])
+                                .is_ok()
+                    });
+                    let Some(at) = at else {
                         // The region was deregistered while its READ was being
-                        // answered: not one byte more of it goes out. As rxe's
+                        // answered (or an implicit region's page is not
+                        // there): not one byte more of it goes out. As rxe's
                         // read_reply (rxe_recheck_mr failing), NAK this PSN with
                         // a remote access error and go to ERR.
                         self.resp.out.pop_front();
@@ -1156,16 +1194,14 @@ impl Qp {
                         };
                         break 'pick (Opcode::RC_ACKNOWLEDGE, psn.add(idx), ext, 0);
                     };
-                    segs.push(Seg {
-                        addr,
-                        len: n as u32,
-                    });
-                    let op = match (idx, npkts) {
-                        (_, 1) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
-                        (0, _) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
-                        (i, n) if i + 1 == n => Opcode::RC_RDMA_READ_RESPONSE_LAST,
-                        _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
-                    };
+                    if at.checked {
+                        copied = n as usize;
+                    } else {
+                        segs.push(Seg {
+                            addr: at.addr,
+                            len: n as u32,
+                        });
+                    }
                     let ext = ExtRepr {
                         aeth: op
                             .info()
@@ -1228,7 +1264,7 @@ impl Qp {
         Some(Transmit {
             dgid: self.attr.av.dgid,
             src_qpn: self.qpn,
-            head_len: repr.header_len(),
+            head_len: repr.header_len() + copied,
             segs,
             pad: repr.pad_len() as u8,
         })

@@ -299,7 +299,7 @@ impl Host {
     /// payload, pad and ICRC, into `buf`.
     fn build(&mut self, now: u64, buf: &mut [u8]) -> Option<(NodeId, usize)> {
         self.sync();
-        let t = self.ep.poll_transmit(now, &mut self.head)?;
+        let t = self.ep.poll_transmit(now, &mut self.head, &self.mem)?;
         let mut n = t.head_len;
         buf[..n].copy_from_slice(&self.head[..n]);
         for s in t.segs.as_slice() {

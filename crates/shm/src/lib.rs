@@ -43,6 +43,7 @@ use softrdma_core::wr::SendOp;
 use softrdma_core::OffloadLocal;
 
 pub use link::Key;
+pub use ring::Push;
 use seg::{Mapping, MR_DEAD, MR_EMPTY, MR_LIVE};
 pub use share::Share;
 
@@ -93,6 +94,10 @@ struct RxRing {
     gid: [u8; 16],
     closing: bool,
     tail: u64,
+    /// The peer as we reach it (its bell): woken when it waits for space
+    /// in this ring (`ring::Ring::want_space`). Set once the handshake is
+    /// done; a ring whose peer is not known yet has nobody waiting on it.
+    waker: Option<Arc<Peer>>,
 }
 
 #[derive(Default)]
@@ -381,7 +386,12 @@ impl Host {
                 let gid = e.gid;
                 // SAFETY: one consumer (the caller's contract); the ring is
                 // ours, RING_BYTES long.
-                n += unsafe { r.drain(&mut e.tail, budget, scratch, |b| f(&gid, b)) };
+                let (k, wake) = unsafe { r.drain(&mut e.tail, budget, scratch, |b| f(&gid, b)) };
+                n += k;
+                if let (true, Some(p)) = (wake, &e.waker) {
+                    // The producer waits for the space just freed.
+                    ring(p.bell.as_raw_fd());
+                }
             }
             gone |= e.closing && r.is_empty_from(Some(e.tail));
         }
@@ -522,6 +532,7 @@ impl Inner {
         let r = self.map.ring(i as usize);
         r.hdr.head.store(0, Ordering::Relaxed);
         r.hdr.tail.store(0, Ordering::Relaxed);
+        r.hdr.want.store(0, Ordering::Relaxed);
         self.map.active(i as usize).word.store(0, Ordering::SeqCst);
         Ok(i)
     }
@@ -534,8 +545,16 @@ impl Inner {
             gid: link::gid_of(key.addr),
             closing: false,
             tail: 0,
+            waker: None,
         });
         Ok(mine)
+    }
+
+    /// The peer that sends into ring `mine`, now that it is joined.
+    fn set_waker(&self, mine: u32, peer: &Arc<Peer>) {
+        if let Some(e) = lock(&self.rx).rings.iter_mut().find(|e| e.idx == mine) {
+            e.waker = Some(peer.clone());
+        }
     }
 
     /// Undo `alloc_rx` for a handshake that failed.
@@ -545,6 +564,7 @@ impl Inner {
     }
 
     fn add(&self, sock: OwnedFd, peer: Arc<Peer>, mine: u32) {
+        self.set_waker(mine, &peer);
         lock(&self.conns).push(Conn { sock, peer, mine });
         ring(self.wake.as_raw_fd());
     }
@@ -616,6 +636,7 @@ impl Inner {
         });
         match ok {
             Ok(peer) => {
+                self.set_waker(mine, &peer);
                 lock(&self.peers).insert(key, peer.clone());
                 lock(&self.refused).remove(&key);
                 lock(&self.conns).push(Conn {
@@ -693,24 +714,32 @@ impl Peer {
     }
 
     /// Send one packet (the concatenation of `parts` and `zeros` zero
-    /// bytes) into the peer's ring, ringing its bell if it sleeps. False if
-    /// the ring is full (the packet is lost, as a full socket buffer loses
-    /// a datagram) or the peer is gone.
+    /// bytes) into the peer's ring, ringing its bell if it sleeps. On
+    /// [`Push::Full`] the caller keeps the packet, sends nothing after it,
+    /// and tries again once [`Peer::want_space`] says to wait (our bell
+    /// rings when the peer has freed space). A peer that is gone refuses.
     ///
     /// # Safety
     /// One producer at a time (callers hold their engine's lock).
-    pub unsafe fn push(&self, parts: &[&[u8]], zeros: usize) -> bool {
+    pub unsafe fn push(&self, parts: &[&[u8]], zeros: usize) -> Push {
         if !self.alive() {
-            return false;
+            return Push::Refused;
         }
         let r = self.map.ring(self.active as usize);
         let mut head = self.tx_head.load(Ordering::Relaxed);
         // SAFETY: one producer (the caller's contract); the ring is the
         // peer's ring for us, RING_BYTES long.
-        let ok = unsafe { r.push(&mut head, parts, zeros) };
+        let pushed = unsafe { r.push(&mut head, parts, zeros) };
         self.tx_head.store(head, Ordering::Relaxed);
         ring::ring_bell(&self.map.header().armed, self.bell.as_raw_fd());
-        ok
+        pushed
+    }
+
+    /// Our ring in the peer was full: ask the peer to ring our bell when it
+    /// has freed space. The caller then tries [`Peer::push`] once more
+    /// before it waits, as space freed before the request is not announced.
+    pub fn want_space(&self) {
+        self.map.ring(self.active as usize).want_space();
     }
 
     /// Carry out a one-sided `op` from `qps.local` on the peer's

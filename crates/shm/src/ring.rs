@@ -11,6 +11,18 @@
 //! the bytes; the consumer reads records below `head` and publishes `tail`
 //! after it is done with them, so a record's bytes are never rewritten
 //! while the consumer looks at them.
+//!
+//! **Back-pressure.** A ring is a link whose receiver can say "wait", so a
+//! full one loses nothing: the producer keeps the packet it could not push
+//! ([`Push::Full`]), sends nothing more until it goes, and raises `want`
+//! ([`Ring::want_space`]); the consumer, having freed space, takes `want`
+//! down and rings the producer's bell ([`Ring::drain`]'s result). Both
+//! sides are sequentially consistent (the producer's `want` before its
+//! second look at `tail`, the consumer's `tail` before its look at
+//! `want`), so either the producer sees the space or the consumer sees the
+//! request: no wake-up is lost. (Before, a full ring lost the packet as a
+//! full socket buffer loses a datagram: a large READ's response stream,
+//! which nothing paces, lost thousands, each recovered by a resend.)
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
@@ -18,13 +30,31 @@ pub const RING_BYTES: u64 = 8 << 20;
 const REC: u32 = 1;
 const WRAP: u32 = 2;
 
-/// A ring's control words, each on its own cache line.
+/// A ring's control words: the producer's line, and the consumer's (its
+/// tail, and the producer's request to be woken when it moves).
 #[repr(C)]
 pub struct RingHdr {
     pub head: AtomicU64,
     _p0: [u64; 7],
     pub tail: AtomicU64,
-    _p1: [u64; 7],
+    /// Set by a producer that found the ring full (see the module docs).
+    pub want: AtomicU32,
+    _pw: u32,
+    _p1: [u64; 6],
+}
+
+/// What [`Ring::push`] did with a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Push {
+    /// In the ring.
+    Done,
+    /// No room now: keep the packet and try again when the consumer has
+    /// freed space (after [`Ring::want_space`]).
+    Full,
+    /// Never: larger than half the ring, or the consumer's process wrote
+    /// a tail that does not fit ours (waiting for it would be waiting for
+    /// a process that breaks the protocol). The packet is lost.
+    Refused,
 }
 
 pub struct Ring<'a> {
@@ -37,28 +67,26 @@ fn rec_len(n: usize) -> u64 {
 }
 
 impl Ring<'_> {
-    /// Append one packet made of `parts`; false if the ring has no room
-    /// (the packet is then lost, as a full socket buffer loses a datagram:
-    /// RC retransmits it). `head` is the producer's own copy of its index
-    /// (the shared one is only published, never read back: the consumer's
-    /// process can write it); a `tail` that does not fit it reads as full.
+    /// Append one packet made of `parts` (see [`Push`]). `head` is the
+    /// producer's own copy of its index (the shared one is only published,
+    /// never read back: the consumer's process can write it).
     ///
     /// # Safety
     /// Only one producer may push at a time; `data` must be the ring's
     /// `RING_BYTES` bytes.
-    pub unsafe fn push(&self, head: &mut u64, parts: &[&[u8]], zeros: usize) -> bool {
+    pub unsafe fn push(&self, head: &mut u64, parts: &[&[u8]], zeros: usize) -> Push {
         let n: usize = parts.iter().map(|p| p.len()).sum::<usize>() + zeros;
         let need = rec_len(n);
         let tail = self.hdr.tail.load(Ordering::Acquire);
         let used = head.wrapping_sub(tail);
         if used > RING_BYTES || need > RING_BYTES / 2 {
-            return false;
+            return Push::Refused;
         }
         let at = *head % RING_BYTES;
         let to_end = RING_BYTES - at;
         let skip = if to_end < need { to_end } else { 0 };
         if used + skip + need > RING_BYTES {
-            return false;
+            return Push::Full;
         }
         let mut pos = *head;
         if skip > 0 {
@@ -83,7 +111,17 @@ impl Ring<'_> {
         }
         *head = pos + need;
         self.hdr.head.store(*head, Ordering::Release);
-        true
+        Push::Done
+    }
+
+    /// The producer found the ring full: ask the consumer to ring its bell
+    /// once it frees space. The caller then tries [`Ring::push`] once more
+    /// before it waits (space freed before this store is not announced).
+    pub fn want_space(&self) {
+        self.hdr.want.store(1, Ordering::SeqCst);
+        // The request before the second look at `tail` (StoreLoad), as the
+        // consumer orders its `tail` before its look at `want`.
+        fence(Ordering::SeqCst);
     }
 
     /// # Safety
@@ -111,7 +149,9 @@ impl Ring<'_> {
     /// copy of its index; a head that does not fit it (behind it, more
     /// than a ring ahead, not 8-aligned) or a record that is not one we
     /// write stops the drain and leaves the ring alone. Returns how many
-    /// records there were.
+    /// records there were, and whether the producer waits for the space
+    /// this freed (it asked with [`Ring::want_space`]): the caller rings
+    /// its bell.
     ///
     /// # Safety
     /// Only one consumer at a time; `data` as for `push`.
@@ -121,11 +161,11 @@ impl Ring<'_> {
         budget: usize,
         scratch: &mut Vec<u8>,
         mut f: impl FnMut(&[u8]),
-    ) -> usize {
+    ) -> (usize, bool) {
         let head = self.hdr.head.load(Ordering::Acquire);
         let avail = head.wrapping_sub(*tail);
         if avail > RING_BYTES || !head.is_multiple_of(8) {
-            return 0;
+            return (0, false);
         }
         let mut k = 0;
         while *tail != head && k < budget {
@@ -168,7 +208,12 @@ impl Ring<'_> {
             *tail += need;
         }
         self.hdr.tail.store(*tail, Ordering::Release);
-        k
+        // The freed space before the look at `want` (StoreLoad; see
+        // `want_space`).
+        fence(Ordering::SeqCst);
+        let wake = self.hdr.want.load(Ordering::Relaxed) != 0
+            && self.hdr.want.swap(0, Ordering::SeqCst) != 0;
+        (k, wake)
     }
 }
 
@@ -199,7 +244,9 @@ mod tests {
                 head: AtomicU64::new(0),
                 _p0: [0; 7],
                 tail: AtomicU64::new(0),
-                _p1: [0; 7],
+                want: AtomicU32::new(0),
+                _pw: 0,
+                _p1: [0; 6],
             },
             data: vec![0; RING_BYTES as usize],
         }
@@ -230,7 +277,10 @@ mod tests {
         for i in 0..20000u32 {
             let p: Vec<u8> = (0..(i % 4093 + 1)).map(|k| (k ^ i) as u8).collect();
             // SAFETY: one producer; the ring is RING_BYTES of `data`.
-            assert!(unsafe { r.push(&mut head, &[&p[..3.min(p.len())], &p[3.min(p.len())..]], 4) });
+            assert_eq!(
+                unsafe { r.push(&mut head, &[&p[..3.min(p.len())], &p[3.min(p.len())..]], 4) },
+                Push::Done
+            );
             let mut w = p.clone();
             w.extend_from_slice(&[0; 4]);
             want.push(w);
@@ -244,18 +294,42 @@ mod tests {
     }
 
     #[test]
-    fn a_full_ring_refuses_and_loses_nothing_queued() {
+    fn a_full_ring_says_full_and_wakes_the_producer_that_waits_for_space() {
         let mut m = mem();
         let r = ring(&mut m);
         let (mut head, mut tail) = (0u64, 0u64);
         let p = vec![7u8; 4000];
         let mut n = 0;
-        // SAFETY: one producer.
-        while unsafe { r.push(&mut head, &[&p], 0) } {
+        // SAFETY (every push and drain below): one producer, one consumer.
+        while unsafe { r.push(&mut head, &[&p], 0) } == Push::Done {
             n += 1;
         }
         assert!(n > 2000, "{n}");
-        assert_eq!(drain_all(&r, &mut tail).len(), n);
+        assert_eq!(
+            unsafe { r.push(&mut head, &[&p], 0) },
+            Push::Full,
+            "still full"
+        );
+        // Nobody asked: a drain wakes nobody.
+        let mut scratch = Vec::new();
+        let (k, wake) = unsafe { r.drain(&mut tail, 1, &mut scratch, |_| {}) };
+        assert_eq!((k, wake), (1, false));
+        assert_eq!(
+            unsafe { r.push(&mut head, &[&p], 0) },
+            Push::Done,
+            "the freed record's room"
+        );
+        assert_eq!(unsafe { r.push(&mut head, &[&p], 0) }, Push::Full);
+        r.want_space();
+        let (k, wake) = unsafe { r.drain(&mut tail, 1, &mut scratch, |_| {}) };
+        assert_eq!((k, wake), (1, true), "the producer asked: woken");
+        let (_, wake) = unsafe { r.drain(&mut tail, 1, &mut scratch, |_| {}) };
+        assert!(!wake, "once per request");
+        assert_eq!(
+            drain_all(&r, &mut tail).len(),
+            n - 2,
+            "nothing queued was lost"
+        );
     }
 
     #[test]
@@ -264,7 +338,7 @@ mod tests {
         let r = ring(&mut m);
         let (mut head, mut tail) = (0u64, 0u64);
         // SAFETY: one producer.
-        assert!(unsafe { r.push(&mut head, &[b"good"], 0) });
+        assert_eq!(unsafe { r.push(&mut head, &[b"good"], 0) }, Push::Done);
         // A head far ahead of our tail, or misaligned: nothing is read.
         r.hdr.head.store(tail + 3 * RING_BYTES, Ordering::Release);
         assert!(drain_all(&r, &mut tail).is_empty());
@@ -274,7 +348,7 @@ mod tests {
         // The good record, then one of an unknown kind: the drain stops at it.
         r.hdr.head.store(head, Ordering::Release);
         // SAFETY: one producer.
-        assert!(unsafe { r.push(&mut head, &[b"next"], 0) });
+        assert_eq!(unsafe { r.push(&mut head, &[b"next"], 0) }, Push::Done);
         let at = rec_len(4) as usize;
         m.data[at + 4] = 9;
         let r = ring(&mut m);
@@ -285,9 +359,10 @@ mod tests {
         m.data[at..at + 4].copy_from_slice(&(1u32 << 20).to_ne_bytes());
         let r = ring(&mut m);
         assert!(drain_all(&r, &mut tail).is_empty());
-        // A tail the consumer's process moved past our head reads as full.
+        // A tail the consumer's process moved past our head: refused (not
+        // "full": nobody would ever free that space).
         r.hdr.tail.store(head + 64, Ordering::Release);
         // SAFETY: one producer.
-        assert!(!unsafe { r.push(&mut head, &[b"x"], 0) });
+        assert_eq!(unsafe { r.push(&mut head, &[b"x"], 0) }, Push::Refused);
     }
 }

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SRDMASHM");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 pub const PAGE: u64 = 4096;
 
 /// QP entries, indexed by the low 16 bits of the QPN (a context's QPNs are

@@ -158,8 +158,19 @@ pub(crate) struct State {
     pub tx_refused: u64,
     /// The shared-memory transport's side of this context (None: UDP only).
     pub shm: Option<Arc<softrdma_shm::Host>>,
-    /// Packets lost to a full ring of a peer on this host.
+    /// Packets a peer on this host refused (it is gone, or broke the ring's
+    /// protocol): lost, and counted. A full ring loses nothing (`stalled`).
     pub ring_drops: u64,
+    /// The packet a full ring of a peer on this host could not take yet,
+    /// with the zero bytes that follow it (pad and ICRC), its bytes in
+    /// `stall_buf`. While it waits nothing else is built: it goes first,
+    /// when the peer has freed space and rung our bell (see
+    /// `softrdma_shm`'s ring, "Back-pressure").
+    stalled: Option<(Arc<softrdma_shm::Peer>, usize)>,
+    /// Room for one packet, allocated once.
+    stall_buf: Vec<u8>,
+    /// Times a full ring held our transmission back.
+    pub ring_stalls: u64,
     /// This device's GID (what packets from rings are addressed to).
     pub dgid: [u8; 16],
     /// By QPN's low 16 bits: the peer context a QP's one-sided operations
@@ -232,6 +243,27 @@ fn ud_peer(
         return None;
     }
     shm?.joined(peer_key(dgid, bth.dest_qp()))
+}
+
+/// Push a packet into a peer's ring; if it is full, ask to be woken when it
+/// has room and try once more (space freed before the request is not
+/// announced). `Full` then means: keep the packet and wait for the bell.
+///
+/// # Safety
+/// As for [`softrdma_shm::Peer::push`]: one producer at a time.
+unsafe fn push_or_wait(
+    peer: &softrdma_shm::Peer,
+    parts: &[&[u8]],
+    zeros: usize,
+) -> softrdma_shm::Push {
+    // SAFETY: forwarded from the caller.
+    let r = unsafe { peer.push(parts, zeros) };
+    if r != softrdma_shm::Push::Full {
+        return r;
+    }
+    peer.want_space();
+    // SAFETY: as above.
+    unsafe { peer.push(parts, zeros) }
 }
 
 struct PeerOffload<'a>(&'a Direct);
@@ -475,6 +507,18 @@ impl State {
         self.tx_deferred = false;
         let mut sent = 0;
         let mut more = false;
+        if let Some((peer, zeros)) = self.stalled.take() {
+            // SAFETY: one producer: this pass holds the engine lock; the
+            // stalled bytes are our own buffer.
+            match unsafe { push_or_wait(&peer, &[&self.stall_buf], zeros) } {
+                softrdma_shm::Push::Full => {
+                    self.stalled = Some((peer, zeros));
+                    return (0, false);
+                }
+                softrdma_shm::Push::Refused => self.ring_drops += 1,
+                softrdma_shm::Push::Done => sent += 1,
+            }
+        }
         while let Some(t) = self.ep.poll_transmit(now, &mut self.head, &self.mem) {
             let mut slices: [&[u8]; softrdma_core::MAX_SGE] = [&[]; softrdma_core::MAX_SGE];
             let segs = t.segs.as_slice();
@@ -493,22 +537,37 @@ impl State {
                 .get((t.src_qpn & 0xffff) as usize)
                 .and_then(Option::as_ref)
                 .filter(|d| d.qps.local == t.src_qpn && d.peer.alive())
-                .map(|d| &*d.peer);
+                .map(|d| &d.peer);
             let ud = match direct {
                 None => ud_peer(self.shm.as_deref(), &t.dgid, &self.head[..t.head_len]),
                 Some(_) => None,
             };
-            if let Some(peer) = direct.or(ud.as_deref()) {
+            if let Some(peer) = direct.or(ud.as_ref()) {
                 let mut parts: [&[u8]; softrdma_core::MAX_SGE + 1] =
                     [&[]; softrdma_core::MAX_SGE + 1];
                 parts[0] = &self.head[..t.head_len];
                 parts[1..=segs.len()].copy_from_slice(&slices[..segs.len()]);
+                let parts = &parts[..=segs.len()];
+                let zeros = t.pad as usize + 4;
                 // SAFETY: one producer: this pass holds the engine lock. The
                 // slices are valid as above; the pad and the ICRC's place
                 // are zeros.
-                let pushed = unsafe { peer.push(&parts[..=segs.len()], t.pad as usize + 4) };
-                if !pushed {
-                    self.ring_drops += 1;
+                match unsafe { push_or_wait(peer, parts, zeros) } {
+                    softrdma_shm::Push::Done => {}
+                    softrdma_shm::Push::Refused => self.ring_drops += 1,
+                    softrdma_shm::Push::Full => {
+                        // Kept, and nothing more built until it goes: the
+                        // core has counted it sent (its timers run), and
+                        // what follows may be for the same ring.
+                        self.stall_buf.clear();
+                        for p in parts {
+                            self.stall_buf.extend_from_slice(p);
+                        }
+                        self.stalled = Some((peer.clone(), zeros));
+                        self.ring_stalls += 1;
+                        more = false;
+                        break;
+                    }
                 }
                 sent += 1;
                 if sent == TX_BUDGET {
@@ -896,6 +955,9 @@ impl Engine {
                 tx_refused: 0,
                 shm: shm.clone(),
                 ring_drops: 0,
+                stalled: None,
+                stall_buf: Vec::with_capacity(4096 + 512),
+                ring_stalls: 0,
                 dgid,
                 direct: Vec::new(),
                 udp_qps: Vec::new(),

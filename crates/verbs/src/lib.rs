@@ -458,8 +458,12 @@ pub fn transport_from_env() -> Result<Transport> {
 pub struct ShmStats {
     /// One-sided operations carried out at post, into a peer's memory.
     pub offloaded: u64,
-    /// Packets lost to a full ring of a peer on this host (RC retransmits).
+    /// Packets a peer on this host refused: it had ended, or broke the
+    /// ring's protocol (a full ring loses nothing: see `ring_stalls`).
     pub ring_drops: u64,
+    /// Times a peer's full ring held this context's transmission back
+    /// until the peer had made room (back-pressure).
+    pub ring_stalls: u64,
 }
 
 /// An open device: a progress engine on one UDP port.
@@ -720,6 +724,7 @@ impl Context {
         ShmStats {
             offloaded: st.ep.stats().offloaded,
             ring_drops: st.ring_drops,
+            ring_stalls: st.ring_stalls,
         }
     }
 }

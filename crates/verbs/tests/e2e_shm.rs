@@ -436,3 +436,74 @@ fn deregistration_under_peer_traffic() {
         },
     );
 }
+
+/// A full ring holds the sender back and loses nothing. The initiator
+/// READs 16 MiB, twice the ring, from a region of the target's that is not
+/// in shared memory (an implicit one), so the responses come as packets
+/// through the initiator's ring; right after posting, the initiator stops
+/// (SIGSTOP) and drains nothing. The target's ring into it fills and its
+/// transmission waits (its `ring_stalls` says so, without being told);
+/// then the initiator goes on (SIGCONT), drains, and the target resumes on
+/// the bell: the READ completes with every byte, and not one packet was
+/// dropped or resent.
+#[test]
+fn a_full_ring_holds_the_sender_back_and_loses_nothing() {
+    const BIG: usize = 16 << 20;
+    two_processes(
+        "a_full_ring_holds_the_sender_back_and_loses_nothing",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Shm));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(8, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            let dst = pd.reg_mr(vec![0; BIG], AccessFlags::LOCAL_WRITE).unwrap();
+            let me = addr_of(&ctx, &qp, psn(70));
+            oob.send_addr(&me);
+            // A timeout of 4 s: the stop must not look like a lost packet.
+            connect_with(&qp, QpType::Rc, me.psn, &oob.recv_addr(), 20);
+            oob.send_u64s(&[std::process::id() as u64]);
+            let v = oob.recv_u64s();
+            let read = SendOp::Read {
+                remote_addr: v[0],
+                rkey: v[1] as u32,
+            };
+            qp.post_send(&wr(1, read, &[dst.sge(0, BIG as u32)], SendFlags::SIGNALED))
+                .unwrap();
+            // SAFETY: stops this process; the parent continues it.
+            unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
+            let c = wait_cq(&cq, 1, "the READ after the stop");
+            assert_wc(&c[0], 1, WcStatus::Success, WcOpcode::RdmaRead, BIG as u32);
+            assert_bytes(&read_mr(&dst, 0, BIG), &pattern(71, BIG), "the 16 MiB READ");
+            let (t, _) = ctx.stats();
+            assert_eq!((t.retransmits, t.timeouts), (0, 0), "{t:?}");
+            oob.signal("read");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Shm));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(8, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            // SAFETY: `src` is only read by peers; nothing is unmapped
+            // while they may read.
+            let mr = unsafe { pd.reg_mr_implicit(ALL_REMOTE) }.unwrap();
+            let src = pattern(71, BIG);
+            let me = addr_of(&ctx, &qp, psn(71));
+            oob.send_addr(&me);
+            connect_with(&qp, QpType::Rc, me.psn, &oob.recv_addr(), 20);
+            oob.send_u64s(&[src.as_ptr() as u64, mr.rkey() as u64]);
+            let pid = oob.recv_u64s()[0] as libc::pid_t;
+            // Served by our engine thread: we only watch.
+            let t0 = Instant::now();
+            while ctx.shm_stats().ring_stalls == 0 {
+                assert!(t0.elapsed() < WAIT, "the ring never filled");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // SAFETY: a signal to our own child process, by its pid.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+            oob.expect("read");
+            let s = ctx.shm_stats();
+            assert_eq!(s.ring_drops, 0, "{s:?}");
+            drop(src);
+        },
+    );
+}

@@ -967,19 +967,14 @@ impl Pd {
 }
 
 /// A send request's SGEs as the core reads them, and room for inline bytes
-/// copied out of an implicit region (see `Qp::host_sges`).
+/// copied out of an implicit region (see `Qp::host_sges`). Nothing is
+/// built for a request without inline data (the post path's common case
+/// pays no initialisation), and the inline bytes' room only for an
+/// implicit region's.
+#[derive(Default)]
 pub(crate) struct HostSgl {
-    sges: [Sge; softrdma_core::MAX_SGE],
-    bounce: [u8; softrdma_core::MAX_INLINE],
-}
-
-impl HostSgl {
-    pub(crate) fn new() -> HostSgl {
-        HostSgl {
-            sges: [Sge::default(); softrdma_core::MAX_SGE],
-            bounce: [0; softrdma_core::MAX_INLINE],
-        }
-    }
+    sges: Option<[Sge; softrdma_core::MAX_SGE]>,
+    bounce: Option<Box<[u8; softrdma_core::MAX_INLINE]>>,
 }
 
 impl Mr {
@@ -1995,7 +1990,7 @@ impl Qp {
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         self.join_ud(wr);
         let mut st = self.eng.lock();
-        let mut host = HostSgl::new();
+        let mut host = HostSgl::default();
         let wr = self.host_sges(&st, wr, &mut host)?;
         let done = st.post_send(self.qpn, &wr)?;
         self.eng.posted_send(&mut st, done);
@@ -2016,7 +2011,7 @@ impl Qp {
         let mut all_done = true;
         let mut res = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            let mut host = HostSgl::new();
+            let mut host = HostSgl::default();
             let posted = self
                 .host_sges(&st, wr, &mut host)
                 .and_then(|w| st.post_send(self.qpn, &w).map_err(Error::from));
@@ -2052,6 +2047,7 @@ impl Qp {
             return Ok(*wr);
         }
         let HostSgl { sges, bounce } = host;
+        let sges = sges.insert([Sge::default(); softrdma_core::MAX_SGE]);
         if wr.sgl.len() > sges.len() {
             return Err(CoreError::TooManySge {
                 got: wr.sgl.len(),
@@ -2074,6 +2070,7 @@ impl Qp {
             if at.checked {
                 let n = s.length as usize;
                 let room = bounce
+                    .get_or_insert_with(|| Box::new([0; softrdma_core::MAX_INLINE]))
                     .get_mut(used..used + n)
                     .ok_or(CoreError::InlineTooLong {
                         got: wr.sgl.iter().map(|s| s.length as usize).sum(),

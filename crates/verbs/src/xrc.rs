@@ -198,7 +198,7 @@ impl Qp {
     /// this QP's protection domain.
     pub fn post_send_xrc(&self, wr: &SendWr<'_>, remote_srqn: u32) -> Result<()> {
         let mut st = self.eng.lock();
-        let mut host = crate::HostSgl::new();
+        let mut host = crate::HostSgl::default();
         let wr = self.host_sges(&st, wr, &mut host)?;
         st.post_send_xrc(self.qpn, &wr, remote_srqn)?;
         self.eng.posted_send(&mut st, false);

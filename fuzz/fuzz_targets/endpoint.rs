@@ -158,6 +158,15 @@ enum Action {
         side: bool,
         which: u8,
     },
+    /// An implicit on-demand region (the whole address space, every access
+    /// checked): the guard grants it nothing, so an access to it that is
+    /// not a checked one fails the run, and one outside the side's memory
+    /// is the fault the core must turn into IBA's error.
+    RegImplicit {
+        side: bool,
+        pd: bool,
+        access: u8,
+    },
     AllocMw {
         side: bool,
         pd: bool,
@@ -548,6 +557,30 @@ impl Side {
                 self.remember_key(rkey);
             } else {
                 // No room to remember it: take it back at once.
+                self.ep.dereg_mr(lkey).expect("fresh region deregisters");
+            }
+        }
+    }
+
+    fn reg_implicit(&mut self, pd: usize, access: AccessFlags) {
+        if let Ok((lkey, rkey)) = self.ep.reg_mr_implicit(self.pds[pd], access) {
+            if self.regions.len() < 32 {
+                // Not granted: only checked calls may reach it. SGEs and
+                // remote addresses are drawn from a window straddling this
+                // side's memory (its iova is its host address), so some
+                // land and some fault; `host` 0 matches no grant, so its
+                // deregistration revokes nothing.
+                self.regions.push(Region {
+                    lkey,
+                    rkey,
+                    iova: self.mem.base - 4096,
+                    host: 0,
+                    len: MEM + 8192,
+                    live: true,
+                });
+                self.remember_key(lkey);
+                self.remember_key(rkey);
+            } else {
                 self.ep.dereg_mr(lkey).expect("fresh region deregisters");
             }
         }
@@ -990,6 +1023,9 @@ impl World {
                 let pd = r.pd as usize;
                 self.side(side)
                     .reg(pd, r.off as u64, r.len as u64, r.iova, access_of(r.access));
+            }
+            Action::RegImplicit { side, pd, access } => {
+                self.side(side).reg_implicit(pd as usize, access_of(access));
             }
             Action::DeregMr { side, which } => {
                 let s = self.side(side);

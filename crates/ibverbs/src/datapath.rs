@@ -262,18 +262,14 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
         if want > 0 {
             non_null!(wc);
         }
-        let mut buf = [sv::Completion::default(); POLL_BATCH];
-        while done < want {
-            let chunk = (want - done).min(POLL_BATCH);
-            let n = q.sv.poll(&mut buf[..chunk])?;
-            for (i, c) in buf[..n].iter().enumerate() {
-                // SAFETY: the caller passes num_entries writable ibv_wc.
-                unsafe { *wc.add(done + i) = wc_from(c) };
-            }
-            done += n;
-            if n < chunk {
-                break;
-            }
+        // A latency loop polls for one completion at a time: its buffer is
+        // one entry, not the 1.3 KB of a batch to initialise per call.
+        if want == 1 {
+            // SAFETY: forwarded (num_entries writable ibv_wc).
+            done = unsafe { poll_into::<1>(&q.sv, wc, want)? };
+        } else {
+            // SAFETY: as above.
+            done = unsafe { poll_into::<POLL_BATCH>(&q.sv, wc, want)? };
         }
         Ok(())
     });
@@ -282,6 +278,28 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
     } else {
         done as c_int
     }
+}
+
+/// Move up to `want` completions into `wc` through a stack buffer of `N`.
+///
+/// # Safety
+/// `wc` is valid for writing `want` entries.
+unsafe fn poll_into<const N: usize>(cq: &sv::Cq, wc: *mut ibv_wc, want: usize) -> Res<usize> {
+    let mut buf = [sv::Completion::default(); N];
+    let mut done = 0usize;
+    while done < want {
+        let chunk = (want - done).min(N);
+        let n = cq.poll(&mut buf[..chunk])?;
+        for (i, c) in buf[..n].iter().enumerate() {
+            // SAFETY: the caller's: `done + i < want`.
+            unsafe { *wc.add(done + i) = wc_from(c) };
+        }
+        done += n;
+        if n < chunk {
+            break;
+        }
+    }
+    Ok(done)
 }
 
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {

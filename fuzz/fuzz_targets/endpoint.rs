@@ -1223,8 +1223,11 @@ impl World {
                     s.length as u64,
                     AccessFlags::EMPTY,
                 ) {
-                    Ok(host) => s.addr = host.addr,
-                    Err(_) => return,
+                    // An implicit region's inline bytes the safe API
+                    // copies checked into a buffer of its own (or refuses):
+                    // not the core's to read unchecked, so not posted here.
+                    Ok(host) if !host.checked => s.addr = host.addr,
+                    _ => return,
                 }
             }
         }

@@ -18,31 +18,37 @@ const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_READ)
     .union(AccessFlags::REMOTE_ATOMIC);
 
-/// Three fresh pages: read-write, no access, read-only.
-fn three_pages() -> u64 {
-    // SAFETY: a new anonymous mapping, ours alone; mprotect on its own pages.
-    unsafe {
-        let p = libc::mmap(
+/// `len` bytes of a fresh anonymous read-write mapping, ours alone.
+fn anon_map(len: usize) -> *mut u8 {
+    // SAFETY: a new private anonymous mapping; nothing else refers to it.
+    let p = unsafe {
+        libc::mmap(
             std::ptr::null_mut(),
-            3 * PAGE,
+            len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "mmap");
-        let b = p as *mut u8;
-        for i in 0..PAGE {
-            *b.add(i) = (i * 7 % 251) as u8;
-            *b.add(2 * PAGE + i) = 0xee;
-        }
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap");
+    p.cast()
+}
+
+/// Three fresh pages: read-write (holding `page0()`), no access, read-only.
+fn three_pages() -> u64 {
+    let b = anon_map(3 * PAGE);
+    // SAFETY: `b` is our own 3-page mapping, read-write until the mprotects.
+    unsafe {
+        std::ptr::copy_nonoverlapping(page0().as_ptr(), b, PAGE);
+        std::ptr::write_bytes(b.add(2 * PAGE), 0xee, PAGE);
         assert_eq!(libc::mprotect(b.add(PAGE).cast(), PAGE, libc::PROT_NONE), 0);
         assert_eq!(
             libc::mprotect(b.add(2 * PAGE).cast(), PAGE, libc::PROT_READ),
             0
         );
-        p as u64
     }
+    b as u64
 }
 
 fn page0() -> Vec<u8> {
@@ -231,19 +237,12 @@ fn implicit_region(test: &str, transport: Transport) {
             // took away again is a local protection error, nothing sent.
             // SAFETY: as in the target; nothing here is written by peers.
             let own = unsafe { pd.reg_mr_implicit(AccessFlags::LOCAL_WRITE) }.unwrap();
-            // SAFETY: a fresh anonymous page, unmapped at once: its address
-            // is (for this test's purpose) memory this process does not have.
-            let gone = unsafe {
-                let p = libc::mmap(
-                    std::ptr::null_mut(),
-                    PAGE,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                );
-                assert_ne!(p, libc::MAP_FAILED);
-                assert_eq!(libc::munmap(p, PAGE), 0);
+            // A fresh page, unmapped at once: its address is (for this
+            // test's purpose) memory this process does not have.
+            let gone = {
+                let p = anon_map(PAGE);
+                // SAFETY: our own fresh page, unmapped at once.
+                assert_eq!(unsafe { libc::munmap(p.cast(), PAGE) }, 0);
                 p as u64
             };
             let sge = Sge {

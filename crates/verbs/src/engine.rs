@@ -1495,17 +1495,29 @@ impl Engine {
                 _ => false,
             };
             handed_over = false;
-            let mut belled = false;
-            if !ring_waiting {
-                if let Err(e) = self.epoll.wait(-1) {
+            // With a ring waiting, only look (the timers and the doorbell
+            // are still taken, so steady ring traffic cannot starve the
+            // watchdog). Only what epoll reports ready is read: each
+            // eventfd or timerfd read is a system call, and one that
+            // finds nothing is an `EAGAIN` (three per wake-up before).
+            let ready = match self.epoll.wait(if ring_waiting { 0 } else { -1 }) {
+                Ok(r) => r,
+                Err(e) => {
                     eprintln!("softrdma: engine stopped: epoll_wait: {e}");
                     return;
                 }
-                belled = self.shm.as_ref().is_some_and(|h| h.clear_bell());
-            }
-            let rang = self.doorbell.drain().unwrap_or(0) > 0 || ring_waiting || belled;
-            let timed = self.timer.drain() > 0;
-            if self.watchdog.drain() > 0 {
+            };
+            let belled = !ring_waiting
+                && self
+                    .shm
+                    .as_ref()
+                    .is_some_and(|h| ready.has(h.bell_fd()) && h.clear_bell());
+            let rang = (ready.has(self.doorbell.as_raw_fd())
+                && self.doorbell.drain().unwrap_or(0) > 0)
+                || ring_waiting
+                || belled;
+            let timed = ready.has(self.timer.as_raw_fd()) && self.timer.drain() > 0;
+            if ready.has(self.watchdog.as_raw_fd()) && self.watchdog.drain() > 0 {
                 self.check_poller();
                 let app = self.masked.load(Ordering::SeqCst);
                 let idle = self.poller_masked.load(Ordering::SeqCst);

@@ -163,18 +163,57 @@ impl Epoll {
         Ok(())
     }
 
-    /// Wait until one of the fds is readable or `timeout_ms` passes (-1: forever).
-    pub fn wait(&self, timeout_ms: i32) -> io::Result<usize> {
-        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
-        // SAFETY: `evs` has room for the 8 events we allow.
-        let r = unsafe { libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), 8, timeout_ms) };
+    /// Wait until one of the fds is readable or `timeout_ms` passes (-1:
+    /// forever; 0: only look). Returns which fds are ready, so the caller
+    /// reads only those: a read of an eventfd or timerfd that has nothing
+    /// is a system call for an `EAGAIN`.
+    pub fn wait(&self, timeout_ms: i32) -> io::Result<Ready> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; READY_MAX];
+        // SAFETY: `evs` has room for the READY_MAX events we allow.
+        let r = unsafe {
+            libc::epoll_wait(
+                self.0.as_raw_fd(),
+                evs.as_mut_ptr(),
+                READY_MAX as libc::c_int,
+                timeout_ms,
+            )
+        };
+        let mut ready = Ready {
+            fds: [-1; READY_MAX],
+            n: 0,
+        };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(0);
+                return Ok(ready);
             }
             return Err(e);
         }
-        Ok(r as usize)
+        for ev in &evs[..r as usize] {
+            ready.fds[ready.n] = ev.u64 as RawFd;
+            ready.n += 1;
+        }
+        Ok(ready)
+    }
+}
+
+/// Most events one `Epoll::wait` reports. More ready descriptors than this
+/// are not lost: the doorbells and timers are level-triggered (the next
+/// wait reports them again) and every pass drains the edge-triggered
+/// sockets whether or not they were reported.
+const READY_MAX: usize = 16;
+
+/// The descriptors one [`Epoll::wait`] found ready (each added with its own
+/// number as the event's data).
+#[derive(Debug, Clone, Copy)]
+pub struct Ready {
+    fds: [RawFd; READY_MAX],
+    n: usize,
+}
+
+impl Ready {
+    /// Whether `fd` was reported ready.
+    pub fn has(&self, fd: RawFd) -> bool {
+        self.fds[..self.n].contains(&fd)
     }
 }

@@ -228,6 +228,9 @@ pub(crate) struct Shared {
     /// QPs whose state changed since [`Endpoint::take_state_changes`] last
     /// ran, kept only once someone asked for them.
     pub state_changes: Option<Vec<u32>>,
+    /// Bumped by every QP state change, recorded or not: a layer that
+    /// caches "this QP is in RTS" outside the endpoint compares it.
+    pub state_epoch: u64,
     /// Selective repeat is offered and accepted (`EndpointConfig`).
     pub sr: bool,
     /// Out-of-order requests held, for every QP.
@@ -236,6 +239,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn state_changed(&mut self, qpn: u32) {
+        self.state_epoch = self.state_epoch.wrapping_add(1);
         if let Some(v) = self.state_changes.as_mut() {
             if !v.contains(&qpn) {
                 v.push(qpn);
@@ -352,6 +356,7 @@ impl Endpoint {
                 max_events: cfg.max_events,
                 fatal: Vec::new(),
                 state_changes: None,
+                state_epoch: 0,
                 sr: cfg.selective_repeat,
                 reorder: crate::qp::reorder::ReorderPool::new(cfg.reorder_slots as usize),
             },
@@ -1612,6 +1617,14 @@ impl Endpoint {
         }
         v.clear();
         self.shared.state_changes = Some(v);
+    }
+
+    /// A count of QP state changes so far (any QP, any cause: a modify,
+    /// an error the transport ran into, a destroy). A layer that acts on a
+    /// QP's state outside the endpoint (the verbs layer's lock-free lane
+    /// for shared memory) re-checks whenever it moved.
+    pub fn state_epoch(&self) -> u64 {
+        self.shared.state_epoch
     }
 
     /// The next asynchronous event or completion notification.

@@ -127,6 +127,10 @@ pub struct Peer {
     map: Mapping,
     /// Our in-flight word in its segment.
     active: u32,
+    /// Held by the one caller of [`Peer::one_sided`] at a time: the word
+    /// above is a single word, and callers are the engine (under its
+    /// lock) and the lock-free lanes of any number of QPs and threads.
+    user: AtomicBool,
     alive: AtomicBool,
     /// Our copy of our ring's head in its segment (see `ring::Ring::push`).
     tx_head: AtomicU64,
@@ -501,6 +505,7 @@ fn peer_of(
         key,
         map,
         active,
+        user: AtomicBool::new(false),
         alive: AtomicBool::new(true),
         tx_head: AtomicU64::new(0),
         fast,
@@ -685,7 +690,7 @@ impl Inner {
 
 /// The QP of ours a one-sided operation is posted on (and our GID), and
 /// its peer QP.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Qps {
     pub local: u32,
     pub local_gid: [u8; 16],
@@ -744,22 +749,33 @@ impl Peer {
 
     /// Carry out a one-sided `op` from `qps.local` on the peer's
     /// `qps.remote` if every check a responder makes passes; false, with
-    /// nothing touched, if any does not (the caller then sends it).
+    /// nothing touched, if any does not (the caller then sends it) — or if
+    /// another thread is inside this call for the same peer right now: the
+    /// peer's in-flight word is a single word, so one caller at a time
+    /// uses it, and a second one sends instead of waiting.
     ///
     /// # Safety
     /// `local`'s host spans must be valid for the access (readable for a
     /// WRITE, writable for a READ or an atomic's result) for the duration
-    /// of the call: the core translated them during this call, under the
-    /// engine's lock, so their region cannot be freed meanwhile. One caller
-    /// at a time per `Peer` (the peer's in-flight word is a single word):
-    /// callers hold their context's engine lock, which owns the `Peer`.
+    /// of the call: their region must not be deregistered (and its memory
+    /// freed) before the call returns. The engine translates them under its
+    /// lock; a lane under its `busy` flag, which deregistration waits for.
     pub unsafe fn one_sided(&self, qps: Qps, op: &SendOp, local: OffloadLocal<'_>) -> bool {
         if !self.alive() {
             return false;
         }
-        // SAFETY: forwarded from the caller (one caller at a time, so the
-        // in-flight word is ours alone).
-        unsafe { self.one_sided_locked(qps, op, local) }
+        if self
+            .user
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        // SAFETY: forwarded from the caller; `user` is ours until the
+        // store below, so the in-flight word is ours alone.
+        let ok = unsafe { self.one_sided_locked(qps, op, local) };
+        self.user.store(false, Ordering::Release);
+        ok
     }
 
     /// # Safety

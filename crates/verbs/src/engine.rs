@@ -53,6 +53,7 @@ use std::time::Instant;
 use softrdma_core::{Endpoint, Event, Nanos, RxMeta};
 use softrdma_udp::Port;
 
+use crate::lane::{self, Lane};
 use crate::memory::{segment, HostMemory};
 use crate::sys::{Epoll, EventFd, TimerFd};
 
@@ -199,6 +200,15 @@ pub(crate) struct State {
     gsi_passed: std::collections::VecDeque<([u8; 16], u64)>,
     /// The PSN of QP1's next MAD.
     gsi_psn: u32,
+    /// Lock-free lanes open now (see `crate::lane`), and the core's QP
+    /// state epoch when they were checked: any QP state change since
+    /// closes them before the lock is let go.
+    lanes_open: Vec<Arc<Lane>>,
+    lane_epoch: u64,
+    /// By QPN's low 16 bits: each QP's lane (its handle holds it too).
+    lanes: Vec<Option<Arc<Lane>>>,
+    /// Operations carried out by lanes since closed (`Stats::offloaded`).
+    pub lane_carried: u64,
 }
 
 /// A QP connected to a QP of a context on this host that shares memory.
@@ -702,16 +712,27 @@ impl State {
         wr: &softrdma_core::wr::SendWr<'_>,
     ) -> Result<bool, softrdma_core::Error> {
         let mem = self.mem;
-        match self.direct.get((qpn & 0xffff) as usize) {
+        let done = match self.direct.get((qpn & 0xffff) as usize) {
             Some(Some(d)) if d.qps.local == qpn => {
                 let State { ep, direct, .. } = self;
                 let Some(Some(d)) = direct.get((qpn & 0xffff) as usize) else {
                     unreachable!("matched above")
                 };
-                ep.post_send_offload(qpn, wr, &mem, &mut PeerOffload(d))
+                ep.post_send_offload(qpn, wr, &mem, &mut PeerOffload(d))?
             }
-            _ => self.ep.post_send(qpn, wr, &mem).map(|()| false),
+            _ => {
+                self.ep.post_send(qpn, wr, &mem)?;
+                false
+            }
+        };
+        // Work in the send queue: a lane post would overtake it. Carried
+        // out at once: the lane may serve the next ones.
+        if done {
+            self.open_lane(qpn, wr);
+        } else {
+            self.close_lane_of(qpn);
         }
+        Ok(done)
     }
 
     /// Publish the responder state of QPs that changed to peers that
@@ -763,10 +784,128 @@ impl State {
             .publish_mr(mr.rkey, mr.pd, mr.access, mr.iova, mr.host_addr, &g.s)
     }
 
-    /// Withdraw region `rkey` from peers, waiting until none is inside it.
+    /// Withdraw region `rkey` from peers, waiting until none is inside it;
+    /// and from this context's lanes, which hold local translations (a
+    /// region is withdrawn before it is deregistered, reregistered or lent
+    /// out): none is inside it when this returns.
     pub fn withdraw(&mut self, rkey: u32) {
+        self.close_lanes();
         if let Some(h) = self.shm.as_ref() {
             h.withdraw_mr(rkey);
+        }
+    }
+
+    /// Give QP `qpn` its lane (at creation); `None` takes it away (at
+    /// destruction, closed first).
+    pub fn set_lane(&mut self, qpn: u32, lane: Option<Arc<Lane>>) {
+        let i = (qpn & 0xffff) as usize;
+        if self.lanes.len() <= i {
+            self.lanes.resize(i + 1, None);
+        }
+        if let Some(old) = self.lanes[i].take() {
+            self.close_lane(&old);
+        }
+        self.lanes[i] = lane;
+    }
+
+    fn lane_of(&self, qpn: u32) -> Option<Arc<Lane>> {
+        self.lanes.get((qpn & 0xffff) as usize)?.clone()
+    }
+
+    /// Close every open lane (see `crate::lane`): when this returns no
+    /// post is in one, and none will be until the engine opens it again.
+    pub fn close_lanes(&mut self) {
+        for l in std::mem::take(&mut self.lanes_open) {
+            l.set_pos(None);
+            l.close();
+            self.lane_carried += l.take_carried();
+        }
+    }
+
+    /// Close one QP's lane (its send queue holds work, or the QP changes).
+    pub fn close_lane(&mut self, lane: &Arc<Lane>) {
+        let Some(at) = lane.pos() else {
+            return;
+        };
+        self.lanes_open.swap_remove(at);
+        if let Some(moved) = self.lanes_open.get(at) {
+            moved.set_pos(Some(at));
+        }
+        lane.set_pos(None);
+        lane.close();
+        self.lane_carried += lane.take_carried();
+    }
+
+    /// Close QP `qpn`'s lane, if it has one open.
+    pub fn close_lane_of(&mut self, qpn: u32) {
+        if let Some(l) = self.lane_of(qpn) {
+            self.close_lane(&l);
+        }
+    }
+
+    /// Operations carried out by lanes, open ones included.
+    pub fn lanes_carried(&self) -> u64 {
+        self.lane_carried + self.lanes_open.iter().map(|l| l.carried()).sum::<u64>()
+    }
+
+    /// After a post the core carried out at once (`post_send` returned
+    /// true): open QP `qpn`'s lane if what it promises holds now — RC, in
+    /// RTS, not signalling every request, an empty send queue, a peer
+    /// through shared memory — remembering the regions `wr` named.
+    fn open_lane(&mut self, qpn: u32, wr: &softrdma_core::wr::SendWr<'_>) {
+        use softrdma_core::qp::state::{QpState, QpType};
+        if self.ep.state_epoch() != self.lane_epoch {
+            self.close_lanes();
+            self.lane_epoch = self.ep.state_epoch();
+        }
+        let Some(lane) = self.lane_of(qpn) else {
+            return;
+        };
+        if wr.flags.contains(softrdma_core::wr::SendFlags::INLINE) {
+            return; // names no region to remember
+        }
+        let Some(Some(d)) = self.direct.get((qpn & 0xffff) as usize) else {
+            return;
+        };
+        if d.qps.local != qpn {
+            return;
+        }
+        let Ok(q) = self.ep.qp(qpn) else {
+            return;
+        };
+        if q.qp_type != QpType::Rc
+            || q.state != QpState::Rts
+            || q.sq_sig_all
+            || !q.send_queue_empty()
+        {
+            return;
+        }
+        let mut regions = arrayvec::ArrayVec::<_, { softrdma_core::MAX_SGE }>::new();
+        for s in wr.sgl {
+            match self.ep.mrs().get_by_lkey(s.lkey) {
+                Some(m) if m.pd == q.pd && !m.checked => regions.push((
+                    m.lkey,
+                    m.iova,
+                    m.len,
+                    m.host_addr,
+                    lane::local_write(m.access),
+                )),
+                _ => return,
+            }
+        }
+        if regions.is_empty() {
+            return;
+        }
+        lane.open(lane::Opening {
+            peer: d.peer.clone(),
+            qps: d.qps,
+            max_sge: q.cap.max_send_sge as usize,
+            reads: q.attr.max_rd_atomic > 0,
+            regions: &regions,
+        });
+        if lane.pos().is_none() {
+            lane.set_pos(Some(self.lanes_open.len()));
+            self.lanes_open.push(lane);
         }
     }
 
@@ -798,6 +937,10 @@ impl State {
     /// Deregister orphaned regions whose windows are gone (after a window
     /// is deallocated).
     pub fn retry_orphans(&mut self) {
+        if !self.orphans.is_empty() {
+            // Their buffers may be freed below.
+            self.close_lanes();
+        }
         let ep = &mut self.ep;
         self.orphans.retain(|(lkey, _)| ep.dereg_mr(*lkey).is_err());
     }
@@ -878,6 +1021,9 @@ pub(crate) struct Engine {
     /// holds whether the socket is in the engine's epoll set now, so an
     /// unchanged registration costs no system call.
     sock_events: Mutex<bool>,
+    /// `State::tx_deferred` as of the last unlock: a lane post (which takes
+    /// no lock) leaves deferred ACKs for the engine's way to carry.
+    acks_deferred: AtomicBool,
 }
 
 /// The state, owned by one thread; letting go serves the backlog.
@@ -915,6 +1061,15 @@ impl Drop for Guard<'_> {
                 self.eng.service(&mut g);
                 continue;
             }
+            // A QP's state changed under this lock (an error the
+            // transport ran into, say): the lanes, which act on "it is in
+            // RTS", close before anyone can see the change.
+            if !g.lanes_open.is_empty() && g.ep.state_epoch() != g.lane_epoch {
+                g.close_lanes();
+            }
+            self.eng
+                .acks_deferred
+                .store(g.tx_deferred, Ordering::Relaxed);
             drop(g);
             if !self.eng.pending.load(Ordering::SeqCst) {
                 return;
@@ -968,6 +1123,10 @@ impl Engine {
                 gsi_requests: Vec::new(),
                 gsi_passed: std::collections::VecDeque::new(),
                 gsi_psn: 0,
+                lanes_open: Vec::new(),
+                lane_epoch: 0,
+                lanes: Vec::new(),
+                lane_carried: 0,
             }),
             shm,
             transport,
@@ -1003,6 +1162,7 @@ impl Engine {
             beats: AtomicU64::new(0),
             seen_beats: AtomicU64::new(0),
             sock_events: Mutex::new(true),
+            acks_deferred: AtomicBool::new(false),
         });
         let epoll = &e.epoll;
         // Edge-triggered: the engine is woken once per arrival, not again
@@ -1097,6 +1257,13 @@ impl Engine {
         } else {
             self.kick(st);
         }
+    }
+
+    /// Whether the last holder of the state left ACKs for the
+    /// application's next call to carry (then a post takes the engine's
+    /// way, which sends them).
+    pub fn acks_deferred(&self) -> bool {
+        self.acks_deferred.load(Ordering::Relaxed)
     }
 
     pub fn kick(&self, st: &mut State) {

@@ -67,6 +67,7 @@ mod device;
 mod engine;
 pub mod gid;
 mod gsi;
+mod lane;
 mod memory;
 pub mod oob;
 mod ops;
@@ -458,6 +459,9 @@ pub fn transport_from_env() -> Result<Transport> {
 pub struct ShmStats {
     /// One-sided operations carried out at post, into a peer's memory.
     pub offloaded: u64,
+    /// Of those, the ones posted through a QP's lock-free lane (unsignaled
+    /// WRITEs and READs: see `docs/DESIGN.md`, "The lock-free lane").
+    pub lane: u64,
     /// Packets a peer on this host refused: it had ended, or broke the
     /// ring's protocol (a full ring loses nothing: see `ring_stalls`).
     pub ring_drops: u64,
@@ -714,7 +718,9 @@ impl Context {
     /// Transport and port counters.
     pub fn stats(&self) -> (Stats, PortStats) {
         let st = self.eng.lock();
-        (*st.ep.stats(), st.port.stats())
+        let mut s = *st.ep.stats();
+        s.offloaded += st.lanes_carried();
+        (s, st.port.stats())
     }
 
     /// Shared-memory counters: one-sided operations carried out at post
@@ -722,7 +728,8 @@ impl Context {
     pub fn shm_stats(&self) -> ShmStats {
         let st = self.eng.lock();
         ShmStats {
-            offloaded: st.ep.stats().offloaded,
+            offloaded: st.ep.stats().offloaded + st.lanes_carried(),
+            lane: st.lanes_carried(),
             ring_drops: st.ring_drops,
             ring_stalls: st.ring_stalls,
         }
@@ -928,6 +935,8 @@ impl Pd {
             sq_sig_all: init.sq_sig_all,
         })?;
         st.count_udp(qpn, 1);
+        let lane = Arc::new(lane::Lane::new());
+        st.set_lane(qpn, Some(lane.clone()));
         Ok(Qp {
             eng: self.eng.clone(),
             qpn,
@@ -938,6 +947,7 @@ impl Pd {
             gids: self.gids.clone(),
             port_mtu: self.port_mtu,
             tgt: None,
+            lane,
         })
     }
 
@@ -1788,6 +1798,9 @@ pub struct Qp {
     /// An XRC target QP: the QP itself, shared by every handle
     /// [`Xrcd::open_tgt_qp`] opened on it and destroyed with the last.
     tgt: Option<Arc<xrc::TgtQp>>,
+    /// Unsignaled WRITEs and READs to a peer on this host, without the
+    /// engine's lock (see `lane`).
+    lane: Arc<lane::Lane>,
 }
 
 /// A random 24-bit PSN (from the OS CSPRNG, which `Context::open` checked).
@@ -1875,6 +1888,9 @@ impl Qp {
             // no longer answers until its retry count runs out.
             self.eng.flush_deferred(&mut st);
         }
+        // What the lanes hold follows from the QP's state and attributes
+        // (and its peer, set below): they close first.
+        st.close_lanes();
         st.ep.modify_qp(self.qpn, attr, mask)?;
         match to {
             Some(QpState::Rtr) | Some(QpState::Reset) => {
@@ -1988,6 +2004,9 @@ impl Qp {
     /// Post a send work request. Every SGE must lie in a memory region of
     /// this QP's protection domain, inline ones included.
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        if self.lane_post(wr) {
+            return Ok(());
+        }
         self.join_ud(wr);
         let mut st = self.eng.lock();
         let mut host = HostSgl::default();
@@ -1995,6 +2014,14 @@ impl Qp {
         let done = st.post_send(self.qpn, &wr)?;
         self.eng.posted_send(&mut st, done);
         Ok(())
+    }
+
+    /// Carry `wr` out through the QP's lane, without the engine's lock, if
+    /// the lane is open and serves it (see `lane`); false: post it the
+    /// engine's way. ACKs the last pass deferred for the application's
+    /// next call go the engine's way too, which carries them.
+    fn lane_post(&self, wr: &SendWr<'_>) -> bool {
+        !self.eng.acks_deferred() && self.lane.try_post(wr)
     }
 
     /// Post several send work requests in order, as `ibv_post_send` posts
@@ -2185,6 +2212,8 @@ impl Qp {
                 (wr.mw_rkey & !0xff) | (wr.new_rkey & 0xff)
             }
         };
+        // The bind is in the send queue: a lane post would overtake it.
+        st.close_lane_of(self.qpn);
         self.eng.kick(&mut st);
         Ok(new)
     }
@@ -2194,6 +2223,10 @@ impl Qp {
     /// # Safety
     /// Inline SGEs must point to readable memory of their length.
     pub unsafe fn post_send_unchecked(&self, wr: &SendWr<'_>) -> Result<()> {
+        // A lane post names regions by lkey only (no inline bytes).
+        if self.lane_post(wr) {
+            return Ok(());
+        }
         self.join_ud(wr);
         let mut st = self.eng.lock();
         let done = st.post_send(self.qpn, wr)?;
@@ -2233,6 +2266,7 @@ impl Drop for Qp {
         // An ACK the last pass deferred belongs to this QP, perhaps: the
         // peer must get it (it would retransmit into a destroyed QP).
         self.eng.flush_deferred(&mut st);
+        st.set_lane(self.qpn, None);
         st.set_direct(self.qpn, None);
         st.count_udp(self.qpn, -1);
         let _ = st.ep.destroy_qp(self.qpn);

@@ -156,6 +156,8 @@ impl Xrcd {
             gids: self.gids.clone(),
             port_mtu: self.port_mtu,
             tgt: Some(tgt),
+            // Never opened: lanes serve RC QPs only.
+            lane: Arc::new(crate::lane::Lane::new()),
         }
     }
 }

@@ -507,3 +507,234 @@ fn a_full_ring_holds_the_sender_back_and_loses_nothing() {
         },
     );
 }
+
+/// The lock-free lane (`docs/DESIGN.md`, "The lock-free lane"): once a
+/// post was carried out at once, unsignaled WRITEs and READs go straight
+/// into the peer's memory from the posting thread, every byte exact — from
+/// several threads at once too — and every change closes the lane before
+/// it takes effect: a deregistered source is refused (never read after it
+/// is freed), and a QP moved to ERR moves nothing.
+#[test]
+fn unsignaled_one_sided_posts_take_the_lane_and_stop_at_every_change() {
+    const TGT: u64 = 61;
+    const SRC: u64 = 62;
+    const PAGE: usize = 4096;
+    // Where the ERR-state WRITE would land: it must not.
+    const UNTOUCHED: usize = LEN - PAGE;
+    two_processes(
+        "unsignaled_one_sided_posts_take_the_lane_and_stop_at_every_change",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64, None).unwrap();
+            let qps: Vec<Qp> = (0..3)
+                .map(|_| qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16)))
+                .collect();
+            // Page-aligned: all of it in pages the peer maps.
+            let tgt = pd.alloc_mr(LEN, ALL_REMOTE).unwrap();
+            tgt.write(0, &pattern(TGT, LEN));
+            let refs: Vec<&Qp> = qps.iter().collect();
+            exchange_and_connect(&ctx, &mut oob, &refs, QpType::Rc, 90);
+            oob.send_region(&Region::of(&tgt));
+            oob.expect("written");
+            // 16 pages from the lane (and the opening WRITE), then the
+            // two threads' halves of the next 128 pages.
+            let mut want = pattern(TGT, LEN);
+            let src = pattern(SRC, 64 << 10);
+            want[..64 << 10].copy_from_slice(&src);
+            for t in 0..2u64 {
+                let part = pattern(100 + t, 64 * PAGE);
+                let at = (64 << 10) + t as usize * 64 * PAGE;
+                want[at..at + 64 * PAGE].copy_from_slice(&part);
+            }
+            assert_bytes(&read_mr(&tgt, 0, LEN), &want, "target region");
+            oob.signal("checked");
+            oob.expect("err");
+            assert_bytes(
+                &read_mr(&tgt, UNTOUCHED, PAGE),
+                &want[UNTOUCHED..],
+                "the page a QP in ERR posted a WRITE to",
+            );
+            oob.signal("ok");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64, None).unwrap();
+            let qps: Vec<Qp> = (0..3)
+                .map(|_| qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16)))
+                .collect();
+            let src = mr_with(&pd, 64 << 10, SRC, AccessFlags::LOCAL_WRITE);
+            let local = pd.reg_mr(vec![0; LEN], AccessFlags::LOCAL_WRITE).unwrap();
+            let refs: Vec<&Qp> = qps.iter().collect();
+            exchange_and_connect(&ctx, &mut oob, &refs, QpType::Rc, 90);
+            let tgt = oob.recv_region();
+            let qp = &qps[0];
+            assert_eq!(qp.transport(), "shm");
+            let write_at = |off: usize| SendOp::Write {
+                remote_addr: tgt.at(off),
+                rkey: tgt.rkey,
+            };
+            let none = SendFlags::default();
+            // A signaled WRITE is carried out the engine's way, and opens
+            // the lane.
+            qp.post_send(&wr(
+                1,
+                write_at(0),
+                &[src.sge(0, PAGE as u32)],
+                SendFlags::SIGNALED,
+            ))
+            .unwrap();
+            assert_eq!(
+                wait_cq(&cq, 1, "the opening WRITE")[0].status,
+                WcStatus::Success
+            );
+            let lane0 = ctx.shm_stats().lane;
+            // Fifteen unsignaled WRITEs: through the lane, no completion.
+            for k in 1..16 {
+                let sge = [src.sge(k * PAGE, PAGE as u32)];
+                qp.post_send(&wr(2, write_at(k * PAGE), &sge, none))
+                    .unwrap();
+            }
+            assert_eq!(ctx.shm_stats().lane - lane0, 15, "WRITEs through the lane");
+            assert_cq_empty(&cq, Duration::from_millis(50), "after unsignaled WRITEs");
+            // Unsignaled READs of what they wrote, carried out before the
+            // post returns: the first names a region the lane has not
+            // seen (it goes the engine's way, and the lane learns it), the
+            // second goes through the lane.
+            for (k, half) in [(3, 0), (4, 32 << 10)] {
+                let sge = [local.sge(half, 32 << 10)];
+                let op = SendOp::Read {
+                    remote_addr: tgt.at(half),
+                    rkey: tgt.rkey,
+                };
+                qp.post_send(&wr(k, op, &sge, none)).unwrap();
+            }
+            assert_eq!(
+                ctx.shm_stats().lane - lane0,
+                16,
+                "the second READ through the lane"
+            );
+            assert_bytes(
+                &read_mr(&local, 0, 64 << 10),
+                &pattern(SRC, 64 << 10),
+                "READ back",
+            );
+            // Two threads, two more QPs to the same peer, at once: each
+            // WRITE exact, whichever way it went (a thread that finds the
+            // peer busy with the other's copy goes the engine's way).
+            let parts: Vec<Mr> = (0..2u64)
+                .map(|t| mr_with(&pd, 64 * PAGE, 100 + t, AccessFlags::LOCAL_WRITE))
+                .collect();
+            std::thread::scope(|s| {
+                for t in 0..2 {
+                    let (q, part, tgt) = (&qps[1 + t], &parts[t], &tgt);
+                    s.spawn(move || {
+                        let base = (64 << 10) + t * 64 * PAGE;
+                        let op = |k: usize| SendOp::Write {
+                            remote_addr: tgt.at(base + k * PAGE),
+                            rkey: tgt.rkey,
+                        };
+                        // The first signaled (it opens this QP's lane).
+                        q.post_send(&wr(
+                            9,
+                            op(0),
+                            &[part.sge(0, PAGE as u32)],
+                            SendFlags::SIGNALED,
+                        ))
+                        .unwrap();
+                        for round in 0..20 {
+                            for k in 1..64 {
+                                let sge = [part.sge(k * PAGE, PAGE as u32)];
+                                // Posts beyond the queue's depth may be
+                                // refused while WRITEs that went the
+                                // engine's way wait: try again.
+                                let start = Instant::now();
+                                while q
+                                    .post_send(&wr(10 + round as u64, op(k), &sge, none))
+                                    .is_err()
+                                {
+                                    assert!(start.elapsed() < WAIT, "post refused for good");
+                                    std::thread::yield_now();
+                                }
+                            }
+                        }
+                    });
+                }
+            });
+            let _ = wait_cq(&cq, 2, "the two threads' opening WRITEs");
+            // A signaled WRITE on each QP completes after everything the
+            // thread posted before it (RC order).
+            for (i, q) in qps[1..].iter().enumerate() {
+                let sge = [parts[i].sge(0, PAGE as u32)];
+                let base = (64 << 10) + i * 64 * PAGE;
+                q.post_send(&wr(50, write_at(base), &sge, SendFlags::SIGNALED))
+                    .unwrap();
+            }
+            let c = wait_cq(&cq, 2, "the threads' last WRITEs");
+            assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+            oob.signal("written");
+            oob.expect("checked");
+            // A source region deregistered: the lane that remembered it
+            // closed, and the stale SGE is refused by name.
+            let gone = pd
+                .reg_mr(pattern(7, PAGE), AccessFlags::LOCAL_WRITE)
+                .unwrap();
+            let stale = [gone.sge(0, PAGE as u32)];
+            qp.post_send(&wr(60, write_at(0), &stale, SendFlags::SIGNALED))
+                .unwrap();
+            assert_eq!(
+                wait_cq(&cq, 1, "WRITE from a new region")[0].status,
+                WcStatus::Success
+            );
+            let before = ctx.shm_stats().lane;
+            qp.post_send(&wr(61, write_at(0), &stale, none)).unwrap();
+            assert_eq!(
+                ctx.shm_stats().lane - before,
+                1,
+                "the new region through the lane"
+            );
+            drop(gone);
+            let e = qp
+                .post_send(&wr(62, write_at(0), &stale, none))
+                .expect_err("a WRITE from a deregistered region was accepted");
+            assert!(e.to_string().contains("lkey"), "{e}");
+            // Put back what the test WRITEs overwrote at 0.
+            qp.post_send(&wr(
+                63,
+                write_at(0),
+                &[src.sge(0, PAGE as u32)],
+                SendFlags::SIGNALED,
+            ))
+            .unwrap();
+            assert_eq!(
+                wait_cq(&cq, 1, "restoring WRITE")[0].status,
+                WcStatus::Success
+            );
+            qp.post_send(&wr(64, write_at(0), &[src.sge(0, PAGE as u32)], none))
+                .unwrap();
+            // A QP in ERR moves nothing, lane or not.
+            let attr = QpAttr {
+                qp_state: QpState::Err,
+                ..Default::default()
+            };
+            qp.modify(&attr, AttrMask::STATE).unwrap();
+            let lane1 = ctx.shm_stats().lane;
+            let _ = qp.post_send(&wr(
+                65,
+                write_at(UNTOUCHED),
+                &[src.sge(0, PAGE as u32)],
+                none,
+            ));
+            assert_eq!(
+                ctx.shm_stats().lane,
+                lane1,
+                "a QP in ERR posted through its lane"
+            );
+            let (_, port) = ctx.stats();
+            assert_eq!(port.tx_packets, 0, "a datagram went on the wire: {port:?}");
+            oob.signal("err");
+            oob.expect("ok");
+        },
+    );
+}

@@ -97,6 +97,12 @@ impl Qp {
         }
     }
 
+    /// Nothing is in the send queue: every request posted so far has been
+    /// completed (for RC: acknowledged, so executed by the responder).
+    pub fn send_queue_empty(&self) -> bool {
+        self.sq.head == self.sq.tail
+    }
+
     pub fn mtu(&self) -> u32 {
         self.attr.path_mtu.bytes()
     }

@@ -1,0 +1,309 @@
+//! The lock-free lane: unsignaled RDMA WRITEs and READs of an RC QP whose
+//! peer shares memory with us, carried out in the posting thread without
+//! the engine's lock — a NIC's doorbell with nothing between it and the
+//! DMA engine.
+//!
+//! Through shared memory a one-sided operation is already carried out at
+//! post (`Endpoint::post_send_offload`): the poster copies straight into
+//! the peer's registered memory. What remained per post was the engine:
+//! its lock, the core's validation of the work request, the region table's
+//! hash lookup, the pass's bookkeeping — four fifths of a 100 ns post,
+//! measured (`docs/PERFORMANCE.md`, "The lock-free lane"). The lane keeps
+//! what a post needs while nothing about the QP changes:
+//!
+//! * it is **opened** by the engine, under its lock, after a post that the
+//!   core carried out at once, if the QP is RC, in RTS, signals only what
+//!   it is asked to, has an empty send queue (so nothing of it waits in a
+//!   ring: an RC request leaves the queue when acknowledged, that is
+//!   executed) and reaches its peer through shared memory; it then holds
+//!   the peer, the QP's limits and the translations of the regions that
+//!   post named (lkey, iova, length, host address, local write), read from
+//!   the region table;
+//! * a post that is a WRITE or READ with no flags (unsignaled, not inline,
+//!   not fenced), whose SGEs all lie in a remembered region, is carried out
+//!   by [`Lane::try_post`]: no completion (it is unsignaled), nothing
+//!   queued. Anything else — a signaled request, a SEND, an atomic, an SGE
+//!   in another region, a peer that refuses — goes the engine's way, which
+//!   checks, errs and completes exactly as before;
+//! * it is **closed** by the engine, under its lock, before anything that
+//!   could make what it holds untrue: a region withdrawn (deregistration,
+//!   reregistration, zero-copy access), any QP's state changing (a modify,
+//!   an error the transport ran into, a destroy), a post that queued work.
+//!   Closing waits for a post in progress (`busy`), so when a region's
+//!   deregistration goes on, no lane reads or writes its memory, and none
+//!   will: the next post finds the lane closed and takes the engine's way,
+//!   where the lkey no longer resolves.
+//!
+//! `busy` is a flag, not a lock anybody waits on while holding another: a
+//! poster only tries it (and takes the engine's way if it is taken), and
+//! the engine takes it, under its own lock, only to close or refill.
+//! A poster never takes the engine's lock while it holds `busy`.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use softrdma_core::qp::attr::AccessFlags;
+use softrdma_core::wr::{SendFlags, SendOp, SendWr};
+use softrdma_core::{OffloadLocal, MAX_MSG_SIZE, MAX_SGE};
+
+/// Regions a lane remembers (perftest and most programs post from one).
+const KEYS: usize = 2;
+
+/// One remembered region, as the region table had it when the lane opened.
+#[derive(Debug, Clone, Copy)]
+struct Region {
+    lkey: u32,
+    iova: u64,
+    len: u64,
+    host: u64,
+    local_write: bool,
+}
+
+impl Region {
+    /// The host address of `[addr, addr + len)` if it lies inside.
+    fn host_of(&self, addr: u64, len: u64) -> Option<u64> {
+        let off = addr.checked_sub(self.iova)?;
+        (off.checked_add(len)? <= self.len).then_some(self.host + off)
+    }
+}
+
+/// What an open lane holds; read and written only by whoever holds `busy`.
+struct Inner {
+    peer: Option<Arc<softrdma_shm::Peer>>,
+    qps: softrdma_shm::Qps,
+    max_sge: usize,
+    /// The QP may issue READs (`max_rd_atomic` ≥ 1).
+    reads: bool,
+    keys: [Option<Region>; KEYS],
+    /// Where the next remembered region goes.
+    next: usize,
+}
+
+/// One QP's lane (see the module docs).
+pub(crate) struct Lane {
+    open: AtomicBool,
+    busy: AtomicBool,
+    inner: UnsafeCell<Inner>,
+    /// Operations carried out through the lane (`Stats::offloaded`).
+    carried: AtomicU64,
+    /// Where it is in the engine's list of open lanes (`usize::MAX`: not
+    /// there). Read and written under the engine's lock only.
+    pos: AtomicUsize,
+}
+
+// SAFETY: `inner` is only touched by the holder of `busy` (taken with
+// Acquire, released with Release), so it is never accessed by two threads
+// at once and each holder sees the last holder's writes; everything in it
+// is Send (an Arc of a Sync peer, plain numbers).
+unsafe impl Sync for Lane {}
+
+/// `busy`, held; released on drop (also if the holder unwinds).
+struct Held<'a>(&'a Lane);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
+
+impl Held<'_> {
+    fn inner(&mut self) -> &mut Inner {
+        // SAFETY: we hold `busy` (see the `Sync` impl), and this borrow of
+        // `self` keeps the reference from outliving it.
+        unsafe { &mut *self.0.inner.get() }
+    }
+}
+
+/// What the engine fills a lane with when it opens it.
+pub(crate) struct Opening<'a> {
+    pub peer: Arc<softrdma_shm::Peer>,
+    pub qps: softrdma_shm::Qps,
+    pub max_sge: usize,
+    pub reads: bool,
+    /// The regions of the post that opened it: (lkey, iova, len, host,
+    /// local write).
+    pub regions: &'a [(u32, u64, u64, u64, bool)],
+}
+
+impl Lane {
+    pub(crate) fn new() -> Lane {
+        Lane {
+            open: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
+            inner: UnsafeCell::new(Inner {
+                peer: None,
+                qps: softrdma_shm::Qps {
+                    local: 0,
+                    local_gid: [0; 16],
+                    remote: 0,
+                },
+                max_sge: 0,
+                reads: false,
+                keys: [None; KEYS],
+                next: 0,
+            }),
+            carried: AtomicU64::new(0),
+            pos: AtomicUsize::new(usize::MAX),
+        }
+    }
+
+    fn try_hold(&self) -> Option<Held<'_>> {
+        self.busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            .then_some(Held(self))
+    }
+
+    /// Wait for a post in progress to finish and hold the lane (the
+    /// engine, under its lock). A poster holds it for one bounded copy.
+    fn hold(&self) -> Held<'_> {
+        loop {
+            if let Some(h) = self.try_hold() {
+                return h;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    pub(crate) fn pos(&self) -> Option<usize> {
+        let p = self.pos.load(Ordering::Relaxed);
+        (p != usize::MAX).then_some(p)
+    }
+
+    pub(crate) fn set_pos(&self, p: Option<usize>) {
+        self.pos.store(p.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+
+    /// Operations carried out since the last [`Lane::take_carried`].
+    pub(crate) fn carried(&self) -> u64 {
+        self.carried.load(Ordering::Relaxed)
+    }
+
+    /// Take the count (the engine, after [`Lane::close`]: no post is in
+    /// the lane and none will be, so nobody writes it meanwhile).
+    pub(crate) fn take_carried(&self) -> u64 {
+        let n = self.carried.load(Ordering::Relaxed);
+        self.carried.store(0, Ordering::Relaxed);
+        n
+    }
+
+    /// Close the lane: from the return on, no post uses what it held, and
+    /// none is in progress. The engine calls it under its lock.
+    pub(crate) fn close(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        let mut h = self.hold();
+        let i = h.inner();
+        i.peer = None;
+        i.keys = [None; KEYS];
+    }
+
+    /// Open the lane, or remember more regions in an open one. The engine
+    /// calls it under its lock, with what it checked there (see the module
+    /// docs); a different peer or QP replaces what was held.
+    pub(crate) fn open(&self, o: Opening<'_>) {
+        let mut h = self.hold();
+        let i = h.inner();
+        let same = i
+            .peer
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p, &o.peer) && i.qps == o.qps);
+        if !same {
+            i.keys = [None; KEYS];
+            i.next = 0;
+        }
+        i.peer = Some(o.peer);
+        i.qps = o.qps;
+        i.max_sge = o.max_sge;
+        i.reads = o.reads;
+        for &(lkey, iova, len, host, local_write) in o.regions {
+            let r = Region {
+                lkey,
+                iova,
+                len,
+                host,
+                local_write,
+            };
+            match i.keys.iter_mut().flatten().find(|k| k.lkey == lkey) {
+                Some(k) => *k = r,
+                None => {
+                    let at = i.next;
+                    i.keys[at] = Some(r);
+                    i.next = (at + 1) % KEYS;
+                }
+            }
+        }
+        self.open.store(true, Ordering::Release);
+    }
+
+    /// Carry `wr` out through the lane if it is open and `wr` is what it
+    /// serves; false (nothing done) sends it the engine's way.
+    pub(crate) fn try_post(&self, wr: &SendWr<'_>) -> bool {
+        if !self.open.load(Ordering::Relaxed)
+            || wr.flags != SendFlags::default()
+            || !matches!(wr.op, SendOp::Write { .. } | SendOp::Read { .. })
+        {
+            return false;
+        }
+        let Some(mut h) = self.try_hold() else {
+            return false;
+        };
+        // Read after taking `busy`: a close that began before we took it
+        // has stored false already (it then waits for us), and one after
+        // finds us holding it.
+        if !self.open.load(Ordering::Acquire) {
+            return false;
+        }
+        let i = h.inner();
+        let read = matches!(wr.op, SendOp::Read { .. });
+        if wr.sgl.len() > i.max_sge || (read && !i.reads) {
+            return false;
+        }
+        let mut spans = arrayvec::ArrayVec::<(u64, u32), MAX_SGE>::new();
+        let mut total = 0u64;
+        for s in wr.sgl {
+            // Every SGE's key is checked, as the core checks a zero-length
+            // one's; only those with bytes are translated and handed on.
+            let Some(r) = i
+                .keys
+                .iter()
+                .flatten()
+                .find(|k| k.lkey == s.lkey && (k.local_write || !read))
+            else {
+                return false;
+            };
+            total += s.length as u64;
+            if s.length == 0 {
+                continue;
+            }
+            let Some(host) = r.host_of(s.addr, s.length as u64) else {
+                return false;
+            };
+            spans.push((host, s.length));
+        }
+        if spans.is_empty() || total > MAX_MSG_SIZE {
+            return false;
+        }
+        let Some(peer) = i.peer.as_ref() else {
+            return false;
+        };
+        // SAFETY: each span lies inside a region that was registered, of
+        // this QP's PD and (for a READ) locally writable when the engine
+        // opened the lane, and still is: anything that would change that
+        // (a withdrawal, a deregistration) closes the lane first under the
+        // engine's lock, and closing waits for `busy`, which we hold until
+        // this call returns. So the memory stays valid for the access.
+        let done = unsafe { peer.one_sided(i.qps, &wr.op, OffloadLocal::Host(&spans)) };
+        if done {
+            // One writer at a time (we hold `busy`): no locked increment.
+            let n = self.carried.load(Ordering::Relaxed);
+            self.carried.store(n + 1, Ordering::Relaxed);
+        }
+        done
+    }
+}
+
+/// What a lane needs of the access flags of a region.
+pub(crate) fn local_write(a: AccessFlags) -> bool {
+    a.contains(AccessFlags::LOCAL_WRITE)
+}

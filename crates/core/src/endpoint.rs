@@ -570,6 +570,25 @@ impl Endpoint {
             .ok_or(Error::NoSuchCq(cq.0))
     }
 
+    /// For a CQ that is neither armed nor in the error state: how many more
+    /// completions it can take before it overflows, and whether it is
+    /// empty. A layer that queues completions outside the endpoint for a
+    /// while (the verbs layer's lanes) does so only for such a CQ, at most
+    /// that many, and hands them back with [`Endpoint::complete_external`]
+    /// before anything else completes into it.
+    pub fn cq_room(&self, cq: CqId) -> Option<(usize, bool)> {
+        let c = self.shared.cqs.get(cq.0 as usize)?.as_ref()?;
+        (!c.error && matches!(c.armed, crate::cq::Armed::No))
+            .then(|| (c.depth.saturating_sub(c.ring.len()), c.ring.is_empty()))
+    }
+
+    /// Deliver a completion produced outside the endpoint (see
+    /// [`Endpoint::cq_room`]), as the endpoint delivers its own: queued,
+    /// or, on a full CQ, lost with the CQ's overflow and the QP's error.
+    pub fn complete_external(&mut self, cq: CqId, c: Completion) {
+        self.shared.complete(cq, c, false);
+    }
+
     pub fn cq_depth(&self, cq: CqId) -> Result<u32, Error> {
         self.shared
             .cqs

@@ -112,6 +112,22 @@ pub struct Completion {
     pub sl: u8,
 }
 
+impl Completion {
+    /// The completion of a one-sided request carried out at post (see
+    /// [`crate::Endpoint::post_send_offload`]), for a layer that delivers
+    /// it itself ([`crate::Endpoint::complete_external`] takes it back).
+    pub fn offloaded(wr_id: u64, op: &crate::wr::SendOp, qp_num: u32, byte_len: u32) -> Completion {
+        let mut c = Completion::new(
+            wr_id,
+            WcStatus::Success,
+            crate::qp::wc_opcode_of(op),
+            qp_num,
+        );
+        c.byte_len = byte_len;
+        c
+    }
+}
+
 impl Default for Completion {
     /// An empty slot to poll into.
     fn default() -> Self {

@@ -53,7 +53,7 @@ use std::time::Instant;
 use softrdma_core::{Endpoint, Event, Nanos, RxMeta};
 use softrdma_udp::Port;
 
-use crate::lane::{self, Lane};
+use crate::lane::{self, CqLane, Lane};
 use crate::memory::{segment, HostMemory};
 use crate::sys::{Epoll, EventFd, TimerFd};
 
@@ -209,6 +209,14 @@ pub(crate) struct State {
     lanes: Vec<Option<Arc<Lane>>>,
     /// Operations carried out by lanes since closed (`Stats::offloaded`).
     pub lane_carried: u64,
+    /// By CQ: the queue its lane posts complete into (see `CqLane`).
+    cq_lanes: Vec<Option<Arc<CqLane>>>,
+    /// Those some lane has completed into: settled at the start of every
+    /// stretch under the lock, reopened at its end.
+    cq_lanes_live: Vec<Arc<CqLane>>,
+    /// Completions on their way from a CQ lane to the core (kept, so that
+    /// settling allocates nothing after the first time).
+    settle_buf: Vec<softrdma_core::wc::Completion>,
 }
 
 /// A QP connected to a QP of a context on this host that shares memory.
@@ -808,6 +816,60 @@ impl State {
         self.lanes[i] = lane;
     }
 
+    /// Give CQ `cq` its lane queue (at creation); `None` at destruction
+    /// (closed first, what it held handed to the core).
+    pub fn set_cq_lane(&mut self, cq: softrdma_core::cq::CqId, lane: Option<Arc<CqLane>>) {
+        let i = cq.0 as usize;
+        if self.cq_lanes.len() <= i {
+            self.cq_lanes.resize(i + 1, None);
+        }
+        if let Some(old) = self.cq_lanes[i].take() {
+            self.settle_one(&old);
+            self.cq_lanes_live.retain(|l| !Arc::ptr_eq(l, &old));
+        }
+        self.cq_lanes[i] = lane;
+    }
+
+    /// Close one CQ lane and hand what it holds to the core's CQ, in order.
+    fn settle_one(&mut self, l: &CqLane) {
+        let mut buf = std::mem::take(&mut self.settle_buf);
+        l.close_into(&mut buf);
+        for c in buf.drain(..) {
+            self.ep.complete_external(l.id, c);
+        }
+        self.settle_buf = buf;
+    }
+
+    /// At the start of every stretch of work under the lock: close the CQ
+    /// lanes and hand their completions to the core's CQs, so that what
+    /// the core completes from here on comes after them (see `CqLane`).
+    pub fn settle_cq_lanes(&mut self) {
+        if self.cq_lanes_live.is_empty() {
+            return;
+        }
+        let live = std::mem::take(&mut self.cq_lanes_live);
+        for l in &live {
+            if l.is_open() {
+                self.settle_one(l);
+            }
+        }
+        self.cq_lanes_live = live;
+    }
+
+    /// At the end of a stretch under the lock: reopen each CQ lane whose
+    /// core CQ is neither armed nor in error, with the room it has left
+    /// and whether it is empty (only then may a poll take from the lane
+    /// without the lock).
+    fn reopen_cq_lanes(&mut self) {
+        for l in &self.cq_lanes_live {
+            if !l.is_open() {
+                if let Some((room, empty)) = self.ep.cq_room(l.id) {
+                    l.open(room, empty);
+                }
+            }
+        }
+    }
+
     fn lane_of(&self, qpn: u32) -> Option<Arc<Lane>> {
         self.lanes.get((qpn & 0xffff) as usize)?.clone()
     }
@@ -896,7 +958,15 @@ impl State {
         if regions.is_empty() {
             return;
         }
+        let Some(Some(cq)) = self.cq_lanes.get(q.send_cq.0 as usize) else {
+            return;
+        };
+        let cq = cq.clone();
+        if !self.cq_lanes_live.iter().any(|l| Arc::ptr_eq(l, &cq)) {
+            self.cq_lanes_live.push(cq.clone());
+        }
         lane.open(lane::Opening {
+            cq,
             peer: d.peer.clone(),
             qps: d.qps,
             max_sge: q.cap.max_send_sge as usize,
@@ -1045,6 +1115,15 @@ impl std::ops::DerefMut for Guard<'_> {
     }
 }
 
+impl<'a> Guard<'a> {
+    /// The state, just taken: CQ lanes settle before anything else (see
+    /// `State::settle_cq_lanes`).
+    fn new(mut g: MutexGuard<'a, State>, eng: &'a Engine) -> Guard<'a> {
+        g.settle_cq_lanes();
+        Guard { g: Some(g), eng }
+    }
+}
+
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
         let mut g = self.g.take().expect("held until drop");
@@ -1067,6 +1146,7 @@ impl Drop for Guard<'_> {
             if !g.lanes_open.is_empty() && g.ep.state_epoch() != g.lane_epoch {
                 g.close_lanes();
             }
+            g.reopen_cq_lanes();
             self.eng
                 .acks_deferred
                 .store(g.tx_deferred, Ordering::Relaxed);
@@ -1080,6 +1160,7 @@ impl Drop for Guard<'_> {
                 // Its owner will see the flag when it lets go.
                 Err(std::sync::TryLockError::WouldBlock) => return,
             }
+            g.settle_cq_lanes();
         }
     }
 }
@@ -1126,6 +1207,9 @@ impl Engine {
                 lanes_open: Vec::new(),
                 lane_epoch: 0,
                 lanes: Vec::new(),
+                cq_lanes: Vec::new(),
+                cq_lanes_live: Vec::new(),
+                settle_buf: Vec::new(),
                 lane_carried: 0,
             }),
             shm,
@@ -1201,10 +1285,7 @@ impl Engine {
     /// Own the state for a command.
     pub fn lock(&self) -> Guard<'_> {
         crate::buffer::assert_not_in_view();
-        Guard {
-            g: Some(self.state.lock().unwrap_or_else(|p| p.into_inner())),
-            eng: self,
-        }
+        Guard::new(self.state.lock().unwrap_or_else(|p| p.into_inner()), self)
     }
 
     /// Own the state if nobody does; for polls, which never wait: whoever
@@ -1215,10 +1296,7 @@ impl Engine {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        Some(Guard {
-            g: Some(g),
-            eng: self,
-        })
+        Some(Guard::new(g, self))
     }
 
     /// After a command queued work (the doorbell): transmit it now, in the
@@ -1706,10 +1784,7 @@ impl Engine {
                     continue;
                 }
             };
-            let mut g = Guard {
-                g: Some(g),
-                eng: self,
-            };
+            let mut g = Guard::new(g, self);
             self.pending.store(false, Ordering::SeqCst);
             self.service(&mut g);
         }

@@ -1,7 +1,8 @@
-//! The lock-free lane: unsignaled RDMA WRITEs and READs of an RC QP whose
-//! peer shares memory with us, carried out in the posting thread without
-//! the engine's lock — a NIC's doorbell with nothing between it and the
-//! DMA engine.
+//! The lock-free lane: RDMA WRITEs and READs of an RC QP whose peer shares
+//! memory with us, carried out in the posting thread without the engine's
+//! lock — a NIC's doorbell with nothing between it and the DMA engine —
+//! and their completions, queued per CQ ([`CqLane`]) and polled without
+//! the lock too.
 //!
 //! Through shared memory a one-sided operation is already carried out at
 //! post (`Endpoint::post_send_offload`): the poster copies straight into
@@ -19,12 +20,13 @@
 //!   the peer, the QP's limits and the translations of the regions that
 //!   post named (lkey, iova, length, host address, local write), read from
 //!   the region table;
-//! * a post that is a WRITE or READ with no flags (unsignaled, not inline,
-//!   not fenced), whose SGEs all lie in a remembered region, is carried out
-//!   by [`Lane::try_post`]: no completion (it is unsignaled), nothing
-//!   queued. Anything else — a signaled request, a SEND, an atomic, an SGE
-//!   in another region, a peer that refuses — goes the engine's way, which
-//!   checks, errs and completes exactly as before;
+//! * a post that is a WRITE or READ with no flag but `SIGNALED` (not
+//!   inline, not fenced), whose SGEs all lie in a remembered region, is
+//!   carried out by [`Lane::try_post`]: nothing queued, and if signaled
+//!   its completion goes into the send CQ's [`CqLane`] while that is open.
+//!   Anything else — a SEND, an atomic, an SGE in another region, a CQ
+//!   whose queue is closed, a peer that refuses — goes the engine's way,
+//!   which checks, errs and completes exactly as before;
 //! * it is **closed** by the engine, under its lock, before anything that
 //!   could make what it holds untrue: a region withdrawn (deregistration,
 //!   reregistration, zero-copy access), any QP's state changing (a modify,
@@ -40,10 +42,13 @@
 //! A poster never takes the engine's lock while it holds `busy`.
 
 use std::cell::UnsafeCell;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use softrdma_core::cq::CqId;
 use softrdma_core::qp::attr::AccessFlags;
+use softrdma_core::wc::Completion;
 use softrdma_core::wr::{SendFlags, SendOp, SendWr};
 use softrdma_core::{OffloadLocal, MAX_MSG_SIZE, MAX_SGE};
 
@@ -78,6 +83,8 @@ struct Inner {
     keys: [Option<Region>; KEYS],
     /// Where the next remembered region goes.
     next: usize,
+    /// The QP's send CQ's queue, for signaled posts.
+    cq: Option<Arc<CqLane>>,
 }
 
 /// One QP's lane (see the module docs).
@@ -124,6 +131,8 @@ pub(crate) struct Opening<'a> {
     /// The regions of the post that opened it: (lkey, iova, len, host,
     /// local write).
     pub regions: &'a [(u32, u64, u64, u64, bool)],
+    /// The queue of the QP's send CQ (signaled posts complete there).
+    pub cq: Arc<CqLane>,
 }
 
 impl Lane {
@@ -142,6 +151,7 @@ impl Lane {
                 reads: false,
                 keys: [None; KEYS],
                 next: 0,
+                cq: None,
             }),
             carried: AtomicU64::new(0),
             pos: AtomicUsize::new(usize::MAX),
@@ -196,6 +206,7 @@ impl Lane {
         let i = h.inner();
         i.peer = None;
         i.keys = [None; KEYS];
+        i.cq = None;
     }
 
     /// Open the lane, or remember more regions in an open one. The engine
@@ -216,6 +227,7 @@ impl Lane {
         i.qps = o.qps;
         i.max_sge = o.max_sge;
         i.reads = o.reads;
+        i.cq = Some(o.cq);
         for &(lkey, iova, len, host, local_write) in o.regions {
             let r = Region {
                 lkey,
@@ -239,8 +251,9 @@ impl Lane {
     /// Carry `wr` out through the lane if it is open and `wr` is what it
     /// serves; false (nothing done) sends it the engine's way.
     pub(crate) fn try_post(&self, wr: &SendWr<'_>) -> bool {
+        let signaled = wr.flags == SendFlags::SIGNALED;
         if !self.open.load(Ordering::Relaxed)
-            || wr.flags != SendFlags::default()
+            || (wr.flags != SendFlags::default() && !signaled)
             || !matches!(wr.op, SendOp::Write { .. } | SendOp::Read { .. })
         {
             return false;
@@ -287,6 +300,19 @@ impl Lane {
         let Some(peer) = i.peer.as_ref() else {
             return false;
         };
+        // A signaled post completes into its CQ's queue, held from before
+        // the copy until the completion is in: the engine cannot hand the
+        // queue back to the CQ (and arm it, say) between the two.
+        let mut queue = None;
+        if signaled {
+            let Some(mut q) = i.cq.as_ref().and_then(|c| c.try_hold()) else {
+                return false;
+            };
+            if !q.has_room() {
+                return false;
+            }
+            queue = Some(q);
+        }
         // SAFETY: each span lies inside a region that was registered, of
         // this QP's PD and (for a READ) locally writable when the engine
         // opened the lane, and still is: anything that would change that
@@ -295,6 +321,14 @@ impl Lane {
         // this call returns. So the memory stays valid for the access.
         let done = unsafe { peer.one_sided(i.qps, &wr.op, OffloadLocal::Host(&spans)) };
         if done {
+            if let Some(mut q) = queue {
+                q.push(Completion::offloaded(
+                    wr.wr_id,
+                    &wr.op,
+                    i.qps.local,
+                    total as u32,
+                ));
+            }
             // One writer at a time (we hold `busy`): no locked increment.
             let n = self.carried.load(Ordering::Relaxed);
             self.carried.store(n + 1, Ordering::Relaxed);
@@ -306,4 +340,168 @@ impl Lane {
 /// What a lane needs of the access flags of a region.
 pub(crate) fn local_write(a: AccessFlags) -> bool {
     a.contains(AccessFlags::LOCAL_WRITE)
+}
+
+/// Completions of a CQ's lane posts, queued outside the core's CQ.
+///
+/// It takes completions only while it is *open*: the engine opens it at
+/// the end of every stretch of work under its lock for a core CQ that is
+/// neither armed nor in the error state, with the room that CQ has left,
+/// and closes it at the start of every such stretch
+/// (`State::settle_cq_lanes`), handing what it holds to the core's CQ
+/// behind what is there (`Endpoint::complete_external`). So nothing
+/// completes into the core's CQ while this queue may hold older
+/// completions: the CQ's order is kept, an armed CQ's notification comes
+/// from the core (which sees every completion after the arm), and an
+/// overflow is the core's, with IBA's error (a lane post that finds no
+/// room goes the engine's way). `Cq::poll` takes from here without the
+/// engine's lock when the core's CQ was empty at the opening (these are
+/// then the oldest); otherwise, or if nothing is here, it polls the
+/// engine's way, so a poll never reports an empty CQ that is not.
+pub(crate) struct CqLane {
+    pub(crate) id: CqId,
+    open: AtomicBool,
+    lock: AtomicBool,
+    /// Entries in `q`, for a look without the lock.
+    len: AtomicUsize,
+    /// Read and written by the holder of `lock` only.
+    inner: UnsafeCell<CqInner>,
+}
+
+struct CqInner {
+    q: VecDeque<Completion>,
+    /// What the core's CQ can take (when the queue opened: nothing else
+    /// completes into it while the queue is open).
+    room: usize,
+    /// The core's CQ was empty when the queue opened (and so still is: it
+    /// changes only under the engine's lock, which closes the queue
+    /// first). Only then are the queued completions the CQ's oldest, and
+    /// a poll may take them without the lock.
+    core_empty: bool,
+}
+
+// SAFETY: `inner` is touched only by the holder of `lock` (Acquire to take,
+// Release to let go), so never by two threads at once, and each holder
+// sees the last one's writes; a Completion is plain data.
+unsafe impl Sync for CqLane {}
+
+/// `lock`, held; released on drop.
+pub(crate) struct CqHeld<'a>(&'a CqLane);
+
+impl Drop for CqHeld<'_> {
+    fn drop(&mut self) {
+        self.0.lock.store(false, Ordering::Release);
+    }
+}
+
+impl CqHeld<'_> {
+    fn inner(&mut self) -> &mut CqInner {
+        // SAFETY: we hold `lock` (see the `Sync` impl); the borrow of `self`
+        // keeps the reference from outliving it.
+        unsafe { &mut *self.0.inner.get() }
+    }
+
+    /// Open, and room for one more.
+    fn has_room(&mut self) -> bool {
+        let open = self.0.open.load(Ordering::Relaxed);
+        let i = self.inner();
+        open && i.q.len() < i.room
+    }
+
+    fn push(&mut self, c: Completion) {
+        let i = self.inner();
+        i.q.push_back(c);
+        let n = i.q.len();
+        self.0.len.store(n, Ordering::Release);
+    }
+}
+
+impl CqLane {
+    pub(crate) fn new(id: CqId) -> CqLane {
+        CqLane {
+            id,
+            open: AtomicBool::new(false),
+            lock: AtomicBool::new(false),
+            len: AtomicUsize::new(0),
+            inner: UnsafeCell::new(CqInner {
+                q: VecDeque::new(),
+                room: 0,
+                core_empty: false,
+            }),
+        }
+    }
+
+    fn try_hold(&self) -> Option<CqHeld<'_>> {
+        self.lock
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            .then_some(CqHeld(self))
+    }
+
+    /// Take the lock, waiting for a holder (one bounded copy, or a poll).
+    fn hold(&self) -> CqHeld<'_> {
+        loop {
+            if let Some(h) = self.try_hold() {
+                return h;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Whether anything is queued (a look, without the lock).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+
+    /// Close (the engine, under its lock), moving what is queued to `out`
+    /// in order: from the return on, no lane completes into it.
+    pub(crate) fn close_into(&self, out: &mut Vec<Completion>) {
+        self.open.store(false, Ordering::Relaxed);
+        let mut h = self.hold();
+        out.extend(h.inner().q.drain(..));
+        self.len.store(0, Ordering::Release);
+    }
+
+    /// Open with room for `room` completions, `core_empty` if the core's
+    /// CQ holds none (the engine, under its lock, for a CQ neither armed
+    /// nor in error).
+    pub(crate) fn open(&self, room: usize, core_empty: bool) {
+        let mut h = self.hold();
+        let i = h.inner();
+        if i.q.capacity() < room.min(4096) {
+            i.q.reserve(room.min(4096));
+        }
+        i.room = room;
+        i.core_empty = core_empty;
+        self.open.store(true, Ordering::Relaxed);
+    }
+
+    /// Move up to `out.len()` queued completions, oldest first, without the
+    /// engine's lock; 0 if there are none, if older ones wait in the
+    /// core's CQ, or if another thread holds the queue (the caller then
+    /// polls the engine's way, which hands these to the core's CQ behind
+    /// the older ones).
+    pub(crate) fn poll(&self, out: &mut [Completion]) -> usize {
+        if self.is_empty() {
+            return 0;
+        }
+        let Some(mut h) = self.try_hold() else {
+            return 0;
+        };
+        let i = h.inner();
+        if !i.core_empty {
+            return 0;
+        }
+        let n = out.len().min(i.q.len());
+        for (o, c) in out.iter_mut().zip(i.q.drain(..n)) {
+            *o = c;
+        }
+        let left = i.q.len();
+        self.len.store(left, Ordering::Release);
+        n
+    }
 }

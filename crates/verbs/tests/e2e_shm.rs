@@ -738,3 +738,108 @@ fn unsignaled_one_sided_posts_take_the_lane_and_stop_at_every_change() {
         },
     );
 }
+
+/// Signaled lane posts complete into their CQ's lane queue, polled without
+/// the engine's lock, in order with everything else the QP completes: a
+/// request that goes the engine's way between lane posts (an atomic) comes
+/// out between them; a CQ armed for an event gets its event from a lane
+/// WRITE's completion (the queue closes while the CQ is armed).
+#[test]
+fn signaled_lane_posts_complete_in_order_and_wake_an_armed_cq() {
+    const TGT: u64 = 71;
+    const SRC: u64 = 72;
+    two_processes(
+        "signaled_lane_posts_complete_in_order_and_wake_an_armed_cq",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let tgt = pd.alloc_mr(LEN, ALL_REMOTE).unwrap();
+            tgt.write(0, &pattern(TGT, LEN));
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 95);
+            oob.send_region(&Region::of(&tgt));
+            oob.expect("done");
+            let mut want = pattern(TGT, LEN);
+            let src = pattern(SRC, 64 << 10);
+            for k in 0..8 {
+                want[k * 8192..k * 8192 + 4096].copy_from_slice(&src[k * 4096..(k + 1) * 4096]);
+            }
+            let a = u64::from_ne_bytes(want[LEN - 8..].try_into().unwrap()) + 3;
+            want[LEN - 8..].copy_from_slice(&a.to_ne_bytes());
+            assert_bytes(&read_mr(&tgt, 0, LEN), &want, "target region");
+            oob.signal("ok");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let ch = ctx.create_comp_channel().unwrap();
+            let cq = ctx.create_cq(64, Some(&ch)).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let src = mr_with(&pd, 64 << 10, SRC, AccessFlags::LOCAL_WRITE);
+            let local = pd.reg_mr(vec![0; 4096], AccessFlags::LOCAL_WRITE).unwrap();
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 95);
+            let tgt = oob.recv_region();
+            let s = SendFlags::SIGNALED;
+            let write = |id: u64, k: usize| {
+                let sge = [src.sge(k * 4096, 4096)];
+                let op = SendOp::Write {
+                    remote_addr: tgt.at(k * 8192),
+                    rkey: tgt.rkey,
+                };
+                qp.post_send(&wr(id, op, &sge, s)).unwrap();
+            };
+            // The first goes the engine's way and opens the lane; once the
+            // CQ is empty again (polled), its queue opens too.
+            write(0, 0);
+            assert_eq!(wait_cq(&cq, 1, "the opening WRITE")[0].wr_id, 0);
+            let lane0 = ctx.shm_stats().lane;
+            write(1, 1);
+            write(2, 2);
+            assert_eq!(
+                ctx.shm_stats().lane - lane0,
+                2,
+                "signaled WRITEs through the lane"
+            );
+            // An atomic goes the engine's way: its completion comes after
+            // the two, and the WRITE after it after it.
+            let fa = SendOp::FetchAdd {
+                remote_addr: tgt.at(LEN - 8),
+                rkey: tgt.rkey,
+                add: 3,
+            };
+            qp.post_send(&wr(3, fa, &[local.sge(0, 8)], s)).unwrap();
+            write(4, 3);
+            write(5, 4);
+            let c = wait_cq(&cq, 5, "WRITEs around an atomic");
+            let ids: Vec<u64> = c.iter().map(|c| c.wr_id).collect();
+            assert_eq!(ids, [1, 2, 3, 4, 5], "completion order: {c:?}");
+            for c in &c {
+                assert_eq!(c.status, WcStatus::Success, "{c:?}");
+                let (op, len) = if c.wr_id == 3 {
+                    (WcOpcode::FetchAdd, 8)
+                } else {
+                    (WcOpcode::RdmaWrite, 4096)
+                };
+                assert_eq!(
+                    (c.opcode, c.byte_len, c.qp_num),
+                    (op, len, qp.qpn()),
+                    "{c:?}"
+                );
+            }
+            // Lane again (the CQ is empty), then armed: the next WRITE's
+            // completion is the event's.
+            write(6, 5);
+            assert_eq!(wait_cq(&cq, 1, "a lane WRITE")[0].wr_id, 6);
+            cq.req_notify(false).unwrap();
+            assert_cq_empty(&cq, Duration::from_millis(20), "armed, before the WRITE");
+            write(7, 6);
+            assert_eq!(ch.get_event(Some(WAIT)).unwrap(), Some(cq.id()), "no event");
+            assert_eq!(wait_cq(&cq, 1, "the armed CQ's WRITE")[0].wr_id, 7);
+            write(8, 7);
+            assert_eq!(wait_cq(&cq, 1, "after the event")[0].wr_id, 8);
+            oob.signal("done");
+            oob.expect("ok");
+        },
+    );
+}

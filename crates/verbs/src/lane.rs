@@ -20,12 +20,13 @@
 //!   the peer, the QP's limits and the translations of the regions that
 //!   post named (lkey, iova, length, host address, local write), read from
 //!   the region table;
-//! * a post that is a WRITE or READ with no flag but `SIGNALED` (not
-//!   inline, not fenced), whose SGEs all lie in a remembered region, is
+//! * a post that is a WRITE, a READ or an atomic (compare-and-swap,
+//!   fetch-and-add) with no flag but `SIGNALED` (not inline, not fenced),
+//!   whose SGEs all lie in a remembered region, is
 //!   carried out by [`Lane::try_post`]: nothing queued, and if signaled
 //!   its completion goes into the send CQ's [`CqLane`] while that is open.
-//!   Anything else — a SEND, an atomic, an SGE in another region, a CQ
-//!   whose queue is closed, a peer that refuses — goes the engine's way,
+//!   Anything else — a SEND, an ATOMIC WRITE, an SGE in another region, a
+//!   CQ whose queue is closed, a peer that refuses — goes the engine's way,
 //!   which checks, errs and completes exactly as before;
 //! * it is **closed** by the engine, under its lock, before anything that
 //!   could make what it holds untrue: a region withdrawn (deregistration,
@@ -254,7 +255,13 @@ impl Lane {
         let signaled = wr.flags == SendFlags::SIGNALED;
         if !self.open.load(Ordering::Relaxed)
             || (wr.flags != SendFlags::default() && !signaled)
-            || !matches!(wr.op, SendOp::Write { .. } | SendOp::Read { .. })
+            || !matches!(
+                wr.op,
+                SendOp::Write { .. }
+                    | SendOp::Read { .. }
+                    | SendOp::CompareSwap { .. }
+                    | SendOp::FetchAdd { .. }
+            )
         {
             return false;
         }
@@ -268,9 +275,20 @@ impl Lane {
             return false;
         }
         let i = h.inner();
-        let read = matches!(wr.op, SendOp::Read { .. });
+        // A READ or an atomic writes its result locally and needs the
+        // QP's READ/atomic credits (`max_rd_atomic`); an atomic is one
+        // 8-byte SGE on an 8-byte aligned target, as the core checks —
+        // anything else takes the engine's way, which says what is wrong.
+        let read = !matches!(wr.op, SendOp::Write { .. });
         if wr.sgl.len() > i.max_sge || (read && !i.reads) {
             return false;
+        }
+        if let SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } =
+            wr.op
+        {
+            if wr.sgl.len() != 1 || wr.sgl[0].length != 8 || !remote_addr.is_multiple_of(8) {
+                return false;
+            }
         }
         let mut spans = arrayvec::ArrayVec::<(u64, u32), MAX_SGE>::new();
         let mut total = 0u64;

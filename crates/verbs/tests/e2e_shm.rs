@@ -741,9 +741,10 @@ fn unsignaled_one_sided_posts_take_the_lane_and_stop_at_every_change() {
 
 /// Signaled lane posts complete into their CQ's lane queue, polled without
 /// the engine's lock, in order with everything else the QP completes: a
-/// request that goes the engine's way between lane posts (an atomic) comes
-/// out between them; a CQ armed for an event gets its event from a lane
-/// WRITE's completion (the queue closes while the CQ is armed).
+/// request that goes the engine's way between lane posts (an ATOMIC WRITE)
+/// comes out between them; a fetch-and-add through the lane returns the
+/// old value; a CQ armed for an event gets its event from a lane WRITE's
+/// completion (the queue closes while the CQ is armed).
 #[test]
 fn signaled_lane_posts_complete_in_order_and_wake_an_armed_cq() {
     const TGT: u64 = 71;
@@ -767,6 +768,7 @@ fn signaled_lane_posts_complete_in_order_and_wake_an_armed_cq() {
             }
             let a = u64::from_ne_bytes(want[LEN - 8..].try_into().unwrap()) + 3;
             want[LEN - 8..].copy_from_slice(&a.to_ne_bytes());
+            want[LEN - 16..LEN - 8].copy_from_slice(&0x5151_5151_5151_5151u64.to_ne_bytes());
             assert_bytes(&read_mr(&tgt, 0, LEN), &want, "target region");
             oob.signal("ok");
         },
@@ -801,23 +803,25 @@ fn signaled_lane_posts_complete_in_order_and_wake_an_armed_cq() {
                 2,
                 "signaled WRITEs through the lane"
             );
-            // An atomic goes the engine's way: its completion comes after
-            // the two, and the WRITE after it after it.
-            let fa = SendOp::FetchAdd {
-                remote_addr: tgt.at(LEN - 8),
+            // An ATOMIC WRITE goes the engine's way: its completion comes
+            // after the two, and the WRITEs after it after it (they take
+            // the lane again).
+            local.write(8, &0x5151_5151_5151_5151u64.to_ne_bytes());
+            let aw = SendOp::AtomicWrite {
+                remote_addr: tgt.at(LEN - 16),
                 rkey: tgt.rkey,
-                add: 3,
             };
-            qp.post_send(&wr(3, fa, &[local.sge(0, 8)], s)).unwrap();
+            qp.post_send(&wr(3, aw, &[local.sge(8, 8)], s)).unwrap();
             write(4, 3);
             write(5, 4);
-            let c = wait_cq(&cq, 5, "WRITEs around an atomic");
+            assert_eq!(ctx.shm_stats().lane - lane0, 4, "WRITEs through the lane");
+            let c = wait_cq(&cq, 5, "WRITEs around an ATOMIC WRITE");
             let ids: Vec<u64> = c.iter().map(|c| c.wr_id).collect();
             assert_eq!(ids, [1, 2, 3, 4, 5], "completion order: {c:?}");
             for c in &c {
                 assert_eq!(c.status, WcStatus::Success, "{c:?}");
                 let (op, len) = if c.wr_id == 3 {
-                    (WcOpcode::FetchAdd, 8)
+                    (WcOpcode::AtomicWrite, 8)
                 } else {
                     (WcOpcode::RdmaWrite, 4096)
                 };
@@ -827,6 +831,27 @@ fn signaled_lane_posts_complete_in_order_and_wake_an_armed_cq() {
                     "{c:?}"
                 );
             }
+            // A fetch-and-add through the lane: the old value comes back.
+            let old = u64::from_ne_bytes(pattern(TGT, LEN)[LEN - 8..].try_into().unwrap());
+            let fa = SendOp::FetchAdd {
+                remote_addr: tgt.at(LEN - 8),
+                rkey: tgt.rkey,
+                add: 3,
+            };
+            let before = ctx.shm_stats().lane;
+            qp.post_send(&wr(9, fa, &[local.sge(0, 8)], s)).unwrap();
+            let c = wait_cq(&cq, 1, "a fetch-and-add")[0];
+            assert_eq!(
+                (c.wr_id, c.status, c.opcode, c.byte_len),
+                (9, WcStatus::Success, WcOpcode::FetchAdd, 8),
+                "{c:?}"
+            );
+            assert_eq!(read_u64(&local, 0), old, "FETCH_ADD's original value");
+            assert_eq!(
+                ctx.shm_stats().lane - before,
+                1,
+                "the fetch-and-add through the lane"
+            );
             // Lane again (the CQ is empty), then armed: the next WRITE's
             // completion is the event's.
             write(6, 5);

@@ -771,11 +771,17 @@ impl Peer {
         {
             return false;
         }
-        // SAFETY: forwarded from the caller; `user` is ours until the
-        // store below, so the in-flight word is ours alone.
-        let ok = unsafe { self.one_sided_locked(qps, op, local) };
-        self.user.store(false, Ordering::Release);
-        ok
+        /// Lets `user` go however the call ends.
+        struct User<'a>(&'a AtomicBool);
+        impl Drop for User<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _user = User(&self.user);
+        // SAFETY: forwarded from the caller; `user` is ours until `_user`
+        // drops, so the in-flight word is ours alone.
+        unsafe { self.one_sided_locked(qps, op, local) }
     }
 
     /// # Safety

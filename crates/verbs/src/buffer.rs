@@ -309,6 +309,12 @@ thread_local! {
 /// Panic if this thread is inside `Mr::with_bytes*`: taking the state lock
 /// again would deadlock (it is not re-entrant, and must not be: the call
 /// could make the engine write into the bytes being borrowed).
+/// Whether this thread is inside `Mr::with_bytes*` (a lane post then takes
+/// the engine's way, which panics as [`assert_not_in_view`] says).
+pub(crate) fn in_view() -> bool {
+    IN_VIEW.with(Cell::get)
+}
+
 pub(crate) fn assert_not_in_view() {
     if IN_VIEW.with(Cell::get) {
         panic!(
@@ -355,7 +361,8 @@ impl Mr {
         let _flag = ViewFlag::set();
         // SAFETY: in bounds of this live region; the engine touches region
         // memory only under the lock held until `f` returns (peer processes
-        // sharing memory are held off by `pause_peers`), and `f`
+        // sharing memory and this context's lock-free lanes are held off by
+        // `pause_peers`, the lanes reopening only under the lock), and `f`
         // cannot take it again (the flag makes that a panic), so nothing
         // writes these bytes while the slice exists. The slice does not
         // outlive `f`.
@@ -402,7 +409,10 @@ impl Mr {
         let _st = self.eng.lock();
         // SAFETY: an aligned word inside this live region (checked in
         // `word`); every other access to it, the engine's included, is
-        // under the lock held here or is itself atomic.
+        // under the lock held here or is itself atomic — but for what a
+        // peer process sharing the memory, or one of this context's lanes,
+        // writes there as a READ's or atomic's result: through raw
+        // pointers, as an RNIC's DMA would, with no reference to the word.
         Ok(unsafe { &*w }.load(std::sync::atomic::Ordering::SeqCst))
     }
 

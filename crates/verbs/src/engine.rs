@@ -769,6 +769,10 @@ impl State {
     /// grants no remote access, or its memory cannot be moved.
     pub fn share_region(&mut self, lkey: u32) -> Option<ShareGuard> {
         let host = self.shm.clone()?;
+        // Moving pages copies them and then maps the copy in their place: a
+        // lane writing a READ or atomic result into an overlapping region
+        // of ours in between would be lost. Lanes reopen under the lock.
+        self.close_lanes();
         let mr = *self.ep.mrs().get_by_lkey(lkey)?;
         let remote = softrdma_core::qp::attr::AccessFlags::REMOTE_WRITE
             .union(softrdma_core::qp::attr::AccessFlags::REMOTE_READ)
@@ -1466,6 +1470,13 @@ impl Engine {
     /// progress while it waits, it may now spin on memory or block without
     /// calling again (perftest's `ib_write_lat` does), so the engine thread
     /// takes the socket back at once.
+    /// An application thread holds the socket (`mask`) and has not
+    /// promised to keep polling: whoever takes completions must hand it
+    /// back (`took_completions`), under the lock.
+    pub fn holds_socket_unpromised(&self) -> bool {
+        self.masked.load(Ordering::Relaxed) && !self.progress_promised.load(Ordering::Relaxed)
+    }
+
     pub fn took_completions(&self, st: &mut State) {
         if !self.progress_promised.load(Ordering::Relaxed) {
             self.unmask(st);

@@ -29,9 +29,11 @@
 //!   CQ whose queue is closed, a peer that refuses — goes the engine's way,
 //!   which checks, errs and completes exactly as before;
 //! * it is **closed** by the engine, under its lock, before anything that
-//!   could make what it holds untrue: a region withdrawn (deregistration,
-//!   reregistration, zero-copy access), any QP's state changing (a modify,
-//!   an error the transport ran into, a destroy), a post that queued work.
+//!   could make what it holds untrue or let it write where it must not: a
+//!   region withdrawn (deregistration, reregistration), any region's bytes
+//!   lent out as references (`Mr::with_bytes*`), a registration that moves
+//!   pages into shared memory, any QP's state changing (a modify, an error
+//!   the transport ran into, a destroy), a post that queued work.
 //!   Closing waits for a post in progress (`busy`), so when a region's
 //!   deregistration goes on, no lane reads or writes its memory, and none
 //!   will: the next post finds the lane closed and takes the engine's way,

@@ -459,8 +459,8 @@ pub fn transport_from_env() -> Result<Transport> {
 pub struct ShmStats {
     /// One-sided operations carried out at post, into a peer's memory.
     pub offloaded: u64,
-    /// Of those, the ones posted through a QP's lock-free lane (unsignaled
-    /// WRITEs and READs: see `docs/DESIGN.md`, "The lock-free lane").
+    /// Of those, the ones posted through a QP's lock-free lane (WRITEs,
+    /// READs and atomics: see `docs/DESIGN.md`, "The lock-free lane").
     pub lane: u64,
     /// Packets a peer on this host refused: it had ended, or broke the
     /// ring's protocol (a full ring loses nothing: see `ring_stalls`).
@@ -1080,8 +1080,9 @@ impl Mr {
             });
         }
         // SAFETY: in bounds of this region, which is live while `self` is;
-        // the engine touches region memory only under the lock held here.
-        // A peer process sharing the memory may write these bytes during
+        // the engine touches region memory only under the lock held here,
+        // or through a lane (a lane READ's or atomic's result), as a peer
+        // process sharing the memory may: it may write these bytes during
         // the copy (as an RNIC's DMA may): the copy is of raw bytes through
         // pointers, no reference to them exists, and any byte value is a
         // valid u8. `out` is the caller's own buffer, not region memory it
@@ -1291,11 +1292,14 @@ impl Mr {
 
     /// Keep peers on this host out of the region while the returned guard
     /// lives (they then go through the engine, which waits for the lock
-    /// the caller holds): for code that lends the region's bytes as
-    /// references.
+    /// the caller holds), and this context's lanes too, which reach any
+    /// region — shared or not — without the lock (they then reopen only
+    /// under it): for code that lends the region's bytes as references.
     pub(crate) fn pause_peers<'a>(&'a self, st: &'a mut engine::State) -> PausePeers<'a> {
         if self.share.is_some() {
             st.withdraw(self.rkey);
+        } else {
+            st.close_lanes();
         }
         PausePeers { mr: self, st }
     }
@@ -1642,9 +1646,14 @@ impl Cq {
         // Completions of lane posts: without the engine's lock. Found
         // empty, the engine's way (which never reports an empty CQ that
         // is not).
-        let n = self.lane.poll(out);
-        if n > 0 {
-            return Ok(n);
+        // Not while this application holds the socket with no promise to
+        // poll again: taking completions hands it back to the engine
+        // thread (`took_completions`), which needs the lock.
+        if !self.eng.holds_socket_unpromised() {
+            let n = self.lane.poll(out);
+            if n > 0 {
+                return Ok(n);
+            }
         }
         self.poll_device(out)
     }
@@ -1812,7 +1821,7 @@ pub struct Qp {
     /// An XRC target QP: the QP itself, shared by every handle
     /// [`Xrcd::open_tgt_qp`] opened on it and destroyed with the last.
     tgt: Option<Arc<xrc::TgtQp>>,
-    /// Unsignaled WRITEs and READs to a peer on this host, without the
+    /// WRITEs, READs and atomics to a peer on this host, without the
     /// engine's lock (see `lane`).
     lane: Arc<lane::Lane>,
 }
@@ -2035,7 +2044,10 @@ impl Qp {
     /// engine's way. ACKs the last pass deferred for the application's
     /// next call go the engine's way too, which carries them.
     fn lane_post(&self, wr: &SendWr<'_>) -> bool {
-        !self.eng.acks_deferred() && self.lane.try_post(wr)
+        // Inside `Mr::with_bytes*` the engine's way panics (the lock is
+        // held); the lane must not run either: it would write into bytes
+        // lent out as a reference.
+        !self.eng.acks_deferred() && !buffer::in_view() && self.lane.try_post(wr)
     }
 
     /// Post several send work requests in order, as `ibv_post_send` posts

@@ -6,7 +6,9 @@
 //! into pointers. Every call here runs under the engine's state lock, and a
 //! region's buffer is freed only after `Endpoint::dereg_mr` has returned
 //! under that lock — after which the core never produces an address in it.
-//! That is what makes these accesses sound.
+//! That is what makes these accesses sound. (The other way in without the
+//! lock, a QP's lane in `crate::lane`, is closed and drained under the lock
+//! before any region is withdrawn, so the same holds for it.)
 //!
 //! An implicit on-demand region (the whole address space, `ibv_reg_mr(pd,
 //! NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND)`) carries no such promise: a peer

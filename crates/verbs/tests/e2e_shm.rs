@@ -620,6 +620,40 @@ fn unsignaled_one_sided_posts_take_the_lane_and_stop_at_every_change() {
                 &pattern(SRC, 64 << 10),
                 "READ back",
             );
+            // Bytes lent out as a reference are not written under it: a
+            // READ into `local` (a region the lane knows, shared with no
+            // peer) posted from another thread while this one holds its
+            // bytes waits for them to be given back.
+            std::thread::scope(|sc| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let (q, l) = (&qps[0], &local);
+                let reader = sc.spawn(move || {
+                    rx.recv().unwrap();
+                    let op = SendOp::Read {
+                        remote_addr: tgt.at(0),
+                        rkey: tgt.rkey,
+                    };
+                    q.post_send(&wr(5, op, &[l.sge(0, PAGE as u32)], none))
+                        .unwrap();
+                });
+                local
+                    .with_bytes_mut(0..PAGE, |b| {
+                        b.fill(0xab);
+                        tx.send(()).unwrap();
+                        std::thread::sleep(Duration::from_millis(50));
+                        assert!(
+                            b.iter().all(|&x| x == 0xab),
+                            "a READ wrote into bytes lent out as &mut"
+                        );
+                    })
+                    .unwrap();
+                reader.join().unwrap();
+            });
+            assert_bytes(
+                &read_mr(&local, 0, PAGE),
+                &pattern(SRC, PAGE),
+                "the READ, after the bytes came back",
+            );
             // Two threads, two more QPs to the same peer, at once: each
             // WRITE exact, whichever way it went (a thread that finds the
             // peer busy with the other's copy goes the engine's way).

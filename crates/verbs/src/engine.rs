@@ -883,8 +883,17 @@ impl State {
     pub fn close_lanes(&mut self) {
         for l in std::mem::take(&mut self.lanes_open) {
             l.set_pos(None);
-            l.close();
-            self.lane_carried += l.take_carried();
+            self.lane_carried += l.close();
+        }
+    }
+
+    /// Close every lane if any QP's state changed since they were checked
+    /// (they act on "it is in RTS").
+    fn check_lane_epoch(&mut self) {
+        let now = self.ep.state_epoch();
+        if now != self.lane_epoch {
+            self.close_lanes();
+            self.lane_epoch = now;
         }
     }
 
@@ -898,8 +907,7 @@ impl State {
             moved.set_pos(Some(at));
         }
         lane.set_pos(None);
-        lane.close();
-        self.lane_carried += lane.take_carried();
+        self.lane_carried += lane.close();
     }
 
     /// Close QP `qpn`'s lane, if it has one open.
@@ -920,10 +928,7 @@ impl State {
     /// through shared memory — remembering the regions `wr` named.
     fn open_lane(&mut self, qpn: u32, wr: &softrdma_core::wr::SendWr<'_>) {
         use softrdma_core::qp::state::{QpState, QpType};
-        if self.ep.state_epoch() != self.lane_epoch {
-            self.close_lanes();
-            self.lane_epoch = self.ep.state_epoch();
-        }
+        self.check_lane_epoch();
         let Some(lane) = self.lane_of(qpn) else {
             return;
         };
@@ -949,13 +954,15 @@ impl State {
         let mut regions = arrayvec::ArrayVec::<_, { softrdma_core::MAX_SGE }>::new();
         for s in wr.sgl {
             match self.ep.mrs().get_by_lkey(s.lkey) {
-                Some(m) if m.pd == q.pd && !m.checked => regions.push((
-                    m.lkey,
-                    m.iova,
-                    m.len,
-                    m.host_addr,
-                    lane::local_write(m.access),
-                )),
+                Some(m) if m.pd == q.pd && !m.checked => regions.push(lane::Region {
+                    lkey: m.lkey,
+                    iova: m.iova,
+                    len: m.len,
+                    host: m.host_addr,
+                    local_write: m
+                        .access
+                        .contains(softrdma_core::qp::attr::AccessFlags::LOCAL_WRITE),
+                }),
                 _ => return,
             }
         }
@@ -1147,9 +1154,7 @@ impl Drop for Guard<'_> {
             // A QP's state changed under this lock (an error the
             // transport ran into, say): the lanes, which act on "it is in
             // RTS", close before anyone can see the change.
-            if !g.lanes_open.is_empty() && g.ep.state_epoch() != g.lane_epoch {
-                g.close_lanes();
-            }
+            g.check_lane_epoch();
             g.reopen_cq_lanes();
             self.eng
                 .acks_deferred

@@ -34,15 +34,16 @@
 //!   lent out as references (`Mr::with_bytes*`), a registration that moves
 //!   pages into shared memory, any QP's state changing (a modify, an error
 //!   the transport ran into, a destroy), a post that queued work.
-//!   Closing waits for a post in progress (`busy`), so when a region's
+//!   Closing waits for a post in progress (it holds the lane), so when a region's
 //!   deregistration goes on, no lane reads or writes its memory, and none
 //!   will: the next post finds the lane closed and takes the engine's way,
 //!   where the lkey no longer resolves.
 //!
-//! `busy` is a flag, not a lock anybody waits on while holding another: a
-//! poster only tries it (and takes the engine's way if it is taken), and
-//! the engine takes it, under its own lock, only to close or refill.
-//! A poster never takes the engine's lock while it holds `busy`.
+//! Holding a lane (or a CQ lane) is a flag, not a lock anybody waits on
+//! while holding another ([`Flagged`]): a poster only tries it (and takes
+//! the engine's way if it is held), and the engine takes it, under its own
+//! lock, only to close or refill. A poster never takes the engine's lock
+//! while it holds one.
 
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
@@ -50,7 +51,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use softrdma_core::cq::CqId;
-use softrdma_core::qp::attr::AccessFlags;
 use softrdma_core::wc::Completion;
 use softrdma_core::wr::{SendFlags, SendOp, SendWr};
 use softrdma_core::{OffloadLocal, MAX_MSG_SIZE, MAX_SGE};
@@ -58,14 +58,81 @@ use softrdma_core::{OffloadLocal, MAX_MSG_SIZE, MAX_SGE};
 /// Regions a lane remembers (perftest and most programs post from one).
 const KEYS: usize = 2;
 
+/// A value one thread at a time holds, behind a flag: posters and pollers
+/// only try it (and take the engine's way if it is held), the engine,
+/// under its lock, waits for it. Both the lane's state and a CQ lane's
+/// queue are one.
+struct Flagged<T> {
+    held: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: `value` is reached only through a `Holding`, which exists only
+// while its thread holds `held` (taken with Acquire, let go with Release):
+// never by two threads at once, and each holder sees the last holder's
+// writes. `T: Send` makes handing it from thread to thread sound.
+unsafe impl<T: Send> Sync for Flagged<T> {}
+
+/// `held`, taken; let go on drop (also if the holder unwinds).
+struct Holding<'a, T>(&'a Flagged<T>);
+
+impl<T> Drop for Holding<'_, T> {
+    fn drop(&mut self) {
+        self.0.held.store(false, Ordering::Release);
+    }
+}
+
+impl<T> std::ops::Deref for Holding<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: this holding holds `held` (see the `Sync` impl), and the
+        // borrow of `self` keeps the reference from outliving it.
+        unsafe { &*self.0.value.get() }
+    }
+}
+
+impl<T> std::ops::DerefMut for Holding<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as for `deref`.
+        unsafe { &mut *self.0.value.get() }
+    }
+}
+
+impl<T> Flagged<T> {
+    fn new(value: T) -> Flagged<T> {
+        Flagged {
+            held: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    fn try_hold(&self) -> Option<Holding<'_, T>> {
+        self.held
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            .then_some(Holding(self))
+    }
+
+    /// Wait for the holder (a poster's one copy, or a poll) to let go.
+    fn hold(&self) -> Holding<'_, T> {
+        loop {
+            if let Some(h) = self.try_hold() {
+                return h;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
 /// One remembered region, as the region table had it when the lane opened.
 #[derive(Debug, Clone, Copy)]
-struct Region {
-    lkey: u32,
-    iova: u64,
-    len: u64,
-    host: u64,
-    local_write: bool,
+pub(crate) struct Region {
+    pub lkey: u32,
+    pub iova: u64,
+    pub len: u64,
+    pub host: u64,
+    /// The region grants `LOCAL_WRITE` (a READ's or atomic's result).
+    pub local_write: bool,
 }
 
 impl Region {
@@ -76,7 +143,7 @@ impl Region {
     }
 }
 
-/// What an open lane holds; read and written only by whoever holds `busy`.
+/// What an open lane holds; read and written only by its holder.
 struct Inner {
     peer: Option<Arc<softrdma_shm::Peer>>,
     qps: softrdma_shm::Qps,
@@ -93,36 +160,14 @@ struct Inner {
 /// One QP's lane (see the module docs).
 pub(crate) struct Lane {
     open: AtomicBool,
-    busy: AtomicBool,
-    inner: UnsafeCell<Inner>,
-    /// Operations carried out through the lane (`Stats::offloaded`).
+    /// Held by a post in progress, or by the engine closing or filling it.
+    inner: Flagged<Inner>,
+    /// Operations carried out through the lane (`Stats::offloaded`),
+    /// written by the holder of `inner` only.
     carried: AtomicU64,
     /// Where it is in the engine's list of open lanes (`usize::MAX`: not
     /// there). Read and written under the engine's lock only.
     pos: AtomicUsize,
-}
-
-// SAFETY: `inner` is only touched by the holder of `busy` (taken with
-// Acquire, released with Release), so it is never accessed by two threads
-// at once and each holder sees the last holder's writes; everything in it
-// is Send (an Arc of a Sync peer, plain numbers).
-unsafe impl Sync for Lane {}
-
-/// `busy`, held; released on drop (also if the holder unwinds).
-struct Held<'a>(&'a Lane);
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        self.0.busy.store(false, Ordering::Release);
-    }
-}
-
-impl Held<'_> {
-    fn inner(&mut self) -> &mut Inner {
-        // SAFETY: we hold `busy` (see the `Sync` impl), and this borrow of
-        // `self` keeps the reference from outliving it.
-        unsafe { &mut *self.0.inner.get() }
-    }
 }
 
 /// What the engine fills a lane with when it opens it.
@@ -131,9 +176,8 @@ pub(crate) struct Opening<'a> {
     pub qps: softrdma_shm::Qps,
     pub max_sge: usize,
     pub reads: bool,
-    /// The regions of the post that opened it: (lkey, iova, len, host,
-    /// local write).
-    pub regions: &'a [(u32, u64, u64, u64, bool)],
+    /// The regions of the post that opened it.
+    pub regions: &'a [Region],
     /// The queue of the QP's send CQ (signaled posts complete there).
     pub cq: Arc<CqLane>,
 }
@@ -142,8 +186,7 @@ impl Lane {
     pub(crate) fn new() -> Lane {
         Lane {
             open: AtomicBool::new(false),
-            busy: AtomicBool::new(false),
-            inner: UnsafeCell::new(Inner {
+            inner: Flagged::new(Inner {
                 peer: None,
                 qps: softrdma_shm::Qps {
                     local: 0,
@@ -161,24 +204,6 @@ impl Lane {
         }
     }
 
-    fn try_hold(&self) -> Option<Held<'_>> {
-        self.busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-            .then_some(Held(self))
-    }
-
-    /// Wait for a post in progress to finish and hold the lane (the
-    /// engine, under its lock). A poster holds it for one bounded copy.
-    fn hold(&self) -> Held<'_> {
-        loop {
-            if let Some(h) = self.try_hold() {
-                return h;
-            }
-            std::thread::yield_now();
-        }
-    }
-
     pub(crate) fn pos(&self) -> Option<usize> {
         let p = self.pos.load(Ordering::Relaxed);
         (p != usize::MAX).then_some(p)
@@ -188,36 +213,32 @@ impl Lane {
         self.pos.store(p.unwrap_or(usize::MAX), Ordering::Relaxed);
     }
 
-    /// Operations carried out since the last [`Lane::take_carried`].
+    /// Operations carried out since the lane last closed.
     pub(crate) fn carried(&self) -> u64 {
         self.carried.load(Ordering::Relaxed)
     }
 
-    /// Take the count (the engine, after [`Lane::close`]: no post is in
-    /// the lane and none will be, so nobody writes it meanwhile).
-    pub(crate) fn take_carried(&self) -> u64 {
-        let n = self.carried.load(Ordering::Relaxed);
-        self.carried.store(0, Ordering::Relaxed);
-        n
-    }
-
     /// Close the lane: from the return on, no post uses what it held, and
-    /// none is in progress. The engine calls it under its lock.
-    pub(crate) fn close(&self) {
+    /// none is in progress. The engine calls it under its lock. Returns
+    /// the operations carried out since it last closed (taken while
+    /// holding the lane, so no post writes the count meanwhile).
+    pub(crate) fn close(&self) -> u64 {
         self.open.store(false, Ordering::SeqCst);
-        let mut h = self.hold();
-        let i = h.inner();
+        let mut i = self.inner.hold();
         i.peer = None;
         i.keys = [None; KEYS];
         i.cq = None;
+        let n = self.carried.load(Ordering::Relaxed);
+        self.carried.store(0, Ordering::Relaxed);
+        n
     }
 
     /// Open the lane, or remember more regions in an open one. The engine
     /// calls it under its lock, with what it checked there (see the module
     /// docs); a different peer or QP replaces what was held.
     pub(crate) fn open(&self, o: Opening<'_>) {
-        let mut h = self.hold();
-        let i = h.inner();
+        let mut h = self.inner.hold();
+        let i = &mut *h;
         let same = i
             .peer
             .as_ref()
@@ -231,15 +252,8 @@ impl Lane {
         i.max_sge = o.max_sge;
         i.reads = o.reads;
         i.cq = Some(o.cq);
-        for &(lkey, iova, len, host, local_write) in o.regions {
-            let r = Region {
-                lkey,
-                iova,
-                len,
-                host,
-                local_write,
-            };
-            match i.keys.iter_mut().flatten().find(|k| k.lkey == lkey) {
+        for &r in o.regions {
+            match i.keys.iter_mut().flatten().find(|k| k.lkey == r.lkey) {
                 Some(k) => *k = r,
                 None => {
                     let at = i.next;
@@ -267,16 +281,15 @@ impl Lane {
         {
             return false;
         }
-        let Some(mut h) = self.try_hold() else {
+        let Some(i) = self.inner.try_hold() else {
             return false;
         };
-        // Read after taking `busy`: a close that began before we took it
-        // has stored false already (it then waits for us), and one after
-        // finds us holding it.
+        // Read after taking the lane: a close that began before we took
+        // it has stored false already (it then waits for us), and one
+        // after finds us holding it.
         if !self.open.load(Ordering::Acquire) {
             return false;
         }
-        let i = h.inner();
         // A READ or an atomic writes its result locally and needs the
         // QP's READ/atomic credits (`max_rd_atomic`); an atomic is one
         // 8-byte SGE on an 8-byte aligned target, as the core checks —
@@ -325,41 +338,31 @@ impl Lane {
         // queue back to the CQ (and arm it, say) between the two.
         let mut queue = None;
         if signaled {
-            let Some(mut q) = i.cq.as_ref().and_then(|c| c.try_hold()) else {
+            let Some(q) = i.cq.as_ref().and_then(|c| c.reserve()) else {
                 return false;
             };
-            if !q.has_room() {
-                return false;
-            }
             queue = Some(q);
         }
         // SAFETY: each span lies inside a region that was registered, of
         // this QP's PD and (for a READ) locally writable when the engine
         // opened the lane, and still is: anything that would change that
         // (a withdrawal, a deregistration) closes the lane first under the
-        // engine's lock, and closing waits for `busy`, which we hold until
-        // this call returns. So the memory stays valid for the access.
+        // engine's lock, and closing waits for the lane, which we hold
+        // until this call returns. So the memory stays valid for the access.
         let done = unsafe { peer.one_sided(i.qps, &wr.op, OffloadLocal::Host(&spans)) };
         if done {
-            if let Some(mut q) = queue {
-                q.push(Completion::offloaded(
-                    wr.wr_id,
-                    &wr.op,
-                    i.qps.local,
-                    total as u32,
-                ));
+            if let (Some(mut q), Some(cq)) = (queue, i.cq.as_ref()) {
+                cq.push(
+                    &mut q,
+                    Completion::offloaded(wr.wr_id, &wr.op, i.qps.local, total as u32),
+                );
             }
-            // One writer at a time (we hold `busy`): no locked increment.
+            // One writer at a time (we hold the lane): no locked increment.
             let n = self.carried.load(Ordering::Relaxed);
             self.carried.store(n + 1, Ordering::Relaxed);
         }
         done
     }
-}
-
-/// What a lane needs of the access flags of a region.
-pub(crate) fn local_write(a: AccessFlags) -> bool {
-    a.contains(AccessFlags::LOCAL_WRITE)
 }
 
 /// Completions of a CQ's lane posts, queued outside the core's CQ.
@@ -381,11 +384,9 @@ pub(crate) fn local_write(a: AccessFlags) -> bool {
 pub(crate) struct CqLane {
     pub(crate) id: CqId,
     open: AtomicBool,
-    lock: AtomicBool,
-    /// Entries in `q`, for a look without the lock.
+    /// Entries in `q`, for a look without holding it.
     len: AtomicUsize,
-    /// Read and written by the holder of `lock` only.
-    inner: UnsafeCell<CqInner>,
+    inner: Flagged<CqInner>,
 }
 
 struct CqInner {
@@ -400,50 +401,13 @@ struct CqInner {
     core_empty: bool,
 }
 
-// SAFETY: `inner` is touched only by the holder of `lock` (Acquire to take,
-// Release to let go), so never by two threads at once, and each holder
-// sees the last one's writes; a Completion is plain data.
-unsafe impl Sync for CqLane {}
-
-/// `lock`, held; released on drop.
-pub(crate) struct CqHeld<'a>(&'a CqLane);
-
-impl Drop for CqHeld<'_> {
-    fn drop(&mut self) {
-        self.0.lock.store(false, Ordering::Release);
-    }
-}
-
-impl CqHeld<'_> {
-    fn inner(&mut self) -> &mut CqInner {
-        // SAFETY: we hold `lock` (see the `Sync` impl); the borrow of `self`
-        // keeps the reference from outliving it.
-        unsafe { &mut *self.0.inner.get() }
-    }
-
-    /// Open, and room for one more.
-    fn has_room(&mut self) -> bool {
-        let open = self.0.open.load(Ordering::Relaxed);
-        let i = self.inner();
-        open && i.q.len() < i.room
-    }
-
-    fn push(&mut self, c: Completion) {
-        let i = self.inner();
-        i.q.push_back(c);
-        let n = i.q.len();
-        self.0.len.store(n, Ordering::Release);
-    }
-}
-
 impl CqLane {
     pub(crate) fn new(id: CqId) -> CqLane {
         CqLane {
             id,
             open: AtomicBool::new(false),
-            lock: AtomicBool::new(false),
             len: AtomicUsize::new(0),
-            inner: UnsafeCell::new(CqInner {
+            inner: Flagged::new(CqInner {
                 q: VecDeque::new(),
                 room: 0,
                 core_empty: false,
@@ -451,21 +415,16 @@ impl CqLane {
         }
     }
 
-    fn try_hold(&self) -> Option<CqHeld<'_>> {
-        self.lock
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-            .then_some(CqHeld(self))
+    /// Hold the queue if it is open and has room for one more completion
+    /// (a signaled lane post, from before its copy to [`CqLane::push`]).
+    fn reserve(&self) -> Option<Holding<'_, CqInner>> {
+        let h = self.inner.try_hold()?;
+        (self.open.load(Ordering::Relaxed) && h.q.len() < h.room).then_some(h)
     }
 
-    /// Take the lock, waiting for a holder (one bounded copy, or a poll).
-    fn hold(&self) -> CqHeld<'_> {
-        loop {
-            if let Some(h) = self.try_hold() {
-                return h;
-            }
-            std::thread::yield_now();
-        }
+    fn push(&self, h: &mut Holding<'_, CqInner>, c: Completion) {
+        h.q.push_back(c);
+        self.len.store(h.q.len(), Ordering::Release);
     }
 
     pub(crate) fn is_open(&self) -> bool {
@@ -481,8 +440,8 @@ impl CqLane {
     /// in order: from the return on, no lane completes into it.
     pub(crate) fn close_into(&self, out: &mut Vec<Completion>) {
         self.open.store(false, Ordering::Relaxed);
-        let mut h = self.hold();
-        out.extend(h.inner().q.drain(..));
+        let mut h = self.inner.hold();
+        out.extend(h.q.drain(..));
         self.len.store(0, Ordering::Release);
     }
 
@@ -490,8 +449,7 @@ impl CqLane {
     /// CQ holds none (the engine, under its lock, for a CQ neither armed
     /// nor in error).
     pub(crate) fn open(&self, room: usize, core_empty: bool) {
-        let mut h = self.hold();
-        let i = h.inner();
+        let mut i = self.inner.hold();
         if i.q.capacity() < room.min(4096) {
             i.q.reserve(room.min(4096));
         }
@@ -509,10 +467,9 @@ impl CqLane {
         if self.is_empty() {
             return 0;
         }
-        let Some(mut h) = self.try_hold() else {
+        let Some(mut i) = self.inner.try_hold() else {
             return 0;
         };
-        let i = h.inner();
         if !i.core_empty {
             return 0;
         }

@@ -237,7 +237,11 @@ fn two_initiators_share_one_address() {
         let ctx = open(V4);
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(256, None).unwrap();
-        let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(64, 16));
+        // Receives complete on their own CQ: the target's replies may arrive before
+        // the ACK of this initiator's last SEND (the responder may coalesce its ACKs;
+        // IBA orders nothing between a QP's two directions).
+        let rcq = ctx.create_cq(16, None).unwrap();
+        let qp = qp_init(&pd, QpType::Rc, &cq, &rcq, None, cap(64, 16));
         let src = mr_with(&pd, REGION, src_seed(i), AccessFlags::LOCAL_WRITE);
         let back = pd
             .reg_mr(vec![0; REGION], AccessFlags::LOCAL_WRITE)
@@ -292,7 +296,7 @@ fn two_initiators_share_one_address() {
         );
         // The target's replies.
         let want = pattern(7000 + i as u64, 4 * MSG);
-        let w = wait_cq(&cq, 4, "the target's SENDs");
+        let w = wait_cq(&rcq, 4, "the target's SENDs");
         for (k, c) in w.iter().enumerate() {
             assert_wc(
                 c,

@@ -334,16 +334,37 @@ fn validation_reports_bad_pages() {
 #[test]
 fn mismatched_sizes_fail_with_completion_errors() {
     let port = free_port().to_string();
-    let server = spawn(&["-p".into(), port.clone(), "-n".into(), "5".into()]);
-    let client = spawn(&[
-        "-p".into(),
-        port,
-        "-n".into(),
-        "5".into(),
-        "-s".into(),
-        "5000".into(),
-        "127.0.0.1".into(),
-    ]);
+    // The responder sends its fatal NAK once: on a device of its own, as
+    // UC and UD in `Run::pair`, so that no other test's process leaving
+    // 127.0.0.1's port group can cost it (the client would then end in a
+    // retry-exceeded error instead).
+    let dev = format!("iso={}", own_address());
+    let env = [("SOFTRDMA_DEVICES", dev.as_str())];
+    let server = spawn_env(
+        &[
+            "-d".into(),
+            "iso".into(),
+            "-p".into(),
+            port.clone(),
+            "-n".into(),
+            "5".into(),
+        ],
+        &env,
+    );
+    let client = spawn_env(
+        &[
+            "-d".into(),
+            "iso".into(),
+            "-p".into(),
+            port,
+            "-n".into(),
+            "5".into(),
+            "-s".into(),
+            "5000".into(),
+            "127.0.0.1".into(),
+        ],
+        &env,
+    );
     let c = finish(client, "client");
     let s = finish(server, "server");
     assert_eq!(c.status.code(), Some(1));

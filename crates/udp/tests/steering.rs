@@ -10,7 +10,7 @@ use common::*;
 use softrdma_udp::{Port, PortConfig, PortOptions, Steering};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "SOFTRDMA_UDP_STEERING_CHILD";
 
@@ -60,15 +60,30 @@ fn two_ports_one_address_one_process() {
     assert!(got_b.iter().all(|(_, d)| qpn(d) == sb << 16 | 0xfff0));
     // Nothing else is delivered: the other 20, for a slot nobody owns,
     // were hashed to one of the two and dropped there — and they are the
-    // only datagrams that reached the wrong socket.
-    assert!(recv_for(&mut a, Duration::from_millis(30)).is_empty());
-    assert!(recv_for(&mut b, Duration::from_millis(30)).is_empty());
-    assert_eq!(a.stats().rx_wrong_slot + b.stats().rx_wrong_slot, 20);
+    // only datagrams that reached the wrong socket. Their count is awaited,
+    // not sampled once: on a loaded machine loopback's softirq work is
+    // deferred to ksoftirqd (as in `tests/sharing.rs`).
+    let wrong = |a: &Port, b: &Port| a.stats().rx_wrong_slot + b.stats().rx_wrong_slot;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        assert!(recv_for(&mut a, Duration::from_millis(30)).is_empty());
+        assert!(recv_for(&mut b, Duration::from_millis(30)).is_empty());
+        if wrong(&a, &b) >= 20 || Instant::now() > deadline {
+            break;
+        }
+    }
+    assert_eq!(wrong(&a, &b), 20);
     // QP1 belongs to no slot: what is not a CM MAD is hashed to a member
     // and delivered there (the engine drops what is not a MAD).
     spray(&mut c, gid, &[1], 20);
-    let mut gsi = recv_for(&mut a, Duration::from_millis(50));
-    gsi.extend(recv_for(&mut b, Duration::from_millis(50)));
+    let mut gsi = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while gsi.len() < 20 && Instant::now() < deadline {
+        gsi.extend(recv_for(&mut a, Duration::from_millis(10)));
+        gsi.extend(recv_for(&mut b, Duration::from_millis(10)));
+    }
+    gsi.extend(recv_for(&mut a, Duration::from_millis(30)));
+    gsi.extend(recv_for(&mut b, Duration::from_millis(30)));
     assert_eq!(gsi.len(), 20);
     assert!(gsi.iter().all(|(_, d)| qpn(d) == 1));
     assert_eq!(a.stats().rx_wrong_slot + b.stats().rx_wrong_slot, 20);
@@ -148,6 +163,13 @@ fn child_receiver() {
     let mut got = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while rx.try_recv().is_err() && std::time::Instant::now() < deadline {
+        if p.recv(|_, d| got.push(qpn(d))).unwrap() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    // The parent's "done" follows its own 50, not ours: ours may still be
+    // in loopback's backlog (deferred to ksoftirqd on a loaded machine).
+    while got.len() < 50 && std::time::Instant::now() < deadline {
         if p.recv(|_, d| got.push(qpn(d))).unwrap() == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }

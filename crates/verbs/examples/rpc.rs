@@ -28,11 +28,12 @@ fn rx(mr: &Mr, i: usize) -> softrdma_verbs::Result<Sge> {
     mr.slice((1 + i) * MSG..(2 + i) * MSG)
 }
 
-/// SEND `len` bytes of the scratch buffer inline, with `imm`: the bytes are
-/// copied when posted, so the buffer is free again at once.
+/// SEND `len` bytes of the scratch buffer inline, with `imm` (also its
+/// `wr_id`): the bytes are copied when posted, so the buffer is free again
+/// at once.
 fn send(qp: &Qp, mr: &Mr, len: usize, imm: u32) -> softrdma_verbs::Result<()> {
     qp.post_send(&SendWr {
-        wr_id: u64::MAX,
+        wr_id: imm as u64,
         op: SendOp::SendWithImm { imm },
         sgl: &[mr.slice(0..len)?],
         flags: SendFlags::SIGNALED | SendFlags::INLINE,
@@ -132,7 +133,9 @@ fn main() -> softrdma_verbs::Result<()> {
     }
     let s = start.elapsed().as_secs_f64();
     send(&qp, &mr, 0, STOP)?;
-    while next(&cq)?.opcode == WcOpcode::Recv {} // the stop's send completion
+    // The stop's own send completion: a reply can overtake the ACK of its
+    // call, so earlier calls' send completions may still come before it.
+    while next(&cq)?.wr_id != STOP as u64 {}
     println!(
         "client: {calls} calls answered correctly, {DEPTH} in flight, {:.1} us per call",
         s * 1e6 / calls as f64

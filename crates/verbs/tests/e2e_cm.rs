@@ -212,6 +212,9 @@ fn ud_sidr_resolve_and_send() {
             req.accept(&qp, b"this one").expect("answer");
             assert_eq!(qp.query().unwrap().0, QpState::Rts);
             qp.recv(1, mr.slice(0..40 + 256).unwrap()).unwrap();
+            // UD drops a datagram that finds no receive posted: the client
+            // sends only once this one is (the SIDR_REP left in `accept`).
+            oob.signal("posted");
             let c = cq.wait(1, W).expect("the datagram");
             assert_eq!(c.byte_len, 40 + 100);
             assert_bytes(&read_mr(&mr, 40, 100), &pattern(3, 100), "the datagram");
@@ -234,6 +237,7 @@ fn ud_sidr_resolve_and_send() {
             assert_eq!(peer.qpn, qpn);
             assert_eq!(peer.qkey, cm::UDP_QKEY);
             assert_eq!(trim(&peer.private_data), b"this one");
+            oob.expect("posted");
             let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
             mr.write(0, &pattern(3, 100));
             let sge = [mr.slice(0..100).unwrap()];

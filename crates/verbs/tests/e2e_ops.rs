@@ -1305,6 +1305,8 @@ fn a_message_taken_before_error_is_acknowledged() {
             let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
             let rbuf = pd.reg_mr(vec![0; 64], AccessFlags::LOCAL_WRITE).unwrap();
             exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 5);
+            // A SEND that finds this QP still in INIT is dropped.
+            oob.signal("connected");
             for round in 0..20u64 {
                 post_recv(&qp, round, rbuf.sge(0, 64));
                 let w = wait_cq(&cq, 1, "the message");
@@ -1330,12 +1332,14 @@ fn a_message_taken_before_error_is_acknowledged() {
             let cq = ctx.create_cq(16, None).unwrap();
             let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
             let sbuf = mr_with(&pd, 64, 7, AccessFlags::LOCAL_WRITE);
-            // A short ACK timeout (4.096 µs × 2^10, 7 retries: 30 ms) so a
-            // lost ACK fails the test quickly.
+            // A lost ACK still ends in RETRY_EXC_ERR, within 8 × 67 ms. (A
+            // 4 ms timeout, 30 ms in all, failed the test whenever the
+            // receiving process went unscheduled that long.)
             let mine = addr_of(&ctx, &qp, psn(77));
             oob.send_addr(&mine);
             let r = oob.recv_addr();
-            connect_with(&qp, QpType::Rc, mine.psn, &r, 10);
+            connect_with(&qp, QpType::Rc, mine.psn, &r, 14);
+            oob.expect("connected");
             let one = [sbuf.sge(0, 64)];
             for round in 0..20u64 {
                 qp.post_send(&wr(round, SendOp::Send, &one, SendFlags::SIGNALED))

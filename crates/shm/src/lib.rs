@@ -761,6 +761,25 @@ impl Peer {
     /// freed) before the call returns. The engine translates them under its
     /// lock; a lane under its `busy` flag, which deregistration waits for.
     pub unsafe fn one_sided(&self, qps: Qps, op: &SendOp, local: OffloadLocal<'_>) -> bool {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.one_sided_checked(qps, op, local, None) }
+    }
+
+    /// [`Peer::one_sided`], remembering in `checked` the entries of the
+    /// peer's segment it read, so that a caller that goes on posting to the
+    /// same QP and region (a lane) reads one sequence number of each
+    /// instead of the whole entry. `checked` must have been used with this
+    /// peer only (a new peer, a new [`Checked`]).
+    ///
+    /// # Safety
+    /// As for [`Peer::one_sided`].
+    pub unsafe fn one_sided_checked(
+        &self,
+        qps: Qps,
+        op: &SendOp,
+        local: OffloadLocal<'_>,
+        checked: Option<&mut Checked>,
+    ) -> bool {
         if !self.alive() {
             return false;
         }
@@ -779,14 +798,22 @@ impl Peer {
             }
         }
         let _user = User(&self.user);
+        let mut none = Checked::default();
+        let checked = checked.unwrap_or(&mut none);
         // SAFETY: forwarded from the caller; `user` is ours until `_user`
         // drops, so the in-flight word is ours alone.
-        unsafe { self.one_sided_locked(qps, op, local) }
+        unsafe { self.one_sided_locked(qps, op, local, checked) }
     }
 
     /// # Safety
     /// As for [`Peer::one_sided`].
-    unsafe fn one_sided_locked(&self, qps: Qps, op: &SendOp, local: OffloadLocal<'_>) -> bool {
+    unsafe fn one_sided_locked(
+        &self,
+        qps: Qps,
+        op: &SendOp,
+        local: OffloadLocal<'_>,
+        checked: &mut Checked,
+    ) -> bool {
         let (va, rkey, need) = match *op {
             SendOp::Write { remote_addr, rkey } | SendOp::AtomicWrite { remote_addr, rkey } => {
                 (remote_addr, rkey, AccessFlags::REMOTE_WRITE)
@@ -830,22 +857,37 @@ impl Peer {
         // The responder QP: connected to ours, executing requests, granting
         // this access.
         let q = m.qp(qps.remote);
-        let Some((qpn, ready, qpd, qacc, dest, gid, rd)) = seg::read_locked(&q.seq, || {
-            let mut gid = [0u8; 16];
-            for (c, w) in gid.chunks_exact_mut(4).zip(&q.dest_gid) {
-                c.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+        // Read at the sequence number remembered: unchanged since.
+        let remembered = checked
+            .qp
+            .filter(|c| c.slot == qps.remote && q.seq.load(Ordering::Acquire) == c.seq);
+        let (qpn, ready, qpd, qacc, dest, gid, rd) = match remembered {
+            Some(c) => c.entry,
+            None => {
+                let Some((seq, entry)) = seg::read_locked_seq(&q.seq, || {
+                    let mut gid = [0u8; 16];
+                    for (c, w) in gid.chunks_exact_mut(4).zip(&q.dest_gid) {
+                        c.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+                    }
+                    (
+                        q.qpn.load(Ordering::Relaxed),
+                        q.ready.load(Ordering::Relaxed),
+                        q.pd.load(Ordering::Relaxed),
+                        q.access.load(Ordering::Relaxed),
+                        q.dest_qpn.load(Ordering::Relaxed),
+                        gid,
+                        q.rd_atomic.load(Ordering::Relaxed),
+                    )
+                }) else {
+                    return false;
+                };
+                checked.qp = Some(CheckedQp {
+                    slot: qps.remote,
+                    seq,
+                    entry,
+                });
+                entry
             }
-            (
-                q.qpn.load(Ordering::Relaxed),
-                q.ready.load(Ordering::Relaxed),
-                q.pd.load(Ordering::Relaxed),
-                q.access.load(Ordering::Relaxed),
-                q.dest_qpn.load(Ordering::Relaxed),
-                gid,
-                q.rd_atomic.load(Ordering::Relaxed),
-            )
-        }) else {
-            return false;
         };
         let reads = !matches!(op, SendOp::Write { .. } | SendOp::AtomicWrite { .. });
         if qpn != qps.remote
@@ -868,26 +910,46 @@ impl Peer {
             word.store(seg::ACTIVE_BIT | rkey as u64, Ordering::SeqCst);
         }
         let ok = 'look: {
-            for e in m.mr_probes(rkey) {
-                let used = e.used.load(Ordering::SeqCst);
-                if used == MR_EMPTY {
-                    break 'look false;
-                }
-                let Some((used, key, pd, acc, lo, elen, off)) = seg::read_locked(&e.seq, || {
-                    (
-                        e.used.load(Ordering::Relaxed),
-                        e.rkey.load(Ordering::Relaxed),
-                        e.pd.load(Ordering::Relaxed),
-                        e.access.load(Ordering::Relaxed),
-                        e.iova_lo.load(Ordering::Relaxed),
-                        e.len.load(Ordering::Relaxed),
-                        e.off.load(Ordering::Relaxed),
-                    )
-                }) else {
-                    break 'look false;
+            // The entry remembered for this key, if its sequence number
+            // (read after the word, as the whole entry would be) is
+            // unchanged: it is the live entry it was, with the same fields.
+            let remembered = checked
+                .mr
+                .filter(|c| c.entry.1 == rkey && m.mr(c.slot).seq.load(Ordering::SeqCst) == c.seq);
+            let mut probes = seg::Mapping::mr_probe_slots(rkey);
+            loop {
+                let (used, key, pd, acc, lo, elen, off) = match remembered {
+                    Some(c) => c.entry,
+                    None => {
+                        let Some(slot) = probes.next() else {
+                            break 'look false;
+                        };
+                        let e = m.mr(slot);
+                        if e.used.load(Ordering::SeqCst) == MR_EMPTY {
+                            break 'look false;
+                        }
+                        let Some((seq, entry)) = seg::read_locked_seq(&e.seq, || {
+                            (
+                                e.used.load(Ordering::Relaxed),
+                                e.rkey.load(Ordering::Relaxed),
+                                e.pd.load(Ordering::Relaxed),
+                                e.access.load(Ordering::Relaxed),
+                                e.iova_lo.load(Ordering::Relaxed),
+                                e.len.load(Ordering::Relaxed),
+                                e.off.load(Ordering::Relaxed),
+                            )
+                        }) else {
+                            break 'look false;
+                        };
+                        if entry.0 != MR_LIVE || entry.1 != rkey {
+                            continue;
+                        }
+                        checked.mr = Some(CheckedMr { slot, seq, entry });
+                        entry
+                    }
                 };
                 if used != MR_LIVE || key != rkey {
-                    continue;
+                    break 'look false;
                 }
                 let Some(rel) = va.checked_sub(lo) else {
                     break 'look false;
@@ -913,11 +975,34 @@ impl Peer {
                 unsafe { execute(op, target, local, len) };
                 break 'look true;
             }
-            false
         };
         word.store(0, Ordering::Release);
         ok
     }
+}
+
+/// The entries of a peer's segment that [`Peer::one_sided_checked`] read
+/// last, each with the sequence number it was read at.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Checked {
+    qp: Option<CheckedQp>,
+    mr: Option<CheckedMr>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CheckedQp {
+    slot: u32,
+    seq: u32,
+    /// qpn, ready, pd, access, dest_qpn, dest_gid, rd_atomic.
+    entry: (u32, u32, u32, u32, u32, [u8; 16], u32),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CheckedMr {
+    slot: usize,
+    seq: u32,
+    /// used, rkey, pd, access, iova_lo, len, off.
+    entry: (u32, u32, u32, u32, u64, u64, u64),
 }
 
 /// Move the bytes (or run the atomic) between the target word/buffer and
@@ -949,7 +1034,14 @@ unsafe fn execute(op: &SendOp, target: *mut u8, local: OffloadLocal<'_>, len: u6
                 // SAFETY: `at + n <= len`: the spans add up to len.
                 unsafe {
                     if at + n <= tail_from || at >= tail_from {
-                        std::ptr::copy_nonoverlapping(src, target.add(at as usize), n as usize);
+                        if n == 8 {
+                            // One 8-byte move rather than a call into memcpy
+                            // (a whole small WRITE: the message-rate test).
+                            let v = std::ptr::read_unaligned(src.cast::<u64>());
+                            std::ptr::write_unaligned(target.add(at as usize).cast::<u64>(), v);
+                        } else {
+                            std::ptr::copy_nonoverlapping(src, target.add(at as usize), n as usize);
+                        }
                     } else {
                         let k = tail_from - at;
                         std::ptr::copy_nonoverlapping(src, target.add(at as usize), k as usize);

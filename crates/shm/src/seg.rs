@@ -160,6 +160,12 @@ impl Mapping {
         (0..MR_PROBES).map(move |i| self.mr((h + i) % MR_SLOTS))
     }
 
+    /// The slots [`Mapping::mr_probes`] visits, in its order.
+    pub fn mr_probe_slots(rkey: u32) -> impl Iterator<Item = usize> {
+        let h = mr_hash(rkey);
+        (0..MR_PROBES).map(move |i| (h + i) % MR_SLOTS)
+    }
+
     pub fn mr(&self, i: usize) -> &MrEntry {
         debug_assert!(i < MR_SLOTS);
         let i = i % MR_SLOTS;
@@ -317,18 +323,22 @@ pub fn write_locked(seq: &AtomicU32, f: impl FnOnce()) {
     seq.store(s.wrapping_add(2), Ordering::Release);
 }
 
-/// Seqlock read: `f` until it ran while no write was in progress.
-/// Gives up (None) after `SEQ_TRIES` attempts: an owner that died in the
-/// middle of a write leaves the count odd for good, and a reader must not
-/// spin on it forever (the caller then takes the packet path).
-pub fn read_locked<T>(seq: &AtomicU32, mut f: impl FnMut() -> T) -> Option<T> {
+/// Seqlock read: `f` until it ran while no write was in progress, with
+/// the (even) sequence number it ran at. While the entry's sequence still
+/// reads the same, nothing in it has changed since: an owner makes it odd
+/// before it writes and moves it on after (it wraps only after 2^31
+/// rewrites of one entry). Gives up (None) after `SEQ_TRIES` attempts: an
+/// owner that died in the middle of a write leaves the count odd for good,
+/// and a reader must not spin on it forever (the caller then takes the
+/// packet path).
+pub fn read_locked_seq<T>(seq: &AtomicU32, mut f: impl FnMut() -> T) -> Option<(u32, T)> {
     for _ in 0..SEQ_TRIES {
         let s1 = seq.load(Ordering::Acquire);
         if s1 & 1 == 0 {
             let v = f();
             std::sync::atomic::fence(Ordering::Acquire);
             if seq.load(Ordering::Relaxed) == s1 {
-                return Some(v);
+                return Some((s1, v));
             }
         }
         std::hint::spin_loop();

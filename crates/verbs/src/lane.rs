@@ -155,6 +155,9 @@ struct Inner {
     next: usize,
     /// The QP's send CQ's queue, for signaled posts.
     cq: Option<Arc<CqLane>>,
+    /// The peer's QP and region entries the last posts checked against
+    /// (`Peer::one_sided_checked`); cleared with the peer.
+    checked: softrdma_shm::Checked,
 }
 
 /// One QP's lane (see the module docs).
@@ -198,6 +201,7 @@ impl Lane {
                 keys: [None; KEYS],
                 next: 0,
                 cq: None,
+                checked: softrdma_shm::Checked::default(),
             }),
             carried: AtomicU64::new(0),
             pos: AtomicUsize::new(usize::MAX),
@@ -228,6 +232,7 @@ impl Lane {
         i.peer = None;
         i.keys = [None; KEYS];
         i.cq = None;
+        i.checked = softrdma_shm::Checked::default();
         let n = self.carried.load(Ordering::Relaxed);
         self.carried.store(0, Ordering::Relaxed);
         n
@@ -246,6 +251,7 @@ impl Lane {
         if !same {
             i.keys = [None; KEYS];
             i.next = 0;
+            i.checked = softrdma_shm::Checked::default();
         }
         i.peer = Some(o.peer);
         i.qps = o.qps;
@@ -281,7 +287,7 @@ impl Lane {
         {
             return false;
         }
-        let Some(i) = self.inner.try_hold() else {
+        let Some(mut i) = self.inner.try_hold() else {
             return false;
         };
         // Read after taking the lane: a close that began before we took
@@ -330,7 +336,14 @@ impl Lane {
         if spans.is_empty() || total > MAX_MSG_SIZE {
             return false;
         }
-        let Some(peer) = i.peer.as_ref() else {
+        let Inner {
+            peer,
+            qps,
+            cq,
+            checked,
+            ..
+        } = &mut *i;
+        let Some(peer) = peer.as_ref() else {
             return false;
         };
         // A signaled post completes into its CQ's queue, held from before
@@ -338,7 +351,7 @@ impl Lane {
         // queue back to the CQ (and arm it, say) between the two.
         let mut queue = None;
         if signaled {
-            let Some(q) = i.cq.as_ref().and_then(|c| c.reserve()) else {
+            let Some(q) = cq.as_ref().and_then(|c| c.reserve()) else {
                 return false;
             };
             queue = Some(q);
@@ -349,12 +362,14 @@ impl Lane {
         // (a withdrawal, a deregistration) closes the lane first under the
         // engine's lock, and closing waits for the lane, which we hold
         // until this call returns. So the memory stays valid for the access.
-        let done = unsafe { peer.one_sided(i.qps, &wr.op, OffloadLocal::Host(&spans)) };
+        let done = unsafe {
+            peer.one_sided_checked(*qps, &wr.op, OffloadLocal::Host(&spans), Some(checked))
+        };
         if done {
-            if let (Some(mut q), Some(cq)) = (queue, i.cq.as_ref()) {
+            if let (Some(mut q), Some(cq)) = (queue, cq.as_ref()) {
                 cq.push(
                     &mut q,
-                    Completion::offloaded(wr.wr_id, &wr.op, i.qps.local, total as u32),
+                    Completion::offloaded(wr.wr_id, &wr.op, qps.local, total as u32),
                 );
             }
             // One writer at a time (we hold the lane): no locked increment.

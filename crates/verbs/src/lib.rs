@@ -1030,6 +1030,7 @@ impl Mr {
     /// # Panics
     /// If the range is not inside the region, as slice indexing does; see
     /// [`Mr::try_sge`] for the error instead.
+    #[inline]
     pub fn sge(&self, offset: usize, len: u32) -> Sge {
         self.try_sge(offset, len)
             .unwrap_or_else(|e| panic!("Mr::sge({offset}, {len}): {e}"))
@@ -1037,6 +1038,7 @@ impl Mr {
 
     /// An SGE for `len` bytes at `offset`, or an error naming the problem
     /// if the range is not inside the region.
+    #[inline]
     pub fn try_sge(&self, offset: usize, len: u32) -> Result<Sge> {
         self.check(offset, len as usize)?;
         Ok(Sge {
@@ -1046,6 +1048,7 @@ impl Mr {
         })
     }
 
+    #[inline]
     fn check(&self, offset: usize, n: usize) -> Result<()> {
         if offset.checked_add(n).is_some_and(|e| e <= self.len) {
             Ok(())

@@ -185,6 +185,12 @@ pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
     let mut done = vec![0u64; n];
     let mut slot = vec![0u64; n];
     let mut to_signal = vec![p.cq_mod.max(1) as u64; n];
+    // What every post of a QP carries alike, worked out once (built per
+    // post, the UD destination cost a store-forwarding stall each time).
+    let uds: Vec<Option<UdDest>> = (0..n)
+        .map(|i| (p.conn == QpType::Ud).then(|| r.ud_dest(i)))
+        .collect();
+    let inline = p.inline > 0 && size <= p.inline as u64;
     let total_target = if p.duration.is_some() {
         u64::MAX
     } else {
@@ -259,7 +265,7 @@ pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
                 } else {
                     SendFlags::default()
                 };
-                if p.inline > 0 && size <= p.inline as u64 {
+                if inline {
                     flags = flags | SendFlags::INLINE;
                 }
                 let wr = SendWr {
@@ -267,7 +273,7 @@ pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
                     op: op_for(r, p, i, off),
                     sgl: &sge,
                     flags,
-                    ud: (p.conn == QpType::Ud).then(|| r.ud_dest(i)),
+                    ud: uds[i],
                 };
                 if !p.no_peak && posted_total.is_multiple_of(stamp_every) {
                     tposted.push((posted_total, ns(Instant::now())));

@@ -33,7 +33,7 @@ mod share;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -127,10 +127,12 @@ pub struct Peer {
     map: Mapping,
     /// Our in-flight word in its segment.
     active: u32,
-    /// Held by the one caller of [`Peer::one_sided`] at a time: the word
-    /// above is a single word, and callers are the engine (under its
-    /// lock) and the lock-free lanes of any number of QPs and threads.
+    /// Held by the one caller of [`Peer::one_sided`] at a time that uses
+    /// word 0 of ours: the engine (under its lock) and any lane without a
+    /// word of its own.
     user: AtomicBool,
+    /// Words 1.. of ours claimed by lanes (bit k: word k).
+    claimed: AtomicU8,
     alive: AtomicBool,
     /// Our copy of our ring's head in its segment (see `ring::Ring::push`).
     tx_head: AtomicU64,
@@ -280,9 +282,10 @@ impl Host {
                     }
                     let tag = seg::ACTIVE_BIT | rkey as u64;
                     for p in 0..seg::PEERS {
-                        let w = &m.active(p).word;
-                        while w.load(Ordering::SeqCst) == tag {
-                            std::thread::yield_now();
+                        for w in &m.active(p).words {
+                            while w.word.load(Ordering::SeqCst) == tag {
+                                std::thread::yield_now();
+                            }
                         }
                     }
                     return;
@@ -506,6 +509,7 @@ fn peer_of(
         map,
         active,
         user: AtomicBool::new(false),
+        claimed: AtomicU8::new(0),
         alive: AtomicBool::new(true),
         tx_head: AtomicU64::new(0),
         fast,
@@ -538,7 +542,9 @@ impl Inner {
         r.hdr.head.store(0, Ordering::Relaxed);
         r.hdr.tail.store(0, Ordering::Relaxed);
         r.hdr.want.store(0, Ordering::Relaxed);
-        self.map.active(i as usize).word.store(0, Ordering::SeqCst);
+        for w in &self.map.active(i as usize).words {
+            w.word.store(0, Ordering::SeqCst);
+        }
         Ok(i)
     }
 
@@ -667,10 +673,9 @@ impl Inner {
             c.peer.alive.store(false, Ordering::SeqCst);
             // A dead peer is inside nothing any more: free whoever waits
             // for its word (see `withdraw_mr`).
-            self.map
-                .active(c.mine as usize)
-                .word
-                .store(0, Ordering::SeqCst);
+            for w in &self.map.active(c.mine as usize).words {
+                w.word.store(0, Ordering::SeqCst);
+            }
             // Its ring is served until empty, then its index is freed
             // (`Host::drain`).
             match rx.rings.iter_mut().find(|e| e.idx == c.mine) {
@@ -762,7 +767,31 @@ impl Peer {
     /// lock; a lane under its `busy` flag, which deregistration waits for.
     pub unsafe fn one_sided(&self, qps: Qps, op: &SendOp, local: OffloadLocal<'_>) -> bool {
         // SAFETY: forwarded from the caller.
-        unsafe { self.one_sided_checked(qps, op, local, None) }
+        unsafe { self.one_sided_checked(qps, op, local, None, None) }
+    }
+
+    /// An in-flight word of ours in this peer's segment for the caller
+    /// alone, until the [`Claim`] drops; `None` if all are taken (the
+    /// caller then shares word 0, see [`Peer::one_sided_checked`]).
+    pub fn claim_word(self: &Arc<Self>) -> Option<Claim> {
+        let mut cur = self.claimed.load(Ordering::Relaxed);
+        loop {
+            let k = (1..seg::WORDS).find(|&k| cur & (1 << k) == 0)?;
+            match self.claimed.compare_exchange_weak(
+                cur,
+                cur | 1 << k,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Some(Claim {
+                        peer: self.clone(),
+                        k,
+                    })
+                }
+                Err(now) => cur = now,
+            }
+        }
     }
 
     /// [`Peer::one_sided`], remembering in `checked` the entries of the
@@ -773,15 +802,29 @@ impl Peer {
     ///
     /// # Safety
     /// As for [`Peer::one_sided`].
+    ///
+    /// With a `claim` of this peer's, the call uses the claimed word and
+    /// takes no flag: the claim is borrowed exclusively for the call, so
+    /// no other call uses the word meanwhile (a lane keeps its claim with
+    /// what its own flag guards).
     pub unsafe fn one_sided_checked(
         &self,
         qps: Qps,
         op: &SendOp,
         local: OffloadLocal<'_>,
         checked: Option<&mut Checked>,
+        claim: Option<&mut Claim>,
     ) -> bool {
         if !self.alive() {
             return false;
+        }
+        let mut none = Checked::default();
+        let checked = checked.unwrap_or(&mut none);
+        if let Some(c) = claim.filter(|c| std::ptr::eq(&*c.peer, self)) {
+            // SAFETY: forwarded from the caller; word `c.k` is the claim's
+            // alone (`claim_word` hands each word to one `Claim` until it
+            // drops), and `&mut` makes this the claim's one call now.
+            return unsafe { self.one_sided_locked(qps, op, local, checked, c.k) };
         }
         if self
             .user
@@ -798,11 +841,9 @@ impl Peer {
             }
         }
         let _user = User(&self.user);
-        let mut none = Checked::default();
-        let checked = checked.unwrap_or(&mut none);
         // SAFETY: forwarded from the caller; `user` is ours until `_user`
-        // drops, so the in-flight word is ours alone.
-        unsafe { self.one_sided_locked(qps, op, local, checked) }
+        // drops, so in-flight word 0 is ours alone.
+        unsafe { self.one_sided_locked(qps, op, local, checked, 0) }
     }
 
     /// # Safety
@@ -813,6 +854,7 @@ impl Peer {
         op: &SendOp,
         local: OffloadLocal<'_>,
         checked: &mut Checked,
+        word: usize,
     ) -> bool {
         let (va, rkey, need) = match *op {
             SendOp::Write { remote_addr, rkey } | SendOp::AtomicWrite { remote_addr, rkey } => {
@@ -899,7 +941,7 @@ impl Peer {
         {
             return false;
         }
-        let word = &m.active(self.active as usize).word;
+        let word = &m.active(self.active as usize).words[word % seg::WORDS].word;
         if self.fast && m.header().expedited.load(Ordering::Relaxed) == 1 {
             // The owner's withdrawal runs a global barrier between marking
             // the entry and reading our word, which orders this store before
@@ -978,6 +1020,28 @@ impl Peer {
         };
         word.store(0, Ordering::Release);
         ok
+    }
+}
+
+/// One of our in-flight words in a peer's segment, ours alone until this
+/// drops (see [`Peer::claim_word`]).
+pub struct Claim {
+    peer: Arc<Peer>,
+    k: usize,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        // Every call that used the word stored 0 in it before it returned.
+        self.peer
+            .claimed
+            .fetch_and(!(1 << self.k), Ordering::Release);
+    }
+}
+
+impl std::fmt::Debug for Claim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claim").field("word", &self.k).finish()
     }
 }
 
@@ -1097,5 +1161,84 @@ unsafe fn execute(op: &SendOp, target: *mut u8, local: OffloadLocal<'_>, len: u6
             word().store(v, Ordering::SeqCst);
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    /// An address no other test uses, so the two contexts' sockets are
+    /// this test's own.
+    fn key(slot: u8) -> Key {
+        Key {
+            addr: IpAddr::V4(Ipv4Addr::new(127, 83, 71, 29)),
+            slot,
+        }
+    }
+
+    #[test]
+    fn each_lane_word_is_claimed_once_and_withdrawal_waits_for_every_word() {
+        let owner = Host::open(key(1)).expect("the owner's segment");
+        let user = Host::open(key(2)).expect("the user's segment");
+        let peer = user.connect(key(1)).expect("joined");
+
+        // Words 1.. go one to each claim; word 0 stays shared.
+        let claims: Vec<Claim> = (1..seg::WORDS)
+            .map(|_| peer.claim_word().expect("a free word"))
+            .collect();
+        let mut ks: Vec<usize> = claims.iter().map(|c| c.k).collect();
+        ks.sort_unstable();
+        assert_eq!(ks, (1..seg::WORDS).collect::<Vec<_>>());
+        assert!(peer.claim_word().is_none(), "every word is claimed");
+        drop(claims);
+        assert!(peer.claim_word().is_some_and(|c| c.k >= 1));
+
+        // A region of the owner's, published to peers.
+        let n = seg::PAGE as usize;
+        // SAFETY: a fresh private anonymous mapping, ours.
+        let buf = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(buf, libc::MAP_FAILED);
+        let buf = buf as u64;
+        let share = owner.share(buf, n as u64).expect("moved into the arena");
+        let rkey = 0x5eed_0001;
+        assert!(owner.publish_mr(rkey, PdId(1), AccessFlags::REMOTE_WRITE, buf, buf, &share));
+
+        // A claimed word names the key, as a lane's WRITE in progress
+        // would: the withdrawal waits for it, whichever word it is.
+        let c = peer.claim_word().expect("a free word");
+        assert!(c.k >= 1);
+        let word = &peer.map.active(peer.active as usize).words[c.k].word;
+        word.store(seg::ACTIVE_BIT | rkey as u64, Ordering::SeqCst);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                owner.withdraw_mr(rkey);
+                done.store(true, Ordering::SeqCst);
+            });
+            // Far longer than a scan of every word takes; a withdrawal that
+            // skipped the claimed words would be done by now.
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(
+                !done.load(Ordering::SeqCst),
+                "the withdrawal returned while word {} named the key",
+                c.k
+            );
+            word.store(0, Ordering::SeqCst);
+        });
+        assert!(done.load(Ordering::SeqCst));
+        owner.unshare(share);
+        // SAFETY: our mapping, no longer used.
+        unsafe { libc::munmap(buf as *mut libc::c_void, n) };
     }
 }

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SRDMASHM");
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 pub const PAGE: u64 = 4096;
 
 /// QP entries, indexed by the low 16 bits of the QPN (a context's QPNs are
@@ -19,8 +19,14 @@ pub const QP_SLOTS: usize = 1 << 16;
 pub const MR_SLOTS: usize = 1 << 16;
 pub const MR_MAX_LIVE: usize = MR_SLOTS / 2;
 pub const MR_PROBES: usize = 64;
-/// Peers that may access this segment at once: one in-flight word each.
+/// Peers that may access this segment at once: [`WORDS`] in-flight words
+/// each.
 pub const PEERS: usize = 256;
+/// In-flight words per peer: word 0 serves the peer's engine and every
+/// caller without a word of its own (`Peer::user` lets one at a time use
+/// it); words 1.. are claimed one per lane (`Peer::claim_word`), whose
+/// posts then need no flag of the peer's.
+pub const WORDS: usize = 8;
 
 const HEADER_OFF: usize = 0;
 const QP_OFF: usize = 4096;
@@ -95,11 +101,18 @@ pub struct MrEntry {
     _pad: [u64; 3],
 }
 
-/// A peer's in-flight word: the rkey (with bit 32 set) whose memory it is
-/// touching now, or 0. The owner withdraws a region, then waits until no
-/// word names it.
+/// A peer's in-flight words: each the rkey (with bit 32 set) whose memory
+/// its user is touching now, or 0. The owner withdraws a region, then
+/// waits until no word names it.
 #[repr(C)]
 pub struct Active {
+    pub words: [Word; WORDS],
+}
+
+/// One in-flight word, alone on its cache line (its users are different
+/// threads of the peer).
+#[repr(C)]
+pub struct Word {
     pub word: AtomicU64,
     _pad: [u64; 7],
 }

@@ -158,6 +158,11 @@ struct Inner {
     /// The peer's QP and region entries the last posts checked against
     /// (`Peer::one_sided_checked`); cleared with the peer.
     checked: softrdma_shm::Checked,
+    /// An in-flight word in the peer's segment for this lane alone, so a
+    /// post takes no flag of the peer's (`None`: all taken, the lane shares
+    /// the peer's word 0 with the engine and other lanes). Let go with the
+    /// peer.
+    claim: Option<softrdma_shm::Claim>,
 }
 
 /// One QP's lane (see the module docs).
@@ -202,6 +207,7 @@ impl Lane {
                 next: 0,
                 cq: None,
                 checked: softrdma_shm::Checked::default(),
+                claim: None,
             }),
             carried: AtomicU64::new(0),
             pos: AtomicUsize::new(usize::MAX),
@@ -233,6 +239,7 @@ impl Lane {
         i.keys = [None; KEYS];
         i.cq = None;
         i.checked = softrdma_shm::Checked::default();
+        i.claim = None;
         let n = self.carried.load(Ordering::Relaxed);
         self.carried.store(0, Ordering::Relaxed);
         n
@@ -252,6 +259,10 @@ impl Lane {
             i.keys = [None; KEYS];
             i.next = 0;
             i.checked = softrdma_shm::Checked::default();
+            i.claim = None;
+        }
+        if i.claim.is_none() {
+            i.claim = o.peer.claim_word();
         }
         i.peer = Some(o.peer);
         i.qps = o.qps;
@@ -341,6 +352,7 @@ impl Lane {
             qps,
             cq,
             checked,
+            claim,
             ..
         } = &mut *i;
         let Some(peer) = peer.as_ref() else {
@@ -363,7 +375,13 @@ impl Lane {
         // engine's lock, and closing waits for the lane, which we hold
         // until this call returns. So the memory stays valid for the access.
         let done = unsafe {
-            peer.one_sided_checked(*qps, &wr.op, OffloadLocal::Host(&spans), Some(checked))
+            peer.one_sided_checked(
+                *qps,
+                &wr.op,
+                OffloadLocal::Host(&spans),
+                Some(checked),
+                claim.as_mut(),
+            )
         };
         if done {
             if let (Some(mut q), Some(cq)) = (queue, cq.as_ref()) {

@@ -767,7 +767,7 @@ impl Peer {
     /// lock; a lane under its `busy` flag, which deregistration waits for.
     pub unsafe fn one_sided(&self, qps: Qps, op: &SendOp, local: OffloadLocal<'_>) -> bool {
         // SAFETY: forwarded from the caller.
-        unsafe { self.one_sided_checked(qps, op, local, None, None) }
+        unsafe { self.one_sided_checked(&qps, op, local, None, None) }
     }
 
     /// An in-flight word of ours in this peer's segment for the caller
@@ -809,7 +809,7 @@ impl Peer {
     /// what its own flag guards).
     pub unsafe fn one_sided_checked(
         &self,
-        qps: Qps,
+        qps: &Qps,
         op: &SendOp,
         local: OffloadLocal<'_>,
         checked: Option<&mut Checked>,
@@ -850,7 +850,7 @@ impl Peer {
     /// As for [`Peer::one_sided`].
     unsafe fn one_sided_locked(
         &self,
-        qps: Qps,
+        qps: &Qps,
         op: &SendOp,
         local: OffloadLocal<'_>,
         checked: &mut Checked,

@@ -309,12 +309,6 @@ thread_local! {
 /// Panic if this thread is inside `Mr::with_bytes*`: taking the state lock
 /// again would deadlock (it is not re-entrant, and must not be: the call
 /// could make the engine write into the bytes being borrowed).
-/// Whether this thread is inside `Mr::with_bytes*` (a lane post then takes
-/// the engine's way, which panics as [`assert_not_in_view`] says).
-pub(crate) fn in_view() -> bool {
-    IN_VIEW.with(Cell::get)
-}
-
 pub(crate) fn assert_not_in_view() {
     if IN_VIEW.with(Cell::get) {
         panic!(

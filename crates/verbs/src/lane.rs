@@ -376,7 +376,7 @@ impl Lane {
         // until this call returns. So the memory stays valid for the access.
         let done = unsafe {
             peer.one_sided_checked(
-                *qps,
+                qps,
                 &wr.op,
                 OffloadLocal::Host(&spans),
                 Some(checked),

@@ -2047,10 +2047,13 @@ impl Qp {
     /// engine's way. ACKs the last pass deferred for the application's
     /// next call go the engine's way too, which carries them.
     fn lane_post(&self, wr: &SendWr<'_>) -> bool {
-        // Inside `Mr::with_bytes*` the engine's way panics (the lock is
-        // held); the lane must not run either: it would write into bytes
-        // lent out as a reference.
-        !self.eng.acks_deferred() && !buffer::in_view() && self.lane.try_post(wr)
+        // Inside `Mr::with_bytes*` the lane must not run: it could write
+        // into bytes lent out as a reference. It does not: `pause_peers`
+        // closed every lane before the bytes were lent, and lanes open only
+        // under the engine's lock, which the lender holds until the loan
+        // ends — so such a post finds the lane closed and takes the
+        // engine's way, which panics as it says.
+        !self.eng.acks_deferred() && self.lane.try_post(wr)
     }
 
     /// Post several send work requests in order, as `ibv_post_send` posts

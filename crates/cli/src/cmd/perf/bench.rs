@@ -239,28 +239,36 @@ pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
         let mut progress = false;
         while let Some(i) = ready.pop_front() {
             queued[i] = false;
-            while posted[i] - done[i] < p.tx_depth as u64
-                && (p.duration.is_some() || posted[i] < iters)
-                && deadline.is_none_or(|d| Instant::now() < d)
-            {
-                let k = posted[i];
+            // What QP i may post now, decided once for the batch (the
+            // deadline too: a batch is at most the TX depth).
+            let mut room = (p.tx_depth as u64).saturating_sub(posted[i] - done[i]);
+            if p.duration.is_none() {
+                room = room.min(iters - posted[i]);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                room = 0;
+            }
+            let base = r.local_off(i);
+            let qp = &r.qps[i];
+            let ud = uds[i];
+            let (mut k, mut at, mut to_sig) = (posted[i], slot[i], to_signal[i]);
+            for _ in 0..room {
                 // k % slots and (k + 1) % cq_mod, kept as counters: two
                 // divisions per post were a good part of the loop's own
                 // cost at 8 bytes over shared memory.
-                let off = slot[i] * step;
-                slot[i] += 1;
-                if slot[i] == slots {
-                    slot[i] = 0;
+                let off = at * step;
+                at += 1;
+                if at == slots {
+                    at = 0;
                 }
-                to_signal[i] -= 1;
-                let moderated = to_signal[i] == 0;
+                to_sig -= 1;
+                let moderated = to_sig == 0;
                 if moderated {
-                    to_signal[i] = p.cq_mod.max(1) as u64;
+                    to_sig = p.cq_mod.max(1) as u64;
                 }
-                let sge = [r.mr.sge(r.local_off(i) + off as usize, size as u32)];
+                let sge = [r.mr.sge(base + off as usize, size as u32)];
                 let last = p.duration.is_none() && k + 1 == iters;
-                let signaled = moderated || last;
-                let mut flags = if signaled {
+                let mut flags = if moderated || last {
                     SendFlags::SIGNALED
                 } else {
                     SendFlags::default()
@@ -273,16 +281,17 @@ pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
                     op: op_for(r, p, i, off),
                     sgl: &sge,
                     flags,
-                    ud: uds[i],
+                    ud,
                 };
                 if !p.no_peak && posted_total.is_multiple_of(stamp_every) {
                     tposted.push((posted_total, ns(Instant::now())));
                 }
-                r.qps[i].post_send(&wr)?;
-                posted[i] += 1;
+                qp.post_send(&wr)?;
+                k += 1;
                 posted_total += 1;
-                progress = true;
             }
+            progress |= room > 0;
+            (posted[i], slot[i], to_signal[i]) = (k, at, to_sig);
         }
         // Reap.
         let got = poll(r, &r.scq, p, &mut wcs)?;

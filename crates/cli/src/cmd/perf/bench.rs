@@ -589,6 +589,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
             } else {
                 SendFlags::SIGNALED
             };
+            stamps.push(Instant::now());
             r.qps[0].post_send(&SendWr {
                 wr_id: scnt,
                 op: op_for(r, p, 0, 0),
@@ -596,10 +597,6 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
                 flags,
                 ud: None,
             })?;
-            // Stamped once the request is out: the clock read (tens of ns
-            // on a VM) then overlaps its flight instead of delaying it, and
-            // stamp to stamp is still one whole iteration.
-            stamps.push(Instant::now());
             loop {
                 let n = r.scq.poll(&mut wcs)?;
                 if n > 0 {
@@ -647,6 +644,7 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
         if p.inline > 0 && size <= p.inline as u64 {
             flags = flags | SendFlags::INLINE;
         }
+        stamps.push(Instant::now());
         r.qps[0].post_send(&SendWr {
             wr_id: k,
             op: SendOp::Send,
@@ -654,10 +652,6 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
             flags,
             ud: (p.conn == QpType::Ud).then(|| r.ud_dest(0)),
         })?;
-        // Stamped once the request is out: the clock read (tens of ns
-        // on a VM) then overlaps its flight instead of delaying it, and
-        // stamp to stamp is still one whole iteration.
-        stamps.push(Instant::now());
         loop {
             // With -e the send completion is awaited on the channel too, as
             // perftest's send_lat does (every send is signalled there: its
@@ -695,6 +689,7 @@ pub fn rd_atomic_lat(r: &Res, p: &Params, size: u64) -> R<LatResult> {
     let mut dog = Watchdog::new();
     for k in 0..p.iters {
         let sge = [r.mr.sge(r.local_off(0), size as u32)];
+        stamps.push(Instant::now());
         r.qps[0].post_send(&SendWr {
             wr_id: k,
             op: op_for(r, p, 0, 0),
@@ -702,10 +697,6 @@ pub fn rd_atomic_lat(r: &Res, p: &Params, size: u64) -> R<LatResult> {
             flags: SendFlags::SIGNALED,
             ud: None,
         })?;
-        // Stamped once the request is out: the clock read (tens of ns
-        // on a VM) then overlaps its flight instead of delaying it, and
-        // stamp to stamp is still one whole iteration.
-        stamps.push(Instant::now());
         loop {
             let n = poll(r, &r.scq, p, &mut wcs)?;
             if n > 0 {

@@ -125,7 +125,7 @@ struct Conn {
 pub struct Peer {
     key: Key,
     map: Mapping,
-    /// Our in-flight word in its segment.
+    /// The index of our in-flight words (and of our ring) in its segment.
     active: u32,
     /// Held by the one caller of [`Peer::one_sided`] at a time that uses
     /// word 0 of ours: the engine (under its lock) and any lane without a
@@ -542,9 +542,7 @@ impl Inner {
         r.hdr.head.store(0, Ordering::Relaxed);
         r.hdr.tail.store(0, Ordering::Relaxed);
         r.hdr.want.store(0, Ordering::Relaxed);
-        for w in &self.map.active(i as usize).words {
-            w.word.store(0, Ordering::SeqCst);
-        }
+        self.map.active(i as usize).clear();
         Ok(i)
     }
 
@@ -673,9 +671,7 @@ impl Inner {
             c.peer.alive.store(false, Ordering::SeqCst);
             // A dead peer is inside nothing any more: free whoever waits
             // for its word (see `withdraw_mr`).
-            for w in &self.map.active(c.mine as usize).words {
-                w.word.store(0, Ordering::SeqCst);
-            }
+            self.map.active(c.mine as usize).clear();
             // Its ring is served until empty, then its index is freed
             // (`Host::drain`).
             match rx.rings.iter_mut().find(|e| e.idx == c.mine) {
@@ -764,7 +760,7 @@ impl Peer {
     /// WRITE, writable for a READ or an atomic's result) for the duration
     /// of the call: their region must not be deregistered (and its memory
     /// freed) before the call returns. The engine translates them under its
-    /// lock; a lane under its `busy` flag, which deregistration waits for.
+    /// lock; a lane while it holds its flag, which deregistration waits for.
     pub unsafe fn one_sided(&self, qps: Qps, op: &SendOp, local: OffloadLocal<'_>) -> bool {
         // SAFETY: forwarded from the caller.
         unsafe { self.one_sided_checked(&qps, op, local, None, None) }

@@ -109,6 +109,16 @@ pub struct Active {
     pub words: [Word; WORDS],
 }
 
+impl Active {
+    /// Name nothing in any word: a new peer at this index, or a dead one,
+    /// is inside no region.
+    pub fn clear(&self) {
+        for w in &self.words {
+            w.word.store(0, Ordering::SeqCst);
+        }
+    }
+}
+
 /// One in-flight word, alone on its cache line (its users are different
 /// threads of the peer).
 #[repr(C)]
@@ -169,8 +179,7 @@ impl Mapping {
 
     /// The entries an rkey's lookup probes, in order.
     pub fn mr_probes(&self, rkey: u32) -> impl Iterator<Item = &MrEntry> {
-        let h = mr_hash(rkey);
-        (0..MR_PROBES).map(move |i| self.mr((h + i) % MR_SLOTS))
+        Self::mr_probe_slots(rkey).map(move |i| self.mr(i))
     }
 
     /// The slots [`Mapping::mr_probes`] visits, in its order.

@@ -22,15 +22,16 @@ use crate::non_null;
 
 const MAX_SGE: usize = softrdma_core::MAX_SGE;
 
+/// A request's SGE list, copied: filled, not zeroed first (zeroing the
+/// 512 bytes of a `[Sge; MAX_SGE]` was 9 % of a READ's post and poll
+/// through this library, measured with `perf record`).
+type Sges = arrayvec::ArrayVec<sv::Sge, MAX_SGE>;
+
 /// Copy an application's SGE list into `out`.
 ///
 /// # Safety
 /// `sg_list` points at `num_sge` readable entries (or `num_sge` is 0).
-unsafe fn sges(
-    sg_list: *const ibv_sge,
-    num_sge: c_int,
-    out: &mut [sv::Sge; MAX_SGE],
-) -> Res<&[sv::Sge]> {
+unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int, out: &mut Sges) -> Res<&[sv::Sge]> {
     let n = usize::try_from(num_sge).map_err(|_| Fail::inval("num_sge is negative"))?;
     if n > MAX_SGE {
         return Err(Fail::inval(format!(
@@ -40,25 +41,49 @@ unsafe fn sges(
     if n > 0 && sg_list.is_null() {
         return Err(Fail::inval("sg_list is NULL"));
     }
-    for (i, o) in out.iter_mut().enumerate().take(n) {
+    out.clear();
+    for i in 0..n {
         // SAFETY: the caller's contract; i < n.
         let s = unsafe { *sg_list.add(i) };
-        *o = sv::Sge {
+        // n ≤ MAX_SGE, the capacity: cannot fail.
+        out.push(sv::Sge {
             addr: s.addr,
             length: s.length,
             lkey: s.lkey,
-        };
+        });
     }
-    Ok(&out[..n])
+    Ok(out)
 }
 
-/// `struct ibv_send_wr` → the operation and its operands.
-fn send_op(wr: &ibv_send_wr) -> Res<sv::SendOp> {
+/// Refuse an opcode [`send_op`] does not know.
+fn check_send_opcode(op: u32) -> Res<()> {
+    match op {
+        IBV_WR_RDMA_WRITE
+        | IBV_WR_RDMA_WRITE_WITH_IMM
+        | IBV_WR_SEND
+        | IBV_WR_SEND_WITH_IMM
+        | IBV_WR_RDMA_READ
+        | IBV_WR_ATOMIC_CMP_AND_SWP
+        | IBV_WR_ATOMIC_FETCH_AND_ADD
+        | IBV_WR_SEND_WITH_INV
+        | IBV_WR_ATOMIC_WRITE => Ok(()),
+        op => Err(Fail::inval(format!(
+            "ibv_wr_opcode {op} is not supported (TSO, flush)"
+        ))),
+    }
+}
+
+/// `struct ibv_send_wr` → the operation and its operands, for an opcode
+/// [`check_send_opcode`] accepted. Infallible, so the operation is built
+/// where it goes: returned inside a `Result` it was built on the stack
+/// and moved at another width, a store-forwarding stall per post
+/// (`perf annotate` of `ibv_post_send`).
+fn send_op(wr: &ibv_send_wr) -> sv::SendOp {
     // SAFETY (all union reads): the opcode says which member the
     // application filled; every member is plain data.
     let rdma = unsafe { wr.wr.rdma };
     let atomic = unsafe { wr.wr.atomic };
-    Ok(match wr.opcode {
+    match wr.opcode {
         IBV_WR_RDMA_WRITE => sv::SendOp::Write {
             remote_addr: rdma.remote_addr,
             rkey: rdma.rkey,
@@ -93,12 +118,10 @@ fn send_op(wr: &ibv_send_wr) -> Res<sv::SendOp> {
             remote_addr: rdma.remote_addr,
             rkey: rdma.rkey,
         },
-        op => {
-            return Err(Fail::inval(format!(
-                "ibv_wr_opcode {op} is not supported (TSO, flush)"
-            )))
-        }
-    })
+        // Refused by `check_send_opcode` before; a SEND rather than a
+        // panic if a caller forgot.
+        _ => sv::SendOp::Send,
+    }
 }
 
 pub(crate) fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
@@ -108,21 +131,22 @@ pub(crate) fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
         IBV_WR_LOCAL_INV => return crate::mw::post_local_inv(q, wr),
         _ => {}
     }
-    let mut buf = [sv::Sge::default(); MAX_SGE];
+    let mut buf = Sges::new();
     // SAFETY: verbs' contract for ibv_post_send: sg_list holds num_sge
     // entries.
     let sgl = unsafe { sges(wr.sg_list, wr.num_sge, &mut buf)? };
     let ud = if q.qp_type == sv::QpType::Ud {
         // SAFETY: a UD QP's requests carry wr.ud.
         let ud = unsafe { wr.wr.ud };
-        let ah = Ah::from_c(ud.ah)?;
+        let ah = Ah::lend(ud.ah)?;
         Some(ah.sv.ud(ud.remote_qpn, ud.remote_qkey))
     } else {
         None
     };
+    check_send_opcode(wr.opcode)?;
     let swr = sv::SendWr {
         wr_id: wr.wr_id,
-        op: send_op(wr)?,
+        op: send_op(wr),
         sgl,
         flags: sv::SendFlags(wr.send_flags & IBV_SEND_FLAGS_KNOWN),
         ud,
@@ -147,7 +171,7 @@ pub unsafe extern "C" fn post_send(
 ) -> c_int {
     let mut cur = wr;
     let r = errno_ret("ibv_post_send", || {
-        let q = Qp::from_c(qp)?;
+        let q = Qp::lend(qp)?;
         while !cur.is_null() {
             // SAFETY: the application's chain of readable requests.
             let w = unsafe { &*cur };
@@ -177,7 +201,7 @@ unsafe fn post_recv_chain(
 ) -> c_int {
     let mut cur = wr;
     let r = errno_ret(name, || {
-        let mut buf = [sv::Sge::default(); MAX_SGE];
+        let mut buf = Sges::new();
         while !cur.is_null() {
             // SAFETY: the application's chain of readable requests.
             let w = unsafe { &*cur };
@@ -204,10 +228,10 @@ pub unsafe extern "C" fn post_recv(
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
     // SAFETY: the chain and out-pointer come from the application under
-    // verbs' contract; the QP is checked by from_c on each post.
+    // verbs' contract; the QP is looked up on each post.
     unsafe {
         post_recv_chain("ibv_post_recv", wr, bad_wr, |r| {
-            Ok(Qp::from_c(qp)?.sv.post_recv_deferred(r)?)
+            Ok(Qp::lend(qp)?.sv.post_recv_deferred(r)?)
         })
     }
 }
@@ -217,10 +241,10 @@ pub unsafe extern "C" fn post_srq_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    // SAFETY: as for post_recv; the SRQ is checked by from_c on each post.
+    // SAFETY: as for post_recv; the SRQ is looked up on each post.
     unsafe {
         post_recv_chain("ibv_post_srq_recv", wr, bad_wr, |r| {
-            Ok(Srq::from_c(srq)?.sv.post_recv_deferred(r)?)
+            Ok(Srq::lend(srq)?.sv.post_recv_deferred(r)?)
         })
     }
 }
@@ -250,20 +274,20 @@ fn wc_from(c: &sv::Completion) -> ibv_wc {
     }
 }
 
-/// Completions moved per call into the core (a stack buffer).
+/// Completions moved per call through the engine's way (a stack buffer).
 const POLL_BATCH: usize = 32;
 
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
     let mut done = 0usize;
     let r = errno_ret("ibv_poll_cq", || {
-        let q = Cq::from_c(cq)?;
+        let q = Cq::lend(cq)?;
         let want =
             usize::try_from(num_entries).map_err(|_| Fail::inval("num_entries is negative"))?;
         if want > 0 {
             non_null!(wc);
         }
         // A latency loop polls for one completion at a time: its buffer is
-        // one entry, not the 1.3 KB of a batch to initialise per call.
+        // one entry, not the 1.5 KB of a batch to initialise per call.
         if want == 1 {
             // SAFETY: forwarded (num_entries writable ibv_wc).
             done = unsafe { poll_into::<1>(&q.sv, wc, want)? };
@@ -280,7 +304,9 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
     }
 }
 
-/// Move up to `want` completions into `wc` through a stack buffer of `N`.
+/// Move up to `want` completions into `wc`, each converted where the
+/// device holds it (`Cq::poll_with`); `N` is the stack buffer the engine's
+/// way moves completions through.
 ///
 /// # Safety
 /// `wc` is valid for writing `want` entries.
@@ -289,11 +315,13 @@ unsafe fn poll_into<const N: usize>(cq: &sv::Cq, wc: *mut ibv_wc, want: usize) -
     let mut done = 0usize;
     while done < want {
         let chunk = (want - done).min(N);
-        let n = cq.poll(&mut buf[..chunk])?;
-        for (i, c) in buf[..n].iter().enumerate() {
-            // SAFETY: the caller's: `done + i < want`.
-            unsafe { *wc.add(done + i) = wc_from(c) };
-        }
+        let mut i = done;
+        let n = cq.poll_with(&mut buf[..chunk], &mut |c| {
+            // SAFETY: the caller's: the device hands at most `chunk`, so
+            // `i < done + chunk <= want`.
+            unsafe { *wc.add(i) = wc_from(c) };
+            i += 1;
+        })?;
         done += n;
         if n < chunk {
             break;
@@ -304,7 +332,7 @@ unsafe fn poll_into<const N: usize>(cq: &sv::Cq, wc: *mut ibv_wc, want: usize) -
 
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     errno_ret("ibv_req_notify_cq", || {
-        let q = Cq::from_c(cq)?;
+        let q = Cq::lend(cq)?;
         q.sv.req_notify(solicited_only != 0)?;
         Ok(())
     })
@@ -326,7 +354,7 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
 fn poll_ex(name: &'static str, cq: *mut ibv_cq_ex) -> c_int {
     let mut empty = false;
     let r = errno_ret(name, || {
-        let q = Cq::from_ex(cq)?;
+        let q = Cq::lend_ex(cq)?;
         let mut got = [sv::Completion::default(); 1];
         let n = q.sv.poll(&mut got)?;
         let mut cur = q.current.lock().unwrap_or_else(|e| e.into_inner());
@@ -378,7 +406,7 @@ pub unsafe extern "C" fn cq_ex_next_poll(cq: *mut ibv_cq_ex) -> c_int {
 
 pub unsafe extern "C" fn cq_ex_end_poll(cq: *mut ibv_cq_ex) {
     crate::ffi::void_ret("ibv_end_poll", || {
-        let q = Cq::from_ex(cq)?;
+        let q = Cq::lend_ex(cq)?;
         *q.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
     })
@@ -403,7 +431,7 @@ fn current_wc(cq: *mut ibv_cq_ex) -> ibv_wc {
         dlid_path_bits: 0,
     };
     crate::ffi::void_ret("ibv_wc_read_*", || {
-        let q = Cq::from_ex(cq)?;
+        let q = Cq::lend_ex(cq)?;
         match *q.current.lock().unwrap_or_else(|e| e.into_inner()) {
             Some(c) => wc = wc_from(&c),
             None => {

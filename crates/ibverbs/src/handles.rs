@@ -11,9 +11,10 @@
 //!   (`Arc`s). Every entry point looks its pointers up there before using
 //!   them, so a pointer that was never handed out, one already destroyed,
 //!   or one of the wrong type is refused with EINVAL without being read. A
-//!   lookup lends the caller a reference for the duration of its call: a
+//!   lookup lends the caller the object for the duration of its call: a
 //!   concurrent destroy unregisters the object at once (so new calls fail)
-//!   but frees it only when the last call using it returns.
+//!   but frees it only when the last call using it returns (a reference
+//!   count, or for the data path a grace period: see [`lend`]).
 //! * **Slots are type-stable**: a slot's memory is never returned to the
 //!   allocator, only reused for a new object of the same type. libibverbs'
 //!   static inline functions (`ibv_post_send`, `ibv_poll_cq`,
@@ -32,11 +33,11 @@
 //! Devices are never freed (rdma-core keeps its device list too); a device
 //! pointer is checked against the list of devices handed out.
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
 use softrdma_verbs as sv;
@@ -166,65 +167,311 @@ static LIVE: LazyLock<RwLock<Registry>> = LazyLock::new(Default::default);
 
 /// Bumped by every unregistration, so a thread's cached lookup (below)
 /// can tell that its entry may be gone.
-static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static GENERATION: AtomicU64 = AtomicU64::new(0);
 
-/// A thread's recent lookups (see `LAST`).
-const CACHED: usize = 4;
+// ---- lending without a reference count ----
+//
+// A data-path call (`ibv_post_send`, `ibv_poll_cq`, …) looks its handle up
+// in this thread's cache of recent lookups and uses the object through a
+// plain pointer: no reference count taken and dropped per call (two locked
+// instructions, and a `Weak` upgrade's compare-and-swap loop before that,
+// were a fifth of a READ's post and poll through this library, measured
+// with `perf record` on a `ib_read_lat`-like loop). What keeps the object
+// alive meanwhile is a grace period, as in RCU:
+//
+// * a call marks its thread busy (`Reader::calls` odd) *before* it reads
+//   `GENERATION`, and idle again when it is done with the pointer;
+// * an unregistration bumps `GENERATION` (so no later call trusts a cache
+//   entry made before it), then waits, before it hands the object back to
+//   be freed, until every thread that was busy when it bumped has been
+//   idle since (`grace`).
+//
+// The two sides are a store followed by a load each (Dekker): either the
+// call's busy mark is visible to the unregistration, which then waits for
+// it, or the call reads the new generation and takes the registry's way,
+// where the object is gone. The store-load order costs a full fence per
+// call, unless the process registered for `membarrier(2)`'s private
+// expedited command: then the unregistration runs that barrier on every
+// CPU running one of our threads between its bump and its look at the
+// marks, and the call needs only to keep the compiler from reordering
+// (liburcu's "membarrier" flavour).
 
-type Cached = (usize, u64, std::sync::Weak<dyn Any + Send + Sync>);
-
-thread_local! {
-    /// This thread's last few lookups: the address, the generation each
-    /// was made in, and the object, weakly (a cache must not keep a
-    /// destroyed object alive, which would delay what its destruction does
-    /// — a QP's flush, its number's release) — and where the next one
-    /// goes. A data path calls with the same few handles (a QP to post on,
-    /// a CQ to poll) again and again; a hit costs one upgrade, not the
-    /// registry's lock, hash and reference count.
-    static LAST: std::cell::RefCell<([Cached; CACHED], usize)> = std::cell::RefCell::new((
-        std::array::from_fn(|_| (0, u64::MAX, std::sync::Weak::<()>::new() as std::sync::Weak<dyn Any + Send + Sync>)),
-        0,
-    ));
+/// One thread's calls (see above); kept for the process's life, reused by
+/// later threads (a thread's record goes back to `SPARE` when it exits).
+/// Its own cache lines: written twice per call, it must not share a line
+/// with what another thread writes (as a heap neighbour did: its `inc`
+/// was a third of a lookup, measured).
+#[repr(align(128))]
+struct Reader {
+    /// Odd while a call of this thread uses a lent pointer; only this
+    /// thread writes it.
+    calls: AtomicU64,
 }
 
-fn lookup<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Arc<T>> {
+/// Every record handed to a thread, for `grace` to look at.
+static READERS: Mutex<Vec<&'static Reader>> = Mutex::new(Vec::new());
+/// Records of exited threads, for new threads.
+static SPARE: Mutex<Vec<&'static Reader>> = Mutex::new(Vec::new());
+
+/// membarrier(2) commands (linux/membarrier.h).
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+/// Whether the process registered for private expedited membarriers (so
+/// a call's busy mark needs no fence of its own). Decided once, before
+/// the first lent call.
+static EXPEDITED: LazyLock<bool> = LazyLock::new(|| {
+    // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no memory.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+            0,
+            0,
+        ) == 0
+    }
+});
+
+/// A thread's call state: its record, how deep it is in lent calls (a
+/// call may lend a second handle), and its last few lookups.
+struct ThreadCalls {
+    reader: &'static Reader,
+    depth: std::cell::Cell<u32>,
+    cache: [std::cell::Cell<Cached>; CACHED],
+    /// Where the next cache entry goes.
+    next: std::cell::Cell<usize>,
+}
+
+/// A thread's recent lookups: the address, the generation each was made
+/// in, the object's type, and the object. The object is kept alive by the
+/// registry, not by the entry (a cache must not keep a destroyed object
+/// alive, which would delay what its destruction does — a QP's flush, its
+/// number's release); an entry of an older generation is never used.
+#[derive(Clone, Copy)]
+struct Cached {
+    addr: usize,
+    generation: u64,
+    ty: TypeId,
+    object: *const (),
+}
+
+const CACHED: usize = 4;
+
+impl Drop for ThreadCalls {
+    fn drop(&mut self) {
+        // No call of this thread is in progress (it is exiting): the
+        // record is idle and can serve another thread.
+        SPARE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.reader);
+    }
+}
+
+thread_local! {
+    static CALLS: ThreadCalls = {
+        let spare = SPARE.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let reader = spare.unwrap_or_else(|| {
+            let r: &'static Reader = Box::leak(Box::new(Reader {
+                calls: AtomicU64::new(0),
+            }));
+            READERS.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            r
+        });
+        ThreadCalls {
+            reader,
+            depth: std::cell::Cell::new(0),
+            cache: std::array::from_fn(|_| {
+                std::cell::Cell::new(Cached {
+                    addr: 0,
+                    generation: u64::MAX,
+                    ty: TypeId::of::<()>(),
+                    object: std::ptr::null(),
+                })
+            }),
+            next: std::cell::Cell::new(0),
+        }
+    };
+}
+
+impl ThreadCalls {
+    /// Mark this thread busy (outermost call only), ordered before the
+    /// caller's read of `GENERATION` (see above).
+    fn enter(&self) {
+        let d = self.depth.get();
+        self.depth.set(d + 1);
+        if d == 0 {
+            let c = self.reader.calls.load(Ordering::Relaxed);
+            self.reader.calls.store(c + 1, Ordering::Relaxed);
+            if *EXPEDITED {
+                std::sync::atomic::compiler_fence(Ordering::SeqCst);
+            } else {
+                std::sync::atomic::fence(Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The outermost call is done with its lent pointers.
+    fn leave(&self) {
+        let d = self.depth.get() - 1;
+        self.depth.set(d);
+        if d == 0 {
+            let c = self.reader.calls.load(Ordering::Relaxed);
+            self.reader.calls.store(c + 1, Ordering::Release);
+        }
+    }
+}
+
+/// Wait until every thread busy now has been idle since (see above).
+/// Called after an unregistration bumped `GENERATION`, with no lock held
+/// that a call could be waiting for (a busy call may be in the registry's
+/// slow path, or polling the engine).
+fn grace() {
+    if *EXPEDITED {
+        // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no
+        // memory; the process registered for this command.
+        unsafe {
+            libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+        }
+    } else {
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+    // This thread's own record is skipped: a destroy made from inside a
+    // lent call of the same thread would otherwise wait for itself (none
+    // does; the data path destroys nothing).
+    let own = CALLS
+        .try_with(|t| t.reader as *const Reader)
+        .unwrap_or(std::ptr::null());
+    let readers: Vec<&'static Reader> = READERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for r in readers {
+        if std::ptr::eq(r, own) {
+            continue;
+        }
+        let seen = r.calls.load(Ordering::Acquire);
+        if seen % 2 == 1 {
+            // A call is in progress: it ends within the call (the data
+            // path never blocks), after which the count moves on.
+            while r.calls.load(Ordering::Acquire) == seen {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// An object lent to one library call: through a plain pointer while the
+/// calling thread is marked busy (a cache hit), or through a reference
+/// count (a miss, which went to the registry).
+pub struct Lent<T: 'static> {
+    object: NonNull<T>,
+    /// `Some`: a cache hit; dropping it ends the call's busy mark.
+    calls: Option<&'static ThreadCalls>,
+    _owned: Option<Arc<T>>,
+}
+
+impl<T> std::ops::Deref for Lent<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: for a hit, the object was registered in the generation
+        // the entry names, which was still current after this thread was
+        // marked busy: an unregistration since then waits in `grace` for
+        // the mark to go, which is not before this `Lent` drops (it
+        // borrows nothing longer than itself). For a miss, `_owned` holds
+        // a reference.
+        unsafe { self.object.as_ref() }
+    }
+}
+
+impl<T> Drop for Lent<T> {
+    fn drop(&mut self) {
+        if let Some(t) = self.calls {
+            t.leave();
+        }
+    }
+}
+
+impl<T: Send + Sync> Lent<T> {
+    /// A counted reference, for a caller that keeps the object.
+    pub fn to_arc(&self) -> Arc<T> {
+        let p = self.object.as_ptr() as *const T;
+        // SAFETY: `p` came from `Arc::as_ptr` of the registry's `Arc<T>`
+        // (or is `_owned`'s), alive while this `Lent` is (see `deref`),
+        // so its count may be raised and a new `Arc` made of it.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        }
+    }
+}
+
+/// The live object behind `p`, lent for one call.
+fn lend<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Lent<T>> {
     if p == 0 {
         return Err(Fail::inval(format!("{what} pointer is NULL")));
     }
-    let g = GENERATION.load(std::sync::atomic::Ordering::Acquire);
-    let hit = LAST.with(|c| {
-        let c = c.borrow();
-        c.0.iter()
-            .find(|e| e.0 == p && e.1 == g)
-            .and_then(|e| e.2.upgrade())
-    });
-    let o = match hit {
-        Some(o) => o,
-        None => {
-            let o = LIVE
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&p)
-                .cloned()
-                .ok_or_else(|| {
-                    Fail::inval(format!(
-                        "{what} {p:#x} is not a live object of softrdma's libibverbs \
-                         (never created here, or already destroyed)"
-                    ))
-                })?;
-            // Made in generation `g` or later: an unregistration since
-            // `g` was read makes the entry stale at once.
-            LAST.with(|c| {
-                let mut c = c.borrow_mut();
-                let at = c.0.iter().position(|e| e.0 == p).unwrap_or(c.1);
-                c.0[at] = (p, g, Arc::downgrade(&o));
-                c.1 = (at + 1) % CACHED;
-            });
-            o
+    let hit = CALLS.try_with(|t| {
+        // SAFETY (the lifetime): the thread-local outlives every call made
+        // on this thread; a `Lent` does not leave the call it was made
+        // for (it is not `Send`).
+        let t: &'static ThreadCalls = unsafe { &*(t as *const ThreadCalls) };
+        t.enter();
+        let g = GENERATION.load(Ordering::Acquire);
+        let ty = TypeId::of::<T>();
+        for c in &t.cache {
+            let e = c.get();
+            if e.addr == p && e.generation == g && e.ty == ty {
+                return Some((t, e.object));
+            }
         }
-    };
-    o.downcast::<T>()
-        .map_err(|_| Fail::inval(format!("{p:#x} is not a {what}")))
+        t.leave();
+        None
+    });
+    if let Ok(Some((t, object))) = hit {
+        return Ok(Lent {
+            object: NonNull::new(object as *mut T).expect("cached objects are not null"),
+            calls: Some(t),
+            _owned: None,
+        });
+    }
+    let g = GENERATION.load(Ordering::Acquire);
+    let o = LIVE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&p)
+        .cloned()
+        .ok_or_else(|| {
+            Fail::inval(format!(
+                "{what} {p:#x} is not a live object of softrdma's libibverbs \
+                 (never created here, or already destroyed)"
+            ))
+        })?;
+    let o = o
+        .downcast::<T>()
+        .map_err(|_| Fail::inval(format!("{p:#x} is not a {what}")))?;
+    // Made in generation `g` or later: an unregistration since `g` was
+    // read makes the entry stale at once.
+    let _ = CALLS.try_with(|t| {
+        let at = t
+            .cache
+            .iter()
+            .position(|c| c.get().addr == p)
+            .unwrap_or(t.next.get());
+        t.cache[at].set(Cached {
+            addr: p,
+            generation: g,
+            ty: TypeId::of::<T>(),
+            object: Arc::as_ptr(&o) as *const (),
+        });
+        t.next.set((at + 1) % CACHED);
+    });
+    Ok(Lent {
+        object: NonNull::from(&*o),
+        calls: None,
+        _owned: Some(o),
+    })
+}
+
+fn lookup<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Arc<T>> {
+    Ok(lend::<T>(p, what)?.to_arc())
 }
 
 fn register<T: Any + Send + Sync>(p: usize, o: T) {
@@ -236,23 +483,32 @@ fn register<T: Any + Send + Sync>(p: usize, o: T) {
 /// Unregister the object `p` names: only one caller can succeed, so two
 /// racing destroys cannot both free it.
 fn unregister<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Arc<T>> {
-    let mut live = LIVE.write().unwrap_or_else(|e| e.into_inner());
-    match live.get(&p) {
-        Some(o) if o.is::<T>() => {
-            // Before the entry goes: a cached lookup that still sees the
-            // old generation ran before this destroy, as a call that took
-            // its reference from the registry would have.
-            GENERATION.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let o = live.remove(&p).expect("present");
-            Ok(o.downcast::<T>().expect("checked type"))
+    let o = {
+        let mut live = LIVE.write().unwrap_or_else(|e| e.into_inner());
+        match live.get(&p) {
+            Some(o) if o.is::<T>() => {
+                // Before the entry goes: a cached lookup that still sees
+                // the old generation ran before this destroy, as a call
+                // that took its reference from the registry would have.
+                GENERATION.fetch_add(1, Ordering::SeqCst);
+                let o = live.remove(&p).expect("present");
+                o.downcast::<T>().expect("checked type")
+            }
+            Some(_) => return Err(Fail::inval(format!("{p:#x} is not a {what}"))),
+            None if p == 0 => return Err(Fail::inval(format!("{what} pointer is NULL"))),
+            None => {
+                return Err(Fail::inval(format!(
+                    "{what} {p:#x} is not a live object of softrdma's libibverbs \
+                     (never created here, or already destroyed)"
+                )))
+            }
         }
-        Some(_) => Err(Fail::inval(format!("{p:#x} is not a {what}"))),
-        None if p == 0 => Err(Fail::inval(format!("{what} pointer is NULL"))),
-        None => Err(Fail::inval(format!(
-            "{what} {p:#x} is not a live object of softrdma's libibverbs \
-             (never created here, or already destroyed)"
-        ))),
-    }
+    };
+    // Calls that were lent the object through a cache finish before the
+    // caller may free it (the registry's lock is not held: such a call may
+    // be waiting for it).
+    grace();
+    Ok(o)
 }
 
 /// Implements the pointer conversions for one handle type whose C
@@ -267,6 +523,13 @@ macro_rules! handle {
             #[allow(dead_code)] // not every type is looked up yet
             pub fn from_c(p: *mut $c) -> Res<Arc<$t>> {
                 lookup(p as usize, Self::WHAT)
+            }
+
+            /// The live object behind an application's pointer, lent for
+            /// the current call (a data-path call: no reference counted).
+            #[allow(dead_code)] // not every type is on the data path
+            pub fn lend(p: *mut $c) -> Res<Lent<$t>> {
+                lend(p as usize, Self::WHAT)
             }
 
             /// The application's pointer to this object.
@@ -305,10 +568,15 @@ macro_rules! handle_ex {
                 lookup(p as usize, Self::WHAT)
             }
 
+            /// [`Self::from_c`], lent for the current call (see `lend`).
+            pub fn lend(p: *mut $c) -> Res<Lent<$t>> {
+                lend(p as usize, Self::WHAT)
+            }
+
             /// The live object behind its extended pointer (the same
-            /// address).
-            pub fn from_ex(p: *mut $ex) -> Res<Arc<$t>> {
-                lookup(p as usize, Self::WHAT)
+            /// address), lent for the current call.
+            pub fn lend_ex(p: *mut $ex) -> Res<Lent<$t>> {
+                lend(p as usize, Self::WHAT)
             }
 
             pub fn c_ptr(&self) -> *mut $c {
@@ -743,5 +1011,81 @@ impl Ah {
             c: CSlot::new(c),
             sv,
         }
+    }
+}
+
+#[cfg(test)]
+mod lending {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// An object whose drop is seen.
+    struct Watched(Arc<AtomicBool>);
+
+    impl Drop for Watched {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A unique address to register under (never dereferenced).
+    fn addr() -> usize {
+        Box::leak(Box::new(0u64)) as *mut u64 as usize
+    }
+
+    #[test]
+    fn a_cached_lookup_ends_with_the_unregistration() {
+        let p = addr();
+        let dropped = Arc::new(AtomicBool::new(false));
+        register(p, Watched(dropped.clone()));
+        // The first lookup fills this thread's cache, the second hits it.
+        drop(lend::<Watched>(p, "watched").expect("registered"));
+        assert!(lend::<Watched>(p, "watched")
+            .expect("cached")
+            .calls
+            .is_some());
+        // The wrong type is refused even with the address cached.
+        assert!(lend::<u32>(p, "u32").is_err());
+        drop(unregister::<Watched>(p, "watched").expect("registered"));
+        assert!(dropped.load(Ordering::SeqCst));
+        assert!(
+            lend::<Watched>(p, "watched").is_err(),
+            "a stale cache entry answered"
+        );
+    }
+
+    #[test]
+    fn an_unregistration_waits_for_the_calls_lent_the_object() {
+        let p = addr();
+        let dropped = Arc::new(AtomicBool::new(false));
+        register(p, Watched(dropped.clone()));
+        drop(lend::<Watched>(p, "watched").expect("registered"));
+        let lent = lend::<Watched>(p, "watched").expect("cached");
+        assert!(lent.calls.is_some(), "lent through the cache");
+        let started = Arc::new(AtomicBool::new(false));
+        let destroyer = {
+            let started = started.clone();
+            std::thread::spawn(move || {
+                started.store(true, Ordering::SeqCst);
+                // Returns the object, dropped here: not before the lent
+                // call below is over.
+                drop(unregister::<Watched>(p, "watched").expect("registered"));
+            })
+        };
+        while !started.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // Give the destroyer every chance to get through if it did not
+        // wait (it cannot get through if it does).
+        for _ in 0..1000 {
+            std::thread::yield_now();
+        }
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "the object was freed while a call was using it"
+        );
+        drop(lent);
+        destroyer.join().expect("the destroyer");
+        assert!(dropped.load(Ordering::SeqCst));
     }
 }

@@ -103,7 +103,7 @@ impl Batch {
 /// (these functions return nothing).
 fn with_batch(name: &'static str, qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut Batch)) {
     void_ret(name, || {
-        let q = Qp::from_ex(qp)?;
+        let q = Qp::lend_ex(qp)?;
         let mut b = q.batch.lock().unwrap_or_else(|e| e.into_inner());
         f(&q, &mut b);
         Ok(())
@@ -155,7 +155,7 @@ unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
 
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     errno_ret("ibv_wr_complete", || {
-        let q = Qp::from_ex(qp)?;
+        let q = Qp::lend_ex(qp)?;
         let mut b = q.batch.lock().unwrap_or_else(|e| e.into_inner());
         if !b.open {
             return Err(Fail::inval("ibv_wr_complete without ibv_wr_start"));

@@ -1634,31 +1634,63 @@ impl Cq {
     /// Move completions into `out`; returns how many. Polling also drives
     /// the device's progress from this thread.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        let mut at = 0;
+        let n = self.poll_lanes(out.len(), &mut |c| {
+            out[at] = *c;
+            at += 1;
+        });
+        if n > 0 {
+            return Ok(n);
+        }
+        self.poll_device(out)
+    }
+
+    /// [`Cq::poll`], handing each completion to `f` where it lies instead
+    /// of copying it out first (a completion written by a post moments
+    /// before, copied and read back at another width, stalls the load on
+    /// the store; the C ABI converts each straight into an `ibv_wc`).
+    /// `buf` serves the engine's way, which moves completions out of the
+    /// core; its length is the most handed over.
+    pub fn poll_with(
+        &self,
+        buf: &mut [Completion],
+        f: &mut impl FnMut(&Completion),
+    ) -> Result<usize> {
+        let n = self.poll_lanes(buf.len(), f);
+        if n > 0 {
+            return Ok(n);
+        }
+        let n = self.poll_device(buf)?;
+        for c in &buf[..n] {
+            f(c);
+        }
+        Ok(n)
+    }
+
+    /// Completions taken without the engine's lock: the stash, then the
+    /// lanes' queue; 0 if neither has any (the caller then polls the
+    /// engine's way, which never reports an empty CQ that is not).
+    fn poll_lanes(&self, max: usize, f: &mut impl FnMut(&Completion)) -> usize {
         if self.stashed.load(std::sync::atomic::Ordering::Acquire) {
             let mut q = self.stash.lock().unwrap_or_else(|p| p.into_inner());
             if !q.is_empty() {
-                let n = out.len().min(q.len());
-                for (o, c) in out.iter_mut().zip(q.drain(..n)) {
-                    *o = c;
+                let n = max.min(q.len());
+                for c in q.drain(..n) {
+                    f(&c);
                 }
                 self.stashed
                     .store(!q.is_empty(), std::sync::atomic::Ordering::Release);
-                return Ok(n);
+                return n;
             }
         }
-        // Completions of lane posts: without the engine's lock. Found
-        // empty, the engine's way (which never reports an empty CQ that
-        // is not).
+        // Completions of lane posts: without the engine's lock.
         // Not while this application holds the socket with no promise to
         // poll again: taking completions hands it back to the engine
         // thread (`took_completions`), which needs the lock.
         if !self.eng.holds_socket_unpromised() {
-            let n = self.lane.poll(out);
-            if n > 0 {
-                return Ok(n);
-            }
+            return self.lane.poll_with(max, f);
         }
-        self.poll_device(out)
+        0
     }
 
     /// Poll the device's queue, not the stash.

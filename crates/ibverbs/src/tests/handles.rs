@@ -156,3 +156,73 @@ fn a_freed_slot_is_not_reused_at_once() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+/// The data path lends a handle's object to a call through the thread's
+/// cache, without a reference count (`handles::lend`): a warm cache entry
+/// must stop answering once the object is destroyed, in the thread that
+/// destroyed it and in every other, and a destroy must not return while
+/// another thread is still in a call with the object.
+#[test]
+fn a_handle_destroyed_while_other_threads_poll_it_is_refused_after() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    // SAFETY: as a C program would call them; the pollers keep calling
+    // with the CQ pointer across its destroy (the race this covers).
+    unsafe {
+        let ctx = open_first();
+        let cq = ibv_create_cq(ctx, 4, null_mut(), null_mut(), 0);
+        assert!(!cq.is_null());
+        let poll = (*ctx).ops.poll_cq.unwrap();
+        // This thread's cache holds the CQ now.
+        let mut wc = ibv_wc::default();
+        assert_eq!(poll(cq, 1, &mut wc), 0);
+
+        let destroyed = Arc::new(AtomicBool::new(false));
+        let polls = Arc::new(AtomicU64::new(0));
+        let addr = cq as usize;
+        let pollers: Vec<_> = (0..2)
+            .map(|_| {
+                let (destroyed, polls) = (destroyed.clone(), polls.clone());
+                std::thread::spawn(move || {
+                    let cq = addr as *mut ibv_cq;
+                    let mut wc = ibv_wc::default();
+                    // Until the destroy shows: every call succeeds (an
+                    // empty CQ) or, once the destroy began, is refused.
+                    let mut refused = 0u64;
+                    loop {
+                        let after = destroyed.load(Ordering::Acquire);
+                        // (Inside the test's `unsafe`: the pointer stays a
+                        // mapped slot, slots being type-stable; what it
+                        // names is the test.)
+                        let r = poll(cq, 1, &mut wc);
+                        if after {
+                            // The destroy returned before this call began.
+                            assert_eq!(r, -libc::EINVAL, "a call after the destroy");
+                            return refused;
+                        }
+                        match r {
+                            0 => {
+                                polls.fetch_add(1, Ordering::Relaxed);
+                            }
+                            r if r == -libc::EINVAL => refused += 1,
+                            r => panic!("poll_cq returned {r}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        // Both pollers are in their loops with warm caches.
+        while polls.load(Ordering::Relaxed) < 2000 {
+            std::thread::yield_now();
+        }
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        destroyed.store(true, Ordering::Release);
+        // And in this thread, whose cache named the CQ too.
+        assert_eq!(poll(cq, 1, &mut wc), -libc::EINVAL);
+        for p in pollers {
+            p.join().expect("a poller failed");
+        }
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}

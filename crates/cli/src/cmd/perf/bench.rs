@@ -14,6 +14,19 @@ use super::{AtomicType, Params, Verb};
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// The latency loops' clock: the CPU's time-stamp counter where it ticks
+/// at a constant rate, as perftest's `get_cycles()` and ucx_perftest's
+/// `ucs_get_time()` read it, scaled to nanoseconds by a calibration
+/// against the monotonic clock (`quanta`); the monotonic clock elsewhere.
+/// Each iteration stamps on the critical path, as theirs do, so the stamp
+/// must cost what theirs costs: a vDSO `clock_gettime` is 25 ns on the VM
+/// of `docs/PERFORMANCE.md`, a `rdtsc` 9.5 — on a shared-memory
+/// `write_lat` of ~90 ns, the difference was ours alone.
+pub fn clock() -> &'static quanta::Clock {
+    static CLOCK: std::sync::LazyLock<quanta::Clock> = std::sync::LazyLock::new(quanta::Clock::new);
+    &CLOCK
+}
+
 fn check_wc(c: &Completion, side: &str) -> R<()> {
     if c.status != WcStatus::Success {
         return Err(format!(
@@ -515,10 +528,11 @@ fn whose(msg: &[u8], qp: usize, qps: usize, slots: u64, step: u64, want: u64) ->
 }
 
 /// perftest's latency statistics over consecutive post intervals.
-fn lat_stats(size: u64, iters: u64, stamps: &[Instant], rtt_factor: f64) -> LatResult {
+fn lat_stats(size: u64, iters: u64, stamps: &[u64], rtt_factor: f64) -> LatResult {
+    let clock = clock();
     let mut d: Vec<f64> = stamps
         .windows(2)
-        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6 / rtt_factor)
+        .map(|w| clock.delta_as_nanos(w[0], w[1]) as f64 / 1e3 / rtt_factor)
         .collect();
     d.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
     let m = d.len().saturating_sub(2).max(1);
@@ -557,6 +571,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     let poll_off = r.target_off(0) + size as usize - 1;
     let src = r.local_off(0);
     let mut stamps = Vec::with_capacity(p.iters as usize);
+    let clock = clock();
     let mut wcs = [Completion::default(); 1];
     let mut dog = Watchdog::new();
     let (mut scnt, mut rcnt) = (0u64, 0u64);
@@ -589,7 +604,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
             } else {
                 SendFlags::SIGNALED
             };
-            stamps.push(Instant::now());
+            stamps.push(clock.raw());
             r.qps[0].post_send(&SendWr {
                 wr_id: scnt,
                 op: op_for(r, p, 0, 0),
@@ -614,6 +629,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
 pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     let rcq = r.rcq.as_ref().expect("send tests have a receive CQ");
     let mut stamps = Vec::with_capacity(p.iters as usize);
+    let clock = clock();
     let mut wcs = [Completion::default(); 1];
     let mut posted = p.rx_depth as u64;
     let mut dog = Watchdog::new();
@@ -644,7 +660,7 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
         if p.inline > 0 && size <= p.inline as u64 {
             flags = flags | SendFlags::INLINE;
         }
-        stamps.push(Instant::now());
+        stamps.push(clock.raw());
         r.qps[0].post_send(&SendWr {
             wr_id: k,
             op: SendOp::Send,
@@ -685,11 +701,12 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
 /// read_lat / atomic_lat: one request at a time, full round trip.
 pub fn rd_atomic_lat(r: &Res, p: &Params, size: u64) -> R<LatResult> {
     let mut stamps = Vec::with_capacity(p.iters as usize);
+    let clock = clock();
     let mut wcs = [Completion::default(); 1];
     let mut dog = Watchdog::new();
     for k in 0..p.iters {
         let sge = [r.mr.sge(r.local_off(0), size as u32)];
-        stamps.push(Instant::now());
+        stamps.push(clock.raw());
         r.qps[0].post_send(&SendWr {
             wr_id: k,
             op: op_for(r, p, 0, 0),

@@ -895,48 +895,59 @@ impl Peer {
         // The responder QP: connected to ours, executing requests, granting
         // this access.
         let q = m.qp(qps.remote);
-        // Read at the sequence number remembered: unchanged since.
-        let remembered = checked
-            .qp
-            .filter(|c| c.slot == qps.remote && q.seq.load(Ordering::Acquire) == c.seq);
-        let (qpn, ready, qpd, qacc, dest, gid, rd) = match remembered {
-            Some(c) => c.entry,
+        // The verdict on the entry as read at the sequence number
+        // remembered, for this QP of ours: unchanged since, it holds.
+        let remembered = checked.qp.filter(|c| {
+            c.slot == qps.remote && c.local == qps.local && q.seq.load(Ordering::Acquire) == c.seq
+        });
+        let verdict = match remembered {
+            Some(c) => c,
             None => {
-                let Some((seq, entry)) = seg::read_locked_seq(&q.seq, || {
-                    let mut gid = [0u8; 16];
-                    for (c, w) in gid.chunks_exact_mut(4).zip(&q.dest_gid) {
-                        c.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
-                    }
-                    (
-                        q.qpn.load(Ordering::Relaxed),
-                        q.ready.load(Ordering::Relaxed),
-                        q.pd.load(Ordering::Relaxed),
-                        q.access.load(Ordering::Relaxed),
-                        q.dest_qpn.load(Ordering::Relaxed),
-                        gid,
-                        q.rd_atomic.load(Ordering::Relaxed),
-                    )
-                }) else {
+                let Some((seq, (qpn, ready, qpd, qacc, dest, gid, rd))) =
+                    seg::read_locked_seq(&q.seq, || {
+                        let mut gid = [0u8; 16];
+                        for (c, w) in gid.chunks_exact_mut(4).zip(&q.dest_gid) {
+                            c.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+                        }
+                        (
+                            q.qpn.load(Ordering::Relaxed),
+                            q.ready.load(Ordering::Relaxed),
+                            q.pd.load(Ordering::Relaxed),
+                            q.access.load(Ordering::Relaxed),
+                            q.dest_qpn.load(Ordering::Relaxed),
+                            gid,
+                            q.rd_atomic.load(Ordering::Relaxed),
+                        )
+                    })
+                else {
                     return false;
                 };
-                checked.qp = Some(CheckedQp {
+                // Connected to ours and executing requests: then it grants
+                // what its access flags say (READs and atomics only with
+                // responder resources).
+                let connected =
+                    qpn == qps.remote && ready == 1 && dest == qps.local && gid == qps.local_gid;
+                let c = CheckedQp {
                     slot: qps.remote,
+                    local: qps.local,
                     seq,
-                    entry,
-                });
-                entry
+                    pd: qpd,
+                    grants: if connected {
+                        AccessFlags::from_bits_retain(qacc)
+                    } else {
+                        AccessFlags::from_bits_retain(0)
+                    },
+                    reads: rd != 0,
+                };
+                checked.qp = Some(c);
+                c
             }
         };
         let reads = !matches!(op, SendOp::Write { .. } | SendOp::AtomicWrite { .. });
-        if qpn != qps.remote
-            || ready != 1
-            || dest != qps.local
-            || gid != qps.local_gid
-            || (reads && rd == 0)
-            || !AccessFlags::from_bits_retain(qacc).contains(need)
-        {
+        if !verdict.grants.contains(need) || (reads && !verdict.reads) {
             return false;
         }
+        let qpd = verdict.pd;
         let word = &m.active(self.active as usize).words[word % seg::WORDS].word;
         if self.fast && m.header().expedited.load(Ordering::Relaxed) == 1 {
             // The owner's withdrawal runs a global barrier between marking
@@ -951,13 +962,13 @@ impl Peer {
             // The entry remembered for this key, if its sequence number
             // (read after the word, as the whole entry would be) is
             // unchanged: it is the live entry it was, with the same fields.
-            let remembered = checked
-                .mr
-                .filter(|c| c.entry.1 == rkey && m.mr(c.slot).seq.load(Ordering::SeqCst) == c.seq);
+            let remembered = checked.mr.filter(|c| {
+                c.rkey == rkey && c.pd == qpd && m.mr(c.slot).seq.load(Ordering::SeqCst) == c.seq
+            });
             let mut probes = seg::Mapping::mr_probe_slots(rkey);
             loop {
-                let (used, key, pd, acc, lo, elen, off) = match remembered {
-                    Some(c) => c.entry,
+                let c = match remembered {
+                    Some(c) => c,
                     None => {
                         let Some(slot) = probes.next() else {
                             break 'look false;
@@ -966,39 +977,56 @@ impl Peer {
                         if e.used.load(Ordering::SeqCst) == MR_EMPTY {
                             break 'look false;
                         }
-                        let Some((seq, entry)) = seg::read_locked_seq(&e.seq, || {
-                            (
-                                e.used.load(Ordering::Relaxed),
-                                e.rkey.load(Ordering::Relaxed),
-                                e.pd.load(Ordering::Relaxed),
-                                e.access.load(Ordering::Relaxed),
-                                e.iova_lo.load(Ordering::Relaxed),
-                                e.len.load(Ordering::Relaxed),
-                                e.off.load(Ordering::Relaxed),
-                            )
-                        }) else {
+                        let Some((seq, (used, key, pd, acc, lo, elen, off))) =
+                            seg::read_locked_seq(&e.seq, || {
+                                (
+                                    e.used.load(Ordering::Relaxed),
+                                    e.rkey.load(Ordering::Relaxed),
+                                    e.pd.load(Ordering::Relaxed),
+                                    e.access.load(Ordering::Relaxed),
+                                    e.iova_lo.load(Ordering::Relaxed),
+                                    e.len.load(Ordering::Relaxed),
+                                    e.off.load(Ordering::Relaxed),
+                                )
+                            })
+                        else {
                             break 'look false;
                         };
-                        if entry.0 != MR_LIVE || entry.1 != rkey {
+                        if used != MR_LIVE || key != rkey {
                             continue;
                         }
-                        checked.mr = Some(CheckedMr { slot, seq, entry });
-                        entry
+                        // A live region of this key; of our QP's PD, with
+                        // its extent inside the arena, it grants what its
+                        // access flags say.
+                        let c = CheckedMr {
+                            slot,
+                            seq,
+                            rkey,
+                            pd: qpd,
+                            grants: if pd == qpd
+                                && off
+                                    .checked_add(elen)
+                                    .is_some_and(|end| end <= seg::ARENA_LEN)
+                            {
+                                AccessFlags::from_bits_retain(acc)
+                            } else {
+                                AccessFlags::from_bits_retain(0)
+                            },
+                            lo,
+                            len: elen,
+                            off,
+                        };
+                        checked.mr = Some(c);
+                        c
                     }
                 };
-                if used != MR_LIVE || key != rkey {
-                    break 'look false;
-                }
-                let Some(rel) = va.checked_sub(lo) else {
+                let Some(rel) = va.checked_sub(c.lo) else {
                     break 'look false;
                 };
-                if pd != qpd
-                    || !AccessFlags::from_bits_retain(acc).contains(need)
-                    || rel.checked_add(len).is_none_or(|end| end > elen)
-                    || off.checked_add(elen).is_none_or(|end| end > seg::ARENA_LEN)
-                {
+                if !c.grants.contains(need) || rel.checked_add(len).is_none_or(|end| end > c.len) {
                     break 'look false;
                 }
+                let off = c.off;
                 if !matches!(op, SendOp::Write { .. } | SendOp::Read { .. })
                     && (rel % 8 != 0 || len != 8)
                 {
@@ -1049,20 +1077,38 @@ pub struct Checked {
     mr: Option<CheckedMr>,
 }
 
+/// The verdict on a peer's QP entry for one QP of ours, as read at `seq`.
 #[derive(Debug, Clone, Copy)]
 struct CheckedQp {
     slot: u32,
+    /// Our QP the verdict is for.
+    local: u32,
     seq: u32,
-    /// qpn, ready, pd, access, dest_qpn, dest_gid, rd_atomic.
-    entry: (u32, u32, u32, u32, u32, [u8; 16], u32),
+    /// The responder QP's PD.
+    pd: u32,
+    /// What it grants a request of ours: its access flags if it is
+    /// connected to our QP and executing requests, nothing otherwise.
+    grants: AccessFlags,
+    /// It has responder resources for READs and atomics.
+    reads: bool,
 }
 
+/// The verdict on a peer's region entry for one key and PD, as read at
+/// `seq`.
 #[derive(Debug, Clone, Copy)]
 struct CheckedMr {
     slot: usize,
     seq: u32,
-    /// used, rkey, pd, access, iova_lo, len, off.
-    entry: (u32, u32, u32, u32, u64, u64, u64),
+    rkey: u32,
+    /// The PD of the responder QP the verdict is for.
+    pd: u32,
+    /// Its access flags if it is a live region of that PD whose extent
+    /// lies inside the arena; nothing otherwise.
+    grants: AccessFlags,
+    lo: u64,
+    len: u64,
+    /// Its offset in the arena.
+    off: u64,
 }
 
 /// Move the bytes (or run the atomic) between the target word/buffer and

@@ -263,35 +263,45 @@ fn verbs_misuse_is_refused_and_named() {
     assert_cq_empty(&cq, std::time::Duration::from_millis(50), "after the flush");
 }
 
-/// A bad rkey and an access outside the region, each on its own QP: the
+/// A bad rkey, an access outside the region and the key of a region in
+/// another protection domain of the responder, each on its own QP: the
 /// requester gets REM_ACCESS_ERR for the violating WRITE, its QP goes to
 /// ERR and the work queued behind it is flushed in order (and so is work
 /// posted afterwards); the responder's QP goes to ERR with an access-error
-/// event. Meanwhile a third QP between the same processes carries on.
+/// event. Meanwhile a fourth QP between the same processes carries on.
 #[test]
 fn remote_violation_fails_one_qp_only() {
     const TGT: u64 = 1100;
     const SRC: u64 = 1101;
+    const OTHER: u64 = 1102;
     two_processes(
         "remote_violation_fails_one_qp_only",
         |mut oob| {
             let ctx = open(V4);
             let pd = ctx.alloc_pd();
             let cq = ctx.create_cq(64, None).unwrap();
-            let qps: Vec<Qp> = (0..3)
+            let qps: Vec<Qp> = (0..4)
                 .map(|_| qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16)))
                 .collect();
             let tgt = mr_with(&pd, 8192, TGT, ALL_REMOTE);
+            // Granting everything, but to the QPs of another PD; in pages
+            // of its own, so that over shared memory the peer maps it and
+            // the check is the peer's, at post.
+            let pd2 = ctx.alloc_pd();
+            let other = pd2.alloc_mr(8192, ALL_REMOTE).unwrap();
+            other.write(0, &pattern(OTHER, 8192));
             let rbuf = pd
-                .reg_mr(vec![0; 3 * 1024], AccessFlags::LOCAL_WRITE)
+                .reg_mr(vec![0; 4 * 1024], AccessFlags::LOCAL_WRITE)
                 .unwrap();
             for (i, qp) in qps.iter().enumerate() {
                 post_recv(qp, i as u64, rbuf.sge(i * 1024, 1024));
             }
-            exchange_and_connect(&ctx, &mut oob, &[&qps[0], &qps[1], &qps[2]], QpType::Rc, 50);
+            let refs: Vec<&Qp> = qps.iter().collect();
+            exchange_and_connect(&ctx, &mut oob, &refs, QpType::Rc, 50);
             oob.send_region(&Region::of(&tgt));
+            oob.send_region(&Region::of(&other));
             oob.expect("violated");
-            for qp in &qps[..2] {
+            for qp in &qps[..3] {
                 let n = qp.qpn();
                 wait_async(&ctx, "responder's access error", |e| {
                     *e == AsyncEvent::QpAccessErr(n)
@@ -300,14 +310,15 @@ fn remote_violation_fails_one_qp_only() {
             }
             // The violating QPs' receives were flushed; the good QP got its
             // SEND.
-            let mut w = wait_cq(&cq, 3, "flushed receives and the good SEND");
+            let mut w = wait_cq(&cq, 4, "flushed receives and the good SEND");
             w.sort_by_key(|c| c.wr_id);
-            assert_eq!((w[0].wr_id, w[0].status), (0, WcStatus::WrFlushErr));
-            assert_eq!((w[1].wr_id, w[1].status), (1, WcStatus::WrFlushErr));
-            assert_wc(&w[2], 2, WcStatus::Success, WcOpcode::Recv, 300);
+            for (i, c) in w[..3].iter().enumerate() {
+                assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::WrFlushErr));
+            }
+            assert_wc(&w[3], 3, WcStatus::Success, WcOpcode::Recv, 300);
             let src = pattern(SRC, 8192);
             assert_bytes(
-                &read_mr(&rbuf, 2048, 300),
+                &read_mr(&rbuf, 3072, 300),
                 &src[..300],
                 "SEND on the good QP",
             );
@@ -318,20 +329,27 @@ fn remote_violation_fails_one_qp_only() {
                 &want,
                 "target: only the good WRITE landed",
             );
-            assert_eq!(qps[2].query().unwrap().0, QpState::Rts);
+            assert_bytes(
+                &read_mr(&other, 0, 8192),
+                &pattern(OTHER, 8192),
+                "the other PD's region: untouched",
+            );
+            assert_eq!(qps[3].query().unwrap().0, QpState::Rts);
             oob.signal("ok");
         },
         |mut oob| {
             let ctx = open(V4);
             let pd = ctx.alloc_pd();
             let cq = ctx.create_cq(64, None).unwrap();
-            let qps: Vec<Qp> = (0..3)
+            let qps: Vec<Qp> = (0..4)
                 .map(|_| qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16)))
                 .collect();
             let src = mr_with(&pd, 8192, SRC, AccessFlags::LOCAL_WRITE);
             let dst = pd.reg_mr(vec![0; 8192], AccessFlags::LOCAL_WRITE).unwrap();
-            exchange_and_connect(&ctx, &mut oob, &[&qps[0], &qps[1], &qps[2]], QpType::Rc, 51);
+            let refs: Vec<&Qp> = qps.iter().collect();
+            exchange_and_connect(&ctx, &mut oob, &refs, QpType::Rc, 51);
             let tgt = oob.recv_region();
+            let other = oob.recv_region();
             let s = SendFlags::SIGNALED;
             let bad = [
                 // A key the target never issued.
@@ -343,6 +361,12 @@ fn remote_violation_fails_one_qp_only() {
                 SendOp::Write {
                     remote_addr: tgt.at(8000),
                     rkey: tgt.rkey,
+                },
+                // A live region's key and range, of another PD than the
+                // responder QP's.
+                SendOp::Write {
+                    remote_addr: other.at(0),
+                    rkey: other.rkey,
                 },
             ];
             for (q, op) in bad.iter().enumerate() {
@@ -387,8 +411,8 @@ fn remote_violation_fails_one_qp_only() {
                 assert_eq!((w[0].wr_id, w[0].status), (base + 9, WcStatus::WrFlushErr));
             }
             oob.signal("violated");
-            // The third QP works, in both directions of data.
-            let good = &qps[2];
+            // The fourth QP works, in both directions of data.
+            let good = &qps[3];
             let write = SendOp::Write {
                 remote_addr: tgt.at(4096),
                 rkey: tgt.rkey,

@@ -48,7 +48,6 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 use softrdma_core::{Endpoint, Event, Nanos, RxMeta};
 use softrdma_udp::Port;
@@ -148,7 +147,10 @@ pub(crate) struct State {
     /// and their buffers freed, when the last window goes.
     pub orphans: Vec<(u32, Box<dyn Send>)>,
     head: Vec<u8>,
-    origin: Instant,
+    clock: Clock,
+    /// The last time a pass read, so the core's time never runs back (the
+    /// TSC of two cores may differ by a few cycles).
+    last_now: Nanos,
     /// The deadline the engine's timerfd is armed to (core time), so a pass
     /// re-arms it only when the core's next deadline moved.
     armed: Option<Nanos>,
@@ -323,8 +325,9 @@ fn take_mad(
 }
 
 impl State {
-    fn now(&self) -> Nanos {
-        self.origin.elapsed().as_nanos() as Nanos
+    fn now(&mut self) -> Nanos {
+        self.last_now = self.last_now.max(self.clock.nanos());
+        self.last_now
     }
 
     /// One pass: receive what is waiting, run expired timers, transmit
@@ -1073,11 +1076,11 @@ pub(crate) struct Engine {
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The idle poller: rung to start it, polling until `linger_until`
-    /// (ns since `origin`) while `lingering`.
+    /// (ns on `clock`) while `lingering`.
     idle_bell: EventFd,
     lingering: AtomicBool,
     linger_until: AtomicU64,
-    origin: Instant,
+    clock: Clock,
     /// `SOFTRDMA_IDLE_POLL=1` at start: without it no poller thread exists
     /// and the engine never rings one. Opt-in because where both cores
     /// belong to spinning applications the poller costs more than it saves
@@ -1187,7 +1190,7 @@ impl Engine {
     ) -> io::Result<Arc<Engine>> {
         let shm = shm.map(Arc::new);
         let sock_fd = port.as_raw_fd();
-        let origin = Instant::now();
+        let clock = Clock::new();
         let e = Arc::new(Engine {
             state: Mutex::new(State {
                 ep,
@@ -1197,7 +1200,8 @@ impl Engine {
                 async_events: Default::default(),
                 orphans: Vec::new(),
                 head: vec![0; 4096 + 256],
-                origin,
+                clock: clock.clone(),
+                last_now: 0,
                 armed: None,
                 tx_deferred: false,
                 tx_refused: 0,
@@ -1250,7 +1254,7 @@ impl Engine {
             idle_bell: EventFd::new(false)?,
             lingering: AtomicBool::new(false),
             linger_until: AtomicU64::new(0),
-            origin,
+            clock,
             idle_poll_on: std::env::var("SOFTRDMA_IDLE_POLL").as_deref() == Ok("1"),
             poller: Mutex::new(None),
             poller_masked: AtomicBool::new(false),
@@ -1619,7 +1623,7 @@ impl Engine {
     }
 
     fn since_origin(&self) -> u64 {
-        self.origin.elapsed().as_nanos() as u64
+        self.clock.nanos()
     }
 
     /// The idle poller: after the engine thread was woken for packets, poll
@@ -1864,5 +1868,32 @@ impl Engine {
         if let Some(h) = self.poller.lock().unwrap().take() {
             let _ = h.join();
         }
+    }
+}
+
+/// The engine's time: nanoseconds since the engine started, read at the
+/// start of every pass. From the CPU's time-stamp counter where it ticks
+/// at a constant rate (`quanta`: `rdtsc`, scaled by a calibration against
+/// the monotonic clock), else the monotonic clock. A vDSO `clock_gettime`
+/// was 13 % of a shared-memory `send_lat`'s samples (`perf record`: one
+/// per pass, and an application waiting on its CQ runs a pass per poll);
+/// it costs 25 ns on the VM of `docs/PERFORMANCE.md`, `rdtsc` 9.5.
+#[derive(Clone)]
+pub(crate) struct Clock {
+    clock: quanta::Clock,
+    origin: u64,
+}
+
+impl Clock {
+    pub(crate) fn new() -> Clock {
+        let clock = quanta::Clock::new();
+        let origin = clock.raw();
+        Clock { clock, origin }
+    }
+
+    /// Nanoseconds since `new` (0 if this core's counter reads behind the
+    /// origin's, which only a few cycles of skew between cores can do).
+    pub(crate) fn nanos(&self) -> u64 {
+        self.clock.delta_as_nanos(self.origin, self.clock.raw())
     }
 }

@@ -164,11 +164,54 @@ pub(crate) fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
     Ok(())
 }
 
+/// `ibv_post_send`'s fast path: one WRITE or READ of one SGE, signaled
+/// or not, that the QP's lane carries out (`Qp::lane_post`). Anything
+/// else — or a lane that declines — is `None`, for the general path, which
+/// checks, reports and posts it as always.
+///
+/// # Safety
+/// `wr` is null or the application's readable request.
+unsafe fn post_send_fast(qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> Option<c_int> {
+    if wr.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's.
+    let w = unsafe { &*wr };
+    if !w.next.is_null()
+        || w.num_sge != 1
+        || w.sg_list.is_null()
+        || w.send_flags & !sv::SendFlags::SIGNALED.0 != 0
+        || !matches!(w.opcode, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_READ)
+    {
+        return None;
+    }
+    let q = Qp::lend(qp).ok()?;
+    // SAFETY: verbs' contract: sg_list holds num_sge (1) entries.
+    let s = unsafe { *w.sg_list };
+    let sgl = [sv::Sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    }];
+    let swr = sv::SendWr {
+        wr_id: w.wr_id,
+        op: send_op(w),
+        sgl: &sgl,
+        flags: sv::SendFlags(w.send_flags),
+        ud: None,
+    };
+    q.sv.lane_post(&swr).then_some(0)
+}
+
 pub unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
+    // SAFETY: forwarded. A panic there ends in the general path's guard.
+    if let Ok(Some(r)) = std::panic::catch_unwind(|| unsafe { post_send_fast(qp, wr) }) {
+        return r;
+    }
     let mut cur = wr;
     let r = errno_ret("ibv_post_send", || {
         let q = Qp::lend(qp)?;
@@ -277,7 +320,31 @@ fn wc_from(c: &sv::Completion) -> ibv_wc {
 /// Completions moved per call through the engine's way (a stack buffer).
 const POLL_BATCH: usize = 32;
 
+/// `ibv_poll_cq`'s fast path: completions the CQ's lanes hold, converted
+/// where they lie; `None` when they hold none (or the arguments need the
+/// general path's checks), for the general path.
+///
+/// # Safety
+/// `wc` is null or valid for writing `num_entries` entries.
+unsafe fn poll_cq_fast(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> Option<c_int> {
+    if num_entries <= 0 || wc.is_null() {
+        return None;
+    }
+    let q = Cq::lend(cq).ok()?;
+    let mut i = 0usize;
+    let n = q.sv.poll_lanes(num_entries as usize, &mut |c| {
+        // SAFETY: the caller's: the lanes hand at most `num_entries`.
+        unsafe { *wc.add(i) = wc_from(c) };
+        i += 1;
+    });
+    (n > 0).then_some(n as c_int)
+}
+
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: forwarded. A panic there ends in the general path's guard.
+    if let Ok(Some(n)) = std::panic::catch_unwind(|| unsafe { poll_cq_fast(cq, num_entries, wc) }) {
+        return n;
+    }
     let mut done = 0usize;
     let r = errno_ret("ibv_poll_cq", || {
         let q = Cq::lend(cq)?;

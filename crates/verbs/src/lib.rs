@@ -1670,7 +1670,11 @@ impl Cq {
     /// Completions taken without the engine's lock: the stash, then the
     /// lanes' queue; 0 if neither has any (the caller then polls the
     /// engine's way, which never reports an empty CQ that is not).
-    fn poll_lanes(&self, max: usize, f: &mut impl FnMut(&Completion)) -> usize {
+    ///
+    /// Public for a caller with a fast path of its own (the C ABI's
+    /// `ibv_poll_cq`), which polls the engine's way ([`Cq::poll_with`])
+    /// when this finds nothing.
+    pub fn poll_lanes(&self, max: usize, f: &mut impl FnMut(&Completion)) -> usize {
         if self.stashed.load(std::sync::atomic::Ordering::Acquire) {
             let mut q = self.stash.lock().unwrap_or_else(|p| p.into_inner());
             if !q.is_empty() {
@@ -2078,7 +2082,11 @@ impl Qp {
     /// the lane is open and serves it (see `lane`); false: post it the
     /// engine's way. ACKs the last pass deferred for the application's
     /// next call go the engine's way too, which carries them.
-    fn lane_post(&self, wr: &SendWr<'_>) -> bool {
+    ///
+    /// Public for a caller with a fast path of its own (the C ABI's
+    /// `ibv_post_send`): false means nothing was done, and the request
+    /// goes to [`Qp::post_send`] as any other.
+    pub fn lane_post(&self, wr: &SendWr<'_>) -> bool {
         // Inside `Mr::with_bytes*` the lane must not run: it could write
         // into bytes lent out as a reference. It does not: `pause_peers`
         // closed every lane before the bytes were lent, and lanes open only

@@ -164,8 +164,8 @@ pub(crate) fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
     Ok(())
 }
 
-/// `ibv_post_send`'s fast path: one WRITE or READ of one SGE, signaled
-/// or not, that the QP's lane carries out (`Qp::lane_post`). Anything
+/// `ibv_post_send`'s fast path: one WRITE, READ or atomic of one SGE,
+/// signaled or not, that the QP's lane carries out (`Qp::lane_post`). Anything
 /// else — or a lane that declines — is `None`, for the general path, which
 /// checks, reports and posts it as always.
 ///
@@ -181,7 +181,13 @@ unsafe fn post_send_fast(qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> Option<c_int>
         || w.num_sge != 1
         || w.sg_list.is_null()
         || w.send_flags & !sv::SendFlags::SIGNALED.0 != 0
-        || !matches!(w.opcode, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_READ)
+        || !matches!(
+            w.opcode,
+            IBV_WR_RDMA_WRITE
+                | IBV_WR_RDMA_READ
+                | IBV_WR_ATOMIC_CMP_AND_SWP
+                | IBV_WR_ATOMIC_FETCH_AND_ADD
+        )
     {
         return None;
     }

@@ -173,11 +173,12 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 //
 // A data-path call (`ibv_post_send`, `ibv_poll_cq`, …) looks its handle up
 // in this thread's cache of recent lookups and uses the object through a
-// plain pointer: no reference count taken and dropped per call (two locked
-// instructions, and a `Weak` upgrade's compare-and-swap loop before that,
-// were a fifth of a READ's post and poll through this library, measured
-// with `perf record` on a `ib_read_lat`-like loop). What keeps the object
-// alive meanwhile is a grace period, as in RCU:
+// plain pointer: no reference count taken and dropped per call (the
+// lookups — a `Weak` upgrade's compare-and-swap loop, a dynamic type check,
+// a reference dropped — were a fifth of the samples of a READ's post and
+// poll through this library, `perf record` of an `ib_read_lat`-like loop;
+// lending took that loop from 75 to 69 ns). What keeps the object alive
+// meanwhile is a grace period, as in RCU:
 //
 // * a call marks its thread busy (`Reader::calls` odd) *before* it reads
 //   `GENERATION`, and idle again when it is done with the pointer;
@@ -199,8 +200,9 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// One thread's calls (see above); kept for the process's life, reused by
 /// later threads (a thread's record goes back to `SPARE` when it exits).
 /// Its own cache lines: written twice per call, it must not share a line
-/// with what another thread writes (as a heap neighbour did: its `inc`
-/// was a third of a lookup, measured).
+/// with what another thread writes (a heap neighbour could; on the host of
+/// `docs/PERFORMANCE.md` aligning it changed nothing measurable, so this
+/// is a precaution, not a measured gain).
 #[repr(align(128))]
 struct Reader {
     /// Odd while a call of this thread uses a lent pointer; only this

@@ -48,6 +48,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use softrdma_core::{Endpoint, Event, Nanos, RxMeta};
 use softrdma_udp::Port;
@@ -147,10 +148,7 @@ pub(crate) struct State {
     /// and their buffers freed, when the last window goes.
     pub orphans: Vec<(u32, Box<dyn Send>)>,
     head: Vec<u8>,
-    clock: Clock,
-    /// The last time a pass read, so the core's time never runs back (the
-    /// TSC of two cores may differ by a few cycles).
-    last_now: Nanos,
+    origin: Instant,
     /// The deadline the engine's timerfd is armed to (core time), so a pass
     /// re-arms it only when the core's next deadline moved.
     armed: Option<Nanos>,
@@ -325,9 +323,8 @@ fn take_mad(
 }
 
 impl State {
-    fn now(&mut self) -> Nanos {
-        self.last_now = self.last_now.max(self.clock.nanos());
-        self.last_now
+    fn now(&self) -> Nanos {
+        self.origin.elapsed().as_nanos() as Nanos
     }
 
     /// One pass: receive what is waiting, run expired timers, transmit
@@ -1076,11 +1073,11 @@ pub(crate) struct Engine {
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The idle poller: rung to start it, polling until `linger_until`
-    /// (ns on `clock`) while `lingering`.
+    /// (ns since `origin`) while `lingering`.
     idle_bell: EventFd,
     lingering: AtomicBool,
     linger_until: AtomicU64,
-    clock: Clock,
+    origin: Instant,
     /// `SOFTRDMA_IDLE_POLL=1` at start: without it no poller thread exists
     /// and the engine never rings one. Opt-in because where both cores
     /// belong to spinning applications the poller costs more than it saves
@@ -1190,7 +1187,7 @@ impl Engine {
     ) -> io::Result<Arc<Engine>> {
         let shm = shm.map(Arc::new);
         let sock_fd = port.as_raw_fd();
-        let clock = Clock::new();
+        let origin = Instant::now();
         let e = Arc::new(Engine {
             state: Mutex::new(State {
                 ep,
@@ -1200,8 +1197,7 @@ impl Engine {
                 async_events: Default::default(),
                 orphans: Vec::new(),
                 head: vec![0; 4096 + 256],
-                clock: clock.clone(),
-                last_now: 0,
+                origin,
                 armed: None,
                 tx_deferred: false,
                 tx_refused: 0,
@@ -1254,7 +1250,7 @@ impl Engine {
             idle_bell: EventFd::new(false)?,
             lingering: AtomicBool::new(false),
             linger_until: AtomicU64::new(0),
-            clock,
+            origin,
             idle_poll_on: std::env::var("SOFTRDMA_IDLE_POLL").as_deref() == Ok("1"),
             poller: Mutex::new(None),
             poller_masked: AtomicBool::new(false),
@@ -1623,7 +1619,7 @@ impl Engine {
     }
 
     fn since_origin(&self) -> u64 {
-        self.clock.nanos()
+        self.origin.elapsed().as_nanos() as u64
     }
 
     /// The idle poller: after the engine thread was woken for packets, poll
@@ -1868,32 +1864,5 @@ impl Engine {
         if let Some(h) = self.poller.lock().unwrap().take() {
             let _ = h.join();
         }
-    }
-}
-
-/// The engine's time: nanoseconds since the engine started, read at the
-/// start of every pass. From the CPU's time-stamp counter where it ticks
-/// at a constant rate (`quanta`: `rdtsc`, scaled by a calibration against
-/// the monotonic clock), else the monotonic clock. A vDSO `clock_gettime`
-/// was 13 % of a shared-memory `send_lat`'s samples (`perf record`: one
-/// per pass, and an application waiting on its CQ runs a pass per poll);
-/// it costs 25 ns on the VM of `docs/PERFORMANCE.md`, `rdtsc` 9.5.
-#[derive(Clone)]
-pub(crate) struct Clock {
-    clock: quanta::Clock,
-    origin: u64,
-}
-
-impl Clock {
-    pub(crate) fn new() -> Clock {
-        let clock = quanta::Clock::new();
-        let origin = clock.raw();
-        Clock { clock, origin }
-    }
-
-    /// Nanoseconds since `new` (0 if this core's counter reads behind the
-    /// origin's, which only a few cycles of skew between cores can do).
-    pub(crate) fn nanos(&self) -> u64 {
-        self.clock.delta_as_nanos(self.origin, self.clock.raw())
     }
 }

@@ -405,22 +405,23 @@ impl<T: Send + Sync> Lent<T> {
     }
 }
 
-/// The live object behind `p`, lent for one call.
+/// The live object behind `p`, lent for one call. The cache hit is
+/// inlined into the caller: returned from a call, the `Lent` (inside a
+/// `Result`) went through memory at another width than it came back, a
+/// store-forwarding stall per data-path call (`perf annotate`).
+#[inline(always)]
 fn lend<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Lent<T>> {
-    if p == 0 {
-        return Err(Fail::inval(format!("{what} pointer is NULL")));
-    }
     let hit = CALLS.try_with(|t| {
         // SAFETY (the lifetime): the thread-local outlives every call made
-        // on this thread; a `Lent` does not leave the call it was made
-        // for (it is not `Send`).
+        // on this thread; a `Lent` does not leave the call it was made for
+        // (it is not `Send`).
         let t: &'static ThreadCalls = unsafe { &*(t as *const ThreadCalls) };
         t.enter();
         let g = GENERATION.load(Ordering::Acquire);
         let ty = TypeId::of::<T>();
         for c in &t.cache {
             let e = c.get();
-            if e.addr == p && e.generation == g && e.ty == ty {
+            if e.addr == p && e.generation == g && e.ty == ty && p != 0 {
                 return Some((t, e.object));
             }
         }
@@ -429,10 +430,22 @@ fn lend<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Lent<T>> {
     });
     if let Ok(Some((t, object))) = hit {
         return Ok(Lent {
-            object: NonNull::new(object as *mut T).expect("cached objects are not null"),
+            // SAFETY: cache entries hold `Arc::as_ptr` of live objects,
+            // never null.
+            object: unsafe { NonNull::new_unchecked(object as *mut T) },
             calls: Some(t),
             _owned: None,
         });
+    }
+    lend_slow(p, what)
+}
+
+/// [`lend`] through the registry: a cache miss, or an error.
+#[inline(never)]
+#[cold]
+fn lend_slow<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Lent<T>> {
+    if p == 0 {
+        return Err(Fail::inval(format!("{what} pointer is NULL")));
     }
     let g = GENERATION.load(Ordering::Acquire);
     let o = LIVE

@@ -208,6 +208,12 @@ struct Reader {
     /// Odd while a call of this thread uses a lent pointer; only this
     /// thread writes it.
     calls: AtomicU64,
+    /// The process the thread ran in when it took the record: after a
+    /// `fork` the child has none of its parent's other threads, and a
+    /// parent's thread caught in a call at the fork would keep its count
+    /// odd in the child's copy forever, so `grace` looks only at records
+    /// of its own process.
+    pid: AtomicU32,
 }
 
 /// Every record handed to a thread, for `grace` to look at.
@@ -223,6 +229,9 @@ const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
 /// a call's busy mark needs no fence of its own). Decided once, before
 /// the first lent call.
 static EXPEDITED: LazyLock<bool> = LazyLock::new(|| {
+    // SAFETY: `after_fork` is an `extern "C" fn()` that stays loaded (this
+    // library is not unloaded while the process runs).
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork)) };
     // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no memory.
     unsafe {
         libc::syscall(
@@ -233,6 +242,21 @@ static EXPEDITED: LazyLock<bool> = LazyLock::new(|| {
         ) == 0
     }
 });
+
+/// In a child after `fork`: the forking thread, the only one the child has,
+/// goes on with its record, which now belongs to this process; the
+/// parent's other threads' records keep the parent's pid and are ignored
+/// (`Reader::pid`). Touches no lock (another thread may have held one at
+/// the fork).
+extern "C" fn after_fork() {
+    // `RECORD`, not `CALLS`: reading that would register a thread that has
+    // no record yet, under locks.
+    let r = RECORD.with(|r| r.get());
+    if !r.is_null() {
+        // SAFETY: records are leaked, never freed.
+        unsafe { (*r).pid.store(std::process::id(), Ordering::Relaxed) };
+    }
+}
 
 /// A thread's call state: its record, how deep it is in lent calls (a
 /// call may lend a second handle), and its last few lookups.
@@ -263,6 +287,7 @@ impl Drop for ThreadCalls {
     fn drop(&mut self) {
         // No call of this thread is in progress (it is exiting): the
         // record is idle and can serve another thread.
+        let _ = RECORD.try_with(|r| r.set(std::ptr::null()));
         SPARE
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -271,15 +296,22 @@ impl Drop for ThreadCalls {
 }
 
 thread_local! {
+    /// This thread's record once it has one (for `after_fork`, which must
+    /// not initialise `CALLS`).
+    static RECORD: std::cell::Cell<*const Reader> = const { std::cell::Cell::new(std::ptr::null()) };
     static CALLS: ThreadCalls = {
         let spare = SPARE.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let reader = spare.unwrap_or_else(|| {
             let r: &'static Reader = Box::leak(Box::new(Reader {
                 calls: AtomicU64::new(0),
+                pid: AtomicU32::new(0),
             }));
             READERS.lock().unwrap_or_else(|e| e.into_inner()).push(r);
             r
         });
+        // An exited thread's record is idle: its count is even.
+        reader.pid.store(std::process::id(), Ordering::Relaxed);
+        RECORD.with(|r| r.set(reader));
         ThreadCalls {
             reader,
             depth: std::cell::Cell::new(0),
@@ -345,8 +377,9 @@ fn grace() {
         .try_with(|t| t.reader as *const Reader)
         .unwrap_or(std::ptr::null());
     let readers: Vec<&'static Reader> = READERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let pid = std::process::id();
     for r in readers {
-        if std::ptr::eq(r, own) {
+        if std::ptr::eq(r, own) || r.pid.load(Ordering::Relaxed) != pid {
             continue;
         }
         let seen = r.calls.load(Ordering::Acquire);

@@ -27,6 +27,15 @@ const MAX_SGE: usize = softrdma_core::MAX_SGE;
 /// through this library, measured with `perf record`).
 type Sges = arrayvec::ArrayVec<sv::Sge, MAX_SGE>;
 
+/// One application SGE as the verbs crate takes it.
+fn sge_from(s: ibv_sge) -> sv::Sge {
+    sv::Sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    }
+}
+
 /// Copy an application's SGE list into `out`.
 ///
 /// # Safety
@@ -46,11 +55,7 @@ unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int, out: &mut Sges) -> Res<&
         // SAFETY: the caller's contract; i < n.
         let s = unsafe { *sg_list.add(i) };
         // n ≤ MAX_SGE, the capacity: cannot fail.
-        out.push(sv::Sge {
-            addr: s.addr,
-            length: s.length,
-            lkey: s.lkey,
-        });
+        out.push(sge_from(s));
     }
     Ok(out)
 }
@@ -193,12 +198,7 @@ unsafe fn post_send_fast(qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> Option<c_int>
     }
     let q = Qp::lend(qp).ok()?;
     // SAFETY: verbs' contract: sg_list holds num_sge (1) entries.
-    let s = unsafe { *w.sg_list };
-    let sgl = [sv::Sge {
-        addr: s.addr,
-        length: s.length,
-        lkey: s.lkey,
-    }];
+    let sgl = [sge_from(unsafe { *w.sg_list })];
     let swr = sv::SendWr {
         wr_id: w.wr_id,
         op: send_op(w),

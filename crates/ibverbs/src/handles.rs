@@ -373,9 +373,9 @@ fn grace() {
     // This thread's own record is skipped: a destroy made from inside a
     // lent call of the same thread would otherwise wait for itself (none
     // does; the data path destroys nothing).
-    let own = CALLS
-        .try_with(|t| t.reader as *const Reader)
-        .unwrap_or(std::ptr::null());
+    // `RECORD`, not `CALLS`: a destroying thread that never made a lent
+    // call needs no record of its own.
+    let own = RECORD.try_with(|r| r.get()).unwrap_or(std::ptr::null());
     let readers: Vec<&'static Reader> = READERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let pid = std::process::id();
     for r in readers {
@@ -486,12 +486,7 @@ fn lend_slow<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Lent<T>>
         .unwrap_or_else(|e| e.into_inner())
         .get(&p)
         .cloned()
-        .ok_or_else(|| {
-            Fail::inval(format!(
-                "{what} {p:#x} is not a live object of softrdma's libibverbs \
-                 (never created here, or already destroyed)"
-            ))
-        })?;
+        .ok_or_else(|| not_live(what, p))?;
     let o = o
         .downcast::<T>()
         .map_err(|_| Fail::inval(format!("{p:#x} is not a {what}")))?;
@@ -516,6 +511,14 @@ fn lend_slow<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Lent<T>>
         calls: None,
         _owned: Some(o),
     })
+}
+
+/// The refusal of a pointer the registry does not hold.
+fn not_live(what: &str, p: usize) -> Fail {
+    Fail::inval(format!(
+        "{what} {p:#x} is not a live object of softrdma's libibverbs \
+         (never created here, or already destroyed)"
+    ))
 }
 
 fn lookup<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Arc<T>> {
@@ -544,12 +547,7 @@ fn unregister<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Arc<T>>
             }
             Some(_) => return Err(Fail::inval(format!("{p:#x} is not a {what}"))),
             None if p == 0 => return Err(Fail::inval(format!("{what} pointer is NULL"))),
-            None => {
-                return Err(Fail::inval(format!(
-                    "{what} {p:#x} is not a live object of softrdma's libibverbs \
-                     (never created here, or already destroyed)"
-                )))
-            }
+            None => return Err(not_live(what, p)),
         }
     };
     // Calls that were lent the object through a cache finish before the
@@ -1076,18 +1074,21 @@ mod lending {
         }
     }
 
-    /// A unique address to register under (never dereferenced).
-    fn addr() -> usize {
-        Box::leak(Box::new(0u64)) as *mut u64 as usize
+    /// A `Watched` registered under a unique address (never dereferenced),
+    /// already in this thread's cache: the address and its drop flag.
+    fn registered_and_cached() -> (usize, Arc<AtomicBool>) {
+        let p = Box::leak(Box::new(0u64)) as *mut u64 as usize;
+        let dropped = Arc::new(AtomicBool::new(false));
+        register(p, Watched(dropped.clone()));
+        // The first lookup fills the cache.
+        drop(lend::<Watched>(p, "watched").expect("registered"));
+        (p, dropped)
     }
 
     #[test]
     fn a_cached_lookup_ends_with_the_unregistration() {
-        let p = addr();
-        let dropped = Arc::new(AtomicBool::new(false));
-        register(p, Watched(dropped.clone()));
-        // The first lookup fills this thread's cache, the second hits it.
-        drop(lend::<Watched>(p, "watched").expect("registered"));
+        let (p, dropped) = registered_and_cached();
+        // The second lookup hits the cache.
         assert!(lend::<Watched>(p, "watched")
             .expect("cached")
             .calls
@@ -1104,10 +1105,7 @@ mod lending {
 
     #[test]
     fn an_unregistration_waits_for_the_calls_lent_the_object() {
-        let p = addr();
-        let dropped = Arc::new(AtomicBool::new(false));
-        register(p, Watched(dropped.clone()));
-        drop(lend::<Watched>(p, "watched").expect("registered"));
+        let (p, dropped) = registered_and_cached();
         let lent = lend::<Watched>(p, "watched").expect("cached");
         assert!(lent.calls.is_some(), "lent through the cache");
         let started = Arc::new(AtomicBool::new(false));

@@ -935,7 +935,7 @@ impl Peer {
                     grants: if connected {
                         AccessFlags::from_bits_retain(qacc)
                     } else {
-                        AccessFlags::from_bits_retain(0)
+                        AccessFlags::EMPTY
                     },
                     reads: rd != 0,
                 };
@@ -1010,7 +1010,7 @@ impl Peer {
                             {
                                 AccessFlags::from_bits_retain(acc)
                             } else {
-                                AccessFlags::from_bits_retain(0)
+                                AccessFlags::EMPTY
                             },
                             lo,
                             len: elen,

@@ -106,10 +106,12 @@ impl<T> Flagged<T> {
     }
 
     fn try_hold(&self) -> Option<Holding<'_, T>> {
+        // `then`, not `then_some`: a `Holding` built for a failed try
+        // would be dropped at once and let go of the flag its holder has.
         self.held
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
-            .then_some(Holding(self))
+            .then(|| Holding(self))
     }
 
     /// Wait for the holder (a poster's one copy, or a poll) to let go.
@@ -554,5 +556,25 @@ impl CqLane {
         }
         self.len.store(i.len, Ordering::Release);
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed try leaves the holder's flag alone: the next try fails
+    /// too, and a waiter gets the value only once the holder lets go.
+    #[test]
+    fn a_failed_try_does_not_let_go_of_the_holders_flag() {
+        let f = Flagged::new(0u32);
+        let h = f.try_hold().expect("free");
+        assert!(f.try_hold().is_none(), "held: the try fails");
+        assert!(
+            f.try_hold().is_none(),
+            "a failed try let go of the holder's flag"
+        );
+        drop(h);
+        assert!(f.try_hold().is_some(), "free again");
     }
 }

@@ -307,9 +307,10 @@ pub enum OffloadLocal<'a> {
 /// goes on the wire as usual.
 pub trait Offload {
     /// Carry out `op` (an RDMA WRITE without immediate, READ, atomic or
-    /// ATOMIC WRITE) with `local` as its data or result buffer. Return
-    /// true if it was carried out completely and successfully; false if it
-    /// was not touched at all.
+    /// ATOMIC WRITE; or a SEND, with or without immediate, into a receive
+    /// the peer has made reachable) with `local` as its data or result
+    /// buffer. Return true if it was carried out completely and
+    /// successfully; false if it was not touched at all.
     fn one_sided(&mut self, op: &SendOp, local: OffloadLocal<'_>) -> bool;
 }
 
@@ -1278,7 +1279,8 @@ impl Endpoint {
             if qp.qp_type == QpType::Rc
                 && qp.state == QpState::Rts
                 && qp.sq.head == qp.sq.tail
-                && wr.op.is_one_sided()
+                && (wr.op.is_one_sided()
+                    || matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }))
             {
                 let mut host = arrayvec::ArrayVec::<(u64, u32), MAX_SGE>::new();
                 let mut mapped = true;
@@ -1381,6 +1383,96 @@ impl Endpoint {
             });
         }
         qp.rq.push(wr.wr_id, &segs[..n]);
+        if qp.state == QpState::Err {
+            qp.flush(&mut self.shared);
+        }
+        Ok(())
+    }
+
+    /// Check a receive as [`Endpoint::post_recv_with`] does, without
+    /// queueing it: its SGEs as the receive queue would keep them go to
+    /// `out`; returns how many. For a layer that keeps a QP's receives
+    /// itself for a while (the shared-memory receive lane), handing them
+    /// back with [`Endpoint::requeue_recv`]; the queue's depth is then its
+    /// to keep.
+    pub fn check_recv(
+        &self,
+        qpn: u32,
+        wr: &RecvWr<'_>,
+        check: RecvCheck,
+        out: &mut [Span; MAX_SGE],
+    ) -> Result<usize, Error> {
+        let q = self.qp(qpn)?;
+        if q.srq.is_some() || q.qp_type.is_xrc() || q.state == QpState::Reset {
+            return Err(Error::InvalidArgument(
+                "receive lane: QP has no receive queue of its own in use",
+            ));
+        }
+        self.translate_recv(q.pd, wr, q.cap.max_recv_sge, check, out)
+    }
+
+    /// Take every receive queued on RC QP `qpn`, oldest first, handing
+    /// each (its `wr_id` and SGEs) to `f` — only if none is in use (no
+    /// message in progress, nothing held, no NAK outstanding, see
+    /// `Responder::recv_idle`) and the QP is in RTR or RTS; false (nothing
+    /// taken) otherwise. `f` is called for all of them if `fits` says the
+    /// count fits.
+    pub fn take_recvs(
+        &mut self,
+        qpn: u32,
+        fits: impl FnOnce(u32) -> bool,
+        mut f: impl FnMut(u64, &[Span]),
+    ) -> bool {
+        let Some(s) = self.slot(qpn) else {
+            return false;
+        };
+        let q = self.qps[s].as_mut().expect("slot checked");
+        if q.qp_type != QpType::Rc
+            || q.srq.is_some()
+            || !matches!(q.state, QpState::Rtr | QpState::Rts)
+            || !q.resp.recv_idle()
+            || !fits(q.rq.len())
+        {
+            return false;
+        }
+        let mut sges = [Span::default(); MAX_SGE];
+        while let Some(w) = q.rq.pop(&mut sges) {
+            f(w.wr_id, &sges[..w.nsge as usize]);
+        }
+        true
+    }
+
+    /// Take the oldest receive queued on `qpn` (not one a message in
+    /// progress holds: that one has left the queue), handing its `wr_id`
+    /// and SGEs to `f`; false if none is queued.
+    pub fn pop_recv(&mut self, qpn: u32, f: impl FnOnce(u64, &[Span])) -> bool {
+        let Some(s) = self.slot(qpn) else {
+            return false;
+        };
+        let q = self.qps[s].as_mut().expect("slot checked");
+        let mut sges = [Span::default(); MAX_SGE];
+        match q.rq.pop(&mut sges) {
+            Some(w) => {
+                f(w.wr_id, &sges[..w.nsge as usize]);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Queue a receive checked by [`Endpoint::check_recv`] (or taken by
+    /// [`Endpoint::take_recvs`]) back on `qpn`'s receive queue, behind what
+    /// is there; in ERR it completes flushed at once, as a post does.
+    pub fn requeue_recv(&mut self, qpn: u32, wr_id: u64, sges: &[Span]) -> Result<(), Error> {
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        let qp = self.qps[s].as_mut().expect("slot checked");
+        if qp.rq.is_full() || sges.len() > qp.rq.max_sge as usize {
+            return Err(Error::QueueFull {
+                queue: "receive queue",
+                depth: qp.rq.depth,
+            });
+        }
+        qp.rq.push(wr_id, sges);
         if qp.state == QpState::Err {
             qp.flush(&mut self.shared);
         }

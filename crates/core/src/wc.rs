@@ -116,6 +116,18 @@ impl Completion {
     /// The completion of a one-sided request carried out at post (see
     /// [`crate::Endpoint::post_send_offload`]), for a layer that delivers
     /// it itself ([`crate::Endpoint::complete_external`] takes it back).
+    /// The completion of a receive an RC QP's sender filled itself (see
+    /// [`crate::Endpoint::take_recvs`]), as the responder would complete it.
+    pub fn received(wr_id: u64, qp_num: u32, byte_len: u32, imm: Option<u32>) -> Completion {
+        let mut c = Completion::new(wr_id, WcStatus::Success, WcOpcode::Recv, qp_num);
+        c.byte_len = byte_len;
+        if let Some(i) = imm {
+            c.wc_flags |= wc_flags::WITH_IMM;
+            c.imm_or_inv = i;
+        }
+        c
+    }
+
     pub fn offloaded(wr_id: u64, op: &crate::wr::SendOp, qp_num: u32, byte_len: u32) -> Completion {
         let mut c = Completion::new(
             wr_id,

@@ -45,6 +45,7 @@ use softrdma_core::OffloadLocal;
 pub use link::Key;
 pub use ring::Push;
 use seg::{Mapping, MR_DEAD, MR_EMPTY, MR_LIVE};
+pub use seg::{RECV_SGES, RECV_SLOTS};
 pub use share::Share;
 
 /// How long a requester waits for a peer's handshake before it stays on
@@ -216,6 +217,102 @@ impl Host {
         lock(&self.inner.shares).share(self.inner.fd.as_raw_fd(), addr, len)
     }
 
+    /// Where `[addr, addr + len)` of this process lies in the arena (the
+    /// offset a peer adds to its mapping of our arena), if it lies wholly in
+    /// moved pages.
+    pub fn arena_of(&self, addr: u64, len: u64) -> Option<u64> {
+        lock(&self.inner.shares).arena_of(addr, len)
+    }
+
+    /// Open QP `qpn`'s receive lane for its peer `src_qpn` at `src_gid`,
+    /// with nothing published (the caller closed it before, see
+    /// [`Host::recv_close`], so no sender is inside).
+    pub fn recv_open(&self, qpn: u32, src_qpn: u32, src_gid: [u8; 16]) {
+        let a = self.inner.map.recv(qpn);
+        a.posted.store(0, Ordering::Relaxed);
+        a.taken.store(0, Ordering::Relaxed);
+        a.qpn.store(qpn, Ordering::Relaxed);
+        a.src_qpn.store(src_qpn, Ordering::Relaxed);
+        for (w, c) in a.src_gid.iter().zip(src_gid.chunks_exact(4)) {
+            w.store(
+                u32::from_ne_bytes(c.try_into().expect("4 bytes")),
+                Ordering::Relaxed,
+            );
+        }
+        a.open.store(1, Ordering::SeqCst);
+    }
+
+    /// Publish receive number `i` of QP `qpn`'s open lane: its SGEs as
+    /// arena offsets and lengths (at most [`seg::RECV_SGES`]). The caller
+    /// publishes in order, and only when receive `i - RECV_SLOTS`'s result
+    /// was taken.
+    pub fn recv_publish(&self, qpn: u32, i: u64, spans: &[(u64, u32)]) {
+        let a = self.inner.map.recv(qpn);
+        let slot = &a.slots[i as usize % seg::RECV_SLOTS];
+        slot.nsge.store(spans.len() as u32, Ordering::Relaxed);
+        for (d, &(off, len)) in slot.spans.iter().zip(spans) {
+            d[0].store(off, Ordering::Relaxed);
+            d[1].store(len as u64, Ordering::Relaxed);
+        }
+        a.posted.store(i + 1, Ordering::Release);
+    }
+
+    /// Receives of QP `qpn`'s lane the sender has filled so far.
+    pub fn recv_taken(&self, qpn: u32) -> u64 {
+        self.inner.map.recv(qpn).taken.load(Ordering::Acquire)
+    }
+
+    /// What the sender delivered into receive `i` (`i` below
+    /// [`Host::recv_taken`]): its length and immediate data, if any.
+    pub fn recv_result(&self, qpn: u32, i: u64) -> (u32, Option<u32>) {
+        let slot = &self.inner.map.recv(qpn).slots[i as usize % seg::RECV_SLOTS];
+        let len = slot.byte_len.load(Ordering::Relaxed);
+        let imm =
+            (slot.flags.load(Ordering::Relaxed) & 1 != 0).then(|| slot.imm.load(Ordering::Relaxed));
+        (len, imm)
+    }
+
+    /// Close QP `qpn`'s receive lane: when this returns no sender is
+    /// filling a receive of it, and none will until it opens again. Returns
+    /// how many receives were filled.
+    pub fn recv_close(&self, qpn: u32) -> u64 {
+        self.recv_hold(qpn, None)
+    }
+
+    /// [`Host::recv_close`], waiting only for the in-flight words of the
+    /// peer at index `from` (the ring a packet came in by: the sender's
+    /// words share its index) if known, else for every peer's.
+    pub fn recv_hold(&self, qpn: u32, from: Option<u32>) -> u64 {
+        let m = &self.inner.map;
+        let a = m.recv(qpn);
+        a.open.store(0, Ordering::SeqCst);
+        let tag = seg::RECV_BIT | (qpn & 0xff_ffff) as u64;
+        let peers = match from {
+            Some(i) => i as usize..i as usize + 1,
+            None => 0..seg::PEERS,
+        };
+        for p in peers {
+            for w in &m.active(p).words {
+                while w.word.load(Ordering::SeqCst) == tag {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        a.taken.load(Ordering::Acquire)
+    }
+
+    /// Let the sender fill QP `qpn`'s receives again after
+    /// [`Host::recv_hold`].
+    pub fn recv_release(&self, qpn: u32) {
+        self.inner.map.recv(qpn).open.store(1, Ordering::SeqCst);
+    }
+
+    /// Set how many of QP `qpn`'s receives count as filled (held: the
+    /// sender is not inside): one the owner's core took instead.
+    pub fn recv_set_taken(&self, qpn: u32, n: u64) {
+        self.inner.map.recv(qpn).taken.store(n, Ordering::Release);
+    }
+
     /// Undo one [`Host::share`], after every region published in it was withdrawn.
     pub fn unshare(&self, s: Share) {
         lock(&self.inner.shares).unshare(self.inner.fd.as_raw_fd(), s)
@@ -382,7 +479,7 @@ impl Host {
     ///
     /// # Safety
     /// One consumer at a time (callers hold their engine's lock).
-    pub unsafe fn drain(&self, budget: usize, mut f: impl FnMut(&[u8; 16], &[u8])) -> usize {
+    pub unsafe fn drain(&self, budget: usize, mut f: impl FnMut(u32, &[u8; 16], &[u8])) -> usize {
         let mut rx = lock(&self.inner.rx);
         let Rx { rings, scratch } = &mut *rx;
         let mut n = 0;
@@ -390,10 +487,11 @@ impl Host {
         for e in rings.iter_mut() {
             let r = self.inner.map.ring(e.idx as usize);
             if !r.is_empty_from(Some(e.tail)) {
-                let gid = e.gid;
+                let (gid, idx) = (e.gid, e.idx);
                 // SAFETY: one consumer (the caller's contract); the ring is
                 // ours, RING_BYTES long.
-                let (k, wake) = unsafe { r.drain(&mut e.tail, budget, scratch, |b| f(&gid, b)) };
+                let (k, wake) =
+                    unsafe { r.drain(&mut e.tail, budget, scratch, |b| f(idx, &gid, b)) };
                 n += k;
                 if let (true, Some(p)) = (wake, &e.waker) {
                     // The producer waits for the space just freed.
@@ -1044,6 +1142,142 @@ impl Peer {
         };
         word.store(0, Ordering::Release);
         ok
+    }
+}
+
+impl Peer {
+    /// Carry out a SEND from `qps.local` by filling the next receive the
+    /// peer's `qps.remote` published for it (see `seg::RecvArea`): the
+    /// message's bytes, `local`'s spans in order, go straight into the
+    /// receive's memory. Returns the receive's index, or `None` with nothing
+    /// touched if the lane is closed, not ours, has no receive published,
+    /// or its receive is too short — the caller then sends the message,
+    /// and the peer's responder answers it as IBA says (RNR, a length
+    /// error) — or if another thread uses word 0 right now.
+    ///
+    /// # Safety
+    /// `local`'s spans must be readable for the duration of the call (as
+    /// for [`Peer::one_sided`]).
+    pub unsafe fn send_recv(
+        &self,
+        qps: &Qps,
+        local: &[(u64, u32)],
+        imm: Option<u32>,
+        claim: Option<&mut Claim>,
+    ) -> Option<u64> {
+        if !self.alive() {
+            return None;
+        }
+        if let Some(c) = claim.filter(|c| std::ptr::eq(&*c.peer, self)) {
+            // SAFETY: forwarded; word `c.k` is the claim's alone.
+            return unsafe { self.send_recv_locked(qps, local, imm, c.k) };
+        }
+        if self
+            .user
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return None;
+        }
+        // SAFETY: forwarded; `user` is ours, so word 0 is.
+        let r = unsafe { self.send_recv_locked(qps, local, imm, 0) };
+        self.user.store(false, Ordering::Release);
+        r
+    }
+
+    /// # Safety
+    /// As for [`Peer::send_recv`], with in-flight word `word` ours alone.
+    unsafe fn send_recv_locked(
+        &self,
+        qps: &Qps,
+        local: &[(u64, u32)],
+        imm: Option<u32>,
+        word: usize,
+    ) -> Option<u64> {
+        let m = &self.map;
+        // Nothing of ours may wait in the peer's ring: it would be executed
+        // after this message though posted before it.
+        let ours = m.ring(self.active as usize);
+        if ours.hdr.tail.load(Ordering::Acquire) != self.tx_head.load(Ordering::Relaxed) {
+            return None;
+        }
+        let len: u64 = local.iter().map(|&(_, l)| l as u64).sum();
+        let a = m.recv(qps.remote);
+        let w = &m.active(self.active as usize).words[word % seg::WORDS].word;
+        w.store(
+            seg::RECV_BIT | (qps.remote & 0xff_ffff) as u64,
+            Ordering::SeqCst,
+        );
+        let r = 'fill: {
+            if a.open.load(Ordering::SeqCst) != 1
+                || a.qpn.load(Ordering::Relaxed) != qps.remote
+                || a.src_qpn.load(Ordering::Relaxed) != qps.local
+                || a.src_gid
+                    .iter()
+                    .zip(qps.local_gid.chunks_exact(4))
+                    .any(|(w, c)| w.load(Ordering::Relaxed).to_ne_bytes() != c)
+            {
+                break 'fill None;
+            }
+            let t = a.taken.load(Ordering::Relaxed);
+            let p = a.posted.load(Ordering::Acquire);
+            if t >= p || p - t > seg::RECV_SLOTS as u64 {
+                break 'fill None;
+            }
+            let slot = &a.slots[t as usize % seg::RECV_SLOTS];
+            let n = slot.nsge.load(Ordering::Relaxed) as usize;
+            if n > seg::RECV_SGES {
+                break 'fill None;
+            }
+            let mut spans = [(0u64, 0u64); seg::RECV_SGES];
+            let mut room = 0u64;
+            for (d, s) in spans.iter_mut().zip(&slot.spans[..n]) {
+                let (off, l) = (s[0].load(Ordering::Relaxed), s[1].load(Ordering::Relaxed));
+                if off.checked_add(l).is_none_or(|end| end > seg::ARENA_LEN) {
+                    break 'fill None;
+                }
+                *d = (off, l);
+                room += l;
+            }
+            if len > room {
+                break 'fill None;
+            }
+            // Scatter the local spans over the receive's.
+            let (mut di, mut doff) = (0usize, 0u64);
+            for &(src, l) in local {
+                let (mut src, mut l) = (src, l as u64);
+                while l > 0 {
+                    while spans[di].1 == doff {
+                        di += 1;
+                        doff = 0;
+                    }
+                    let k = l.min(spans[di].1 - doff);
+                    // SAFETY: the destination lies in the arena (checked
+                    // above: off + len <= ARENA_LEN), which the whole
+                    // mapping holds; the owner frees no receive's memory
+                    // while the lane is open and our word carries its tag
+                    // (it closes first, then waits for the word). The
+                    // source is readable per the caller's contract.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            src as *const u8,
+                            m.arena(spans[di].0 + doff),
+                            k as usize,
+                        )
+                    };
+                    src += k;
+                    l -= k;
+                    doff += k;
+                }
+            }
+            slot.byte_len.store(len as u32, Ordering::Relaxed);
+            slot.imm.store(imm.unwrap_or(0), Ordering::Relaxed);
+            slot.flags.store(imm.is_some() as u32, Ordering::Relaxed);
+            a.taken.store(t + 1, Ordering::Release);
+            Some(t)
+        };
+        w.store(0, Ordering::Release);
+        r
     }
 }
 

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SRDMASHM");
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 pub const PAGE: u64 = 4096;
 
 /// QP entries, indexed by the low 16 bits of the QPN (a context's QPNs are
@@ -32,7 +32,8 @@ const HEADER_OFF: usize = 0;
 const QP_OFF: usize = 4096;
 const MR_OFF: usize = QP_OFF + QP_SLOTS * std::mem::size_of::<QpEntry>();
 const ACTIVE_OFF: usize = MR_OFF + MR_SLOTS * std::mem::size_of::<MrEntry>();
-const TABLES_END: usize = ACTIVE_OFF + PEERS * std::mem::size_of::<Active>();
+const RECV_OFF: usize = ACTIVE_OFF + PEERS * std::mem::size_of::<Active>();
+const TABLES_END: usize = RECV_OFF + QP_SLOTS * std::mem::size_of::<RecvArea>();
 /// The packet rings, one per peer (by its in-flight word's index).
 const RINGS_OFF: u64 = ((TABLES_END as u64) + (2 << 20) - 1) & !((2 << 20) - 1);
 const RING_STRIDE: u64 = crate::ring::RING_BYTES + 4096;
@@ -128,6 +129,55 @@ pub struct Word {
 }
 
 pub const ACTIVE_BIT: u64 = 1 << 32;
+/// An in-flight word's tag while its user fills a receive of the QP whose
+/// number is in the low 24 bits (see [`RecvArea`]).
+pub const RECV_BIT: u64 = 1 << 33;
+
+/// Receives a QP publishes at once for its peer's sender to fill (see
+/// [`RecvArea`]), and the SGEs each may have.
+pub const RECV_SLOTS: usize = 16;
+pub const RECV_SGES: usize = 4;
+
+/// One published receive: where its bytes go (arena offset and length per
+/// SGE), and, once the sender has filled it, what it delivered.
+#[repr(C)]
+pub struct RecvSlot {
+    pub nsge: AtomicU32,
+    pub byte_len: AtomicU32,
+    pub imm: AtomicU32,
+    /// Bit 0: the message carried immediate data.
+    pub flags: AtomicU32,
+    /// `[arena offset, length]` per SGE.
+    pub spans: [[AtomicU64; 2]; RECV_SGES],
+    _pad: [u64; 6],
+}
+
+/// The receive lane of one QP (by the low 16 bits of its QPN): receives
+/// its owner publishes for the one QP it is connected to, which fills them
+/// straight from its own memory (a SEND carried out by the sender, as a
+/// WRITE is). The owner writes the slots and `posted` (Release), the sender
+/// the slots' results and `taken` (Release); a slot is written again only
+/// after the owner has taken its result. The sender tags an in-flight word
+/// with [`RECV_BIT`] and the QPN before it looks at `open`; the owner
+/// closes by storing 0 in `open` and then waits until no word carries the
+/// tag (both sequentially consistent: Dekker's pattern, as for regions).
+#[repr(C)]
+pub struct RecvArea {
+    /// 1 while the owner lets the sender fill receives.
+    pub open: AtomicU32,
+    pub qpn: AtomicU32,
+    /// The QP and GID allowed to fill them.
+    pub src_qpn: AtomicU32,
+    pub src_gid: [AtomicU32; 4],
+    _pad0: [u32; 9],
+    /// Receives published (slot `i % RECV_SLOTS` holds receive `i`).
+    pub posted: AtomicU64,
+    _pad1: [u64; 7],
+    /// Receives filled by the sender.
+    pub taken: AtomicU64,
+    _pad2: [u64; 7],
+    pub slots: [RecvSlot; RECV_SLOTS],
+}
 
 /// A mapping of a whole segment (ours or a peer's).
 pub struct Mapping {
@@ -201,6 +251,14 @@ impl Mapping {
         unsafe { &*(self.base.add(ACTIVE_OFF).cast::<Active>().add(i)) }
     }
 
+    /// QP `qpn`'s receive lane.
+    pub fn recv(&self, qpn: u32) -> &RecvArea {
+        let i = (qpn & 0xffff) as usize;
+        // SAFETY: as for `qp` (i < QP_SLOTS, the area table lies inside
+        // the mapping, atomics only).
+        unsafe { &*(self.base.add(RECV_OFF).cast::<RecvArea>().add(i)) }
+    }
+
     /// Peer `i`'s packet ring into this segment's owner.
     pub fn ring(&self, i: usize) -> crate::ring::Ring<'_> {
         let i = i % PEERS;
@@ -261,6 +319,8 @@ pub fn create() -> io::Result<(OwnedFd, Mapping)> {
     }
     let m = Mapping::map(fd.as_raw_fd())?;
     const _: () = assert!(std::mem::size_of::<QpEntry>() == 64);
+    const _: () = assert!(std::mem::size_of::<RecvSlot>() == 128);
+    const _: () = assert!(std::mem::size_of::<RecvArea>() == 192 + RECV_SLOTS * 128);
     let h = m.header();
     h.version.store(VERSION, Ordering::Relaxed);
     h.pid.store(std::process::id(), Ordering::Relaxed);

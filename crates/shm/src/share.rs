@@ -83,6 +83,13 @@ impl Shares {
         self.free.insert(off, len);
     }
 
+    /// Where `[addr, addr + len)` lies in the arena, if it lies wholly
+    /// inside one moved extent.
+    pub fn arena_of(&self, addr: u64, len: u64) -> Option<u64> {
+        let (&elo, e) = self.extents.range(..=addr).next_back()?;
+        (addr.checked_add(len)? <= e.hi).then_some(e.off + (addr - elo))
+    }
+
     /// Move the whole pages of `[addr, addr + len)` into the arena (or
     /// find them moved already by an earlier registration of the same
     /// pages). None if the range has no whole page or is not all private

@@ -217,6 +217,117 @@ pub(crate) struct State {
     /// Completions on their way from a CQ lane to the core (kept, so that
     /// settling allocates nothing after the first time).
     settle_buf: Vec<softrdma_core::wc::Completion>,
+    /// Receive lanes (see `lane::RecvQ`).
+    pub(crate) recv: RecvLanes,
+}
+
+/// The receive lanes open now: by QPN's low 16 bits, the queue of the CQ
+/// their receives complete into.
+#[derive(Default)]
+pub(crate) struct RecvLanes {
+    by_qp: Vec<Option<Arc<CqLane>>>,
+    /// The QPs with one open, for closing them all.
+    open: Vec<u32>,
+    /// QPs whose receives could not all be taken into a lane since the
+    /// last state change (not tried again until then: a try moves the
+    /// whole receive queue).
+    refused: std::collections::HashSet<u32>,
+    done: Vec<softrdma_core::wc::Completion>,
+    back: Vec<lane::Kept>,
+}
+
+impl RecvLanes {
+    fn is_open(&self, qpn: u32) -> bool {
+        matches!(self.by_qp.get((qpn & 0xffff) as usize), Some(Some(_)))
+    }
+
+    /// Close QP `qpn`'s receive lane, if it has one: its filled receives
+    /// complete into the core's CQ, in order, and the rest go back to the
+    /// core's receive queue, in order, before anything else the core does
+    /// with them.
+    fn close(&mut self, ep: &mut Endpoint, qpn: u32) {
+        let Some(cq) = self
+            .by_qp
+            .get_mut((qpn & 0xffff) as usize)
+            .and_then(|c| c.take())
+        else {
+            return;
+        };
+        self.open.retain(|&q| q != qpn);
+        let (mut done, mut back) = (
+            std::mem::take(&mut self.done),
+            std::mem::take(&mut self.back),
+        );
+        cq.recv_close(qpn, &mut done, &mut back);
+        for c in done.drain(..) {
+            ep.complete_external(cq.id, c);
+        }
+        for k in back.drain(..) {
+            // Room there is: these came out of it, and the lane kept the
+            // queue's depth. A QP destroyed meanwhile takes none.
+            let _ = ep.requeue_recv(qpn, k.wr_id, &k.core);
+        }
+        (self.done, self.back) = (done, back);
+    }
+
+    /// Before the core handles a packet that may take a receive of a QP
+    /// whose receive lane is open (an RC SEND's first or only packet, or
+    /// a WRITE with immediate's last or only one; the BTH's opcode and
+    /// DestQP say): hold the lane, complete what its sender filled so far
+    /// into the core's CQ, and give the core's receive queue the lane's
+    /// next receive — so the core executes the packet as it would with
+    /// the receive queue its own. Returns the QP, for
+    /// [`RecvLanes::after_packet`]. `from`: the ring it came by.
+    fn before_packet(&mut self, ep: &mut Endpoint, bytes: &[u8], from: Option<u32>) -> Option<u32> {
+        if self.open.is_empty() || bytes.len() < 12 {
+            return None;
+        }
+        // RC SEND_FIRST, SEND_ONLY, SEND_ONLY_WITH_IMMEDIATE,
+        // RDMA_WRITE_LAST_WITH_IMMEDIATE, RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+        // SEND_ONLY_WITH_INVALIDATE.
+        if !matches!(bytes[0], 0x00 | 0x04 | 0x05 | 0x09 | 0x0b | 0x17) {
+            return None;
+        }
+        let qpn = u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]]);
+        let cq = self.by_qp.get((qpn & 0xffff) as usize)?.clone()?;
+        let mut done = std::mem::take(&mut self.done);
+        let given = cq.recv_give(qpn, from, &mut done);
+        for c in done.drain(..) {
+            ep.complete_external(cq.id, c);
+        }
+        self.done = done;
+        if let Some(k) = given {
+            // The lane kept the core's queue empty: this is its only one.
+            let _ = ep.requeue_recv(qpn, k.wr_id, &k.core);
+        }
+        Some(qpn)
+    }
+
+    /// After the core handled the packet [`RecvLanes::before_packet`]
+    /// prepared for: a receive it did not take goes back to the lane.
+    fn after_packet(&mut self, ep: &mut Endpoint, qpn: u32) {
+        let Some(Some(cq)) = self.by_qp.get((qpn & 0xffff) as usize) else {
+            return;
+        };
+        let mut unused = None;
+        ep.pop_recv(qpn, |wr_id, sg| {
+            unused = Some(lane::Kept {
+                wr_id,
+                core: sg.iter().copied().collect(),
+                arena: arrayvec::ArrayVec::new(),
+                core_took: false,
+            })
+        });
+        // A packet that moved the QP out of RTR/RTS (an error) leaves the
+        // lane held: nothing more is filled before it closes.
+        let ready = ep.qp(qpn).is_ok_and(|q| {
+            matches!(
+                q.state,
+                softrdma_core::qp::state::QpState::Rtr | softrdma_core::qp::state::QpState::Rts
+            )
+        });
+        cq.recv_ungive(qpn, unused, ready);
+    }
 }
 
 /// A QP connected to a QP of a context on this host that shares memory.
@@ -292,11 +403,27 @@ impl softrdma_core::Offload for PeerOffload<'_> {
         op: &softrdma_core::wr::SendOp,
         local: softrdma_core::OffloadLocal<'_>,
     ) -> bool {
-        // SAFETY: the core translated `local`'s host spans through the
-        // region table during this call, which runs under the engine's
-        // lock; a region's buffer is freed only after `dereg_mr` returns
-        // under that lock, so they are valid for the access.
-        unsafe { self.0.peer.one_sided(self.0.qps, op, local) }
+        use softrdma_core::wr::SendOp;
+        let imm = match *op {
+            SendOp::Send => None,
+            SendOp::SendWithImm { imm } => Some(imm),
+            // SAFETY: the core translated `local`'s host spans through the
+            // region table during this call, which runs under the engine's
+            // lock; a region's buffer is freed only after `dereg_mr`
+            // returns under that lock, so they are valid for the access.
+            _ => return unsafe { self.0.peer.one_sided(self.0.qps, op, local) },
+        };
+        let inline;
+        let spans = match local {
+            softrdma_core::OffloadLocal::Host(h) => h,
+            softrdma_core::OffloadLocal::Inline(b) => {
+                inline = [(b.as_ptr() as u64, b.len() as u32)];
+                &inline[..b.len().min(1)]
+            }
+        };
+        // SAFETY: as above (the spans were translated under the engine's
+        // lock, or are the core's inline copy, alive for this call).
+        unsafe { self.0.peer.send_recv(&self.0.qps, spans, imm, None) }.is_some()
     }
 }
 
@@ -341,6 +468,7 @@ impl State {
                 gsi_out,
                 gsi_foreign,
                 gsi_requests,
+                recv,
                 ..
             } = self;
             let slot = port.slot();
@@ -366,7 +494,11 @@ impl State {
                     traffic_class: m.traffic_class,
                     hop_limit: m.hop_limit,
                 };
+                let held = recv.before_packet(ep, bytes, None);
                 ep.handle_packet(now, &meta, bytes, mem);
+                if let Some(q) = held {
+                    recv.after_packet(ep, q);
+                }
             }) {
                 Ok(n) => p.rx = n > 0,
                 Err(e) => eprintln!("softrdma: receive failed: {e}"),
@@ -419,19 +551,24 @@ impl State {
             ep,
             mem,
             dgid,
+            recv,
             ..
         } = self
         {
             // SAFETY: one consumer: this pass holds the engine lock.
             let n = unsafe {
-                h.drain(RING_BUDGET, |sgid, bytes| {
+                h.drain(RING_BUDGET, |from, sgid, bytes| {
                     let meta = RxMeta {
                         sgid: *sgid,
                         dgid: *dgid,
                         traffic_class: 0,
                         hop_limit: 64,
                     };
+                    let held = recv.before_packet(ep, bytes, Some(from));
                     ep.handle_packet(now, &meta, bytes, mem);
+                    if let Some(q) = held {
+                        recv.after_packet(ep, q);
+                    }
                 })
             };
             p.rx |= n > 0;
@@ -779,11 +916,18 @@ impl State {
             .union(softrdma_core::qp::attr::AccessFlags::REMOTE_ATOMIC);
         // An implicit region is the whole address space, mostly not there:
         // nothing to move, and peers reach it through packets, checked.
-        if !mr.access.intersects(remote) || mr.checked {
+        // A region a peer cannot reach by key but receives can land in
+        // (`LOCAL_WRITE`): moved too, for the receive lanes (`lane::RecvQ`),
+        // with no entry in the region table.
+        let local = softrdma_core::qp::attr::AccessFlags::LOCAL_WRITE;
+        if !mr.access.intersects(remote.union(local)) || mr.checked {
             return None;
         }
         let s = host.share(mr.host_addr, mr.len)?;
         let g = ShareGuard { host, s };
+        if !mr.access.intersects(remote) {
+            return Some(g);
+        }
         self.republish(lkey, &g).then_some(g)
     }
 
@@ -792,6 +936,12 @@ impl State {
         let Some(mr) = self.ep.mrs().get_by_lkey(lkey) else {
             return false;
         };
+        let remote = softrdma_core::qp::attr::AccessFlags::REMOTE_WRITE
+            .union(softrdma_core::qp::attr::AccessFlags::REMOTE_READ)
+            .union(softrdma_core::qp::attr::AccessFlags::REMOTE_ATOMIC);
+        if !mr.access.intersects(remote) {
+            return true; // moved for receives only: no key to publish
+        }
         g.host
             .publish_mr(mr.rkey, mr.pd, mr.access, mr.iova, mr.host_addr, &g.s)
     }
@@ -817,6 +967,7 @@ impl State {
         if let Some(old) = self.lanes[i].take() {
             self.close_lane(&old);
         }
+        self.close_recv(qpn);
         self.lanes[i] = lane;
     }
 
@@ -827,6 +978,7 @@ impl State {
         if self.cq_lanes.len() <= i {
             self.cq_lanes.resize(i + 1, None);
         }
+        self.close_recvs(Some(cq));
         if let Some(old) = self.cq_lanes[i].take() {
             self.settle_one(&old);
             self.cq_lanes_live.retain(|l| !Arc::ptr_eq(l, &old));
@@ -885,6 +1037,161 @@ impl State {
             l.set_pos(None);
             self.lane_carried += l.close();
         }
+        self.close_recvs(None);
+    }
+
+    /// Close the receive lanes of CQ `cq`'s QPs (all with `None`).
+    pub fn close_recvs(&mut self, cq: Option<softrdma_core::cq::CqId>) {
+        let mut i = 0;
+        while i < self.recv.open.len() {
+            let q = self.recv.open[i];
+            let of_cq = self.recv.by_qp[(q & 0xffff) as usize]
+                .as_ref()
+                .is_some_and(|l| cq.is_none_or(|c| l.id == c));
+            if of_cq {
+                self.recv.close(&mut self.ep, q);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Close QP `qpn`'s receive lane, if it has one.
+    pub fn close_recv(&mut self, qpn: u32) {
+        self.recv.close(&mut self.ep, qpn);
+    }
+
+    /// `ibv_post_recv` on QP `qpn`: into its open receive lane, or the
+    /// core's queue — then the lane opens if it can take the queue whole.
+    pub fn post_recv(
+        &mut self,
+        qpn: u32,
+        wr: &softrdma_core::wr::RecvWr<'_>,
+        check: softrdma_core::RecvCheck,
+    ) -> Result<(), softrdma_core::Error> {
+        use softrdma_core::mr::Span;
+        if let Some(Some(cq)) = self.recv.by_qp.get((qpn & 0xffff) as usize) {
+            let cq = cq.clone();
+            let mut spans = [Span::default(); softrdma_core::MAX_SGE];
+            let n = self.ep.check_recv(qpn, wr, check, &mut spans)?;
+            if let Some(k) = self.kept(wr.wr_id, &spans[..n]) {
+                let room = self.ep.cq_room(cq.id).map_or(0, |r| r.0);
+                return cq
+                    .recv_post(qpn, k, room)
+                    .map_err(|_| softrdma_core::Error::QueueFull {
+                        queue: "receive queue",
+                        depth: self.ep.qp(qpn).map_or(0, |q| q.cap.max_recv_wr),
+                    });
+            }
+            // Not all in shared memory: the core keeps the receives.
+            self.recv.close(&mut self.ep, qpn);
+        }
+        self.ep.post_recv_with(qpn, wr, check)?;
+        self.open_recv(qpn);
+        Ok(())
+    }
+
+    /// A receive as a lane keeps it, if all its bytes lie in memory peers
+    /// reach (moved pages) and it has at most `RECV_SGES` SGEs.
+    fn kept(&self, wr_id: u64, spans: &[softrdma_core::mr::Span]) -> Option<lane::Kept> {
+        let h = self.shm.as_ref()?;
+        if spans.len() > softrdma_shm::RECV_SGES {
+            return None;
+        }
+        let mut k = lane::Kept {
+            wr_id,
+            core: arrayvec::ArrayVec::new(),
+            arena: arrayvec::ArrayVec::new(),
+            core_took: false,
+        };
+        for sp in spans {
+            k.core.push(*sp);
+            if sp.len == 0 {
+                k.arena.push((0, 0));
+                continue;
+            }
+            let at = self.ep.mrs().locate(sp.mem, sp.off, sp.len as u64)?;
+            if at.checked {
+                return None;
+            }
+            k.arena.push((h.arena_of(at.addr, sp.len as u64)?, sp.len));
+        }
+        Some(k)
+    }
+
+    /// Open QP `qpn`'s receive lane if it can take the core's receive
+    /// queue whole (after a receive went into it, and when the QP reaches
+    /// RTR or RTS): an RC QP in RTR or RTS reaching its peer through
+    /// shared memory, its receive CQ neither armed nor in error, no receive
+    /// of its in use, every one in shared memory (see `lane::RecvQ`). A QP
+    /// whose receives could not all be taken is not tried again until a
+    /// QP's state changes.
+    pub fn open_recv(&mut self, qpn: u32) {
+        use softrdma_core::mr::Span;
+        use softrdma_core::qp::state::QpType;
+        // Lanes act on the states they were opened in: a change since
+        // closes them first (as `Guard::drop` would, after this opening).
+        self.check_lane_epoch();
+        let Some(host) = self.shm.clone() else {
+            return;
+        };
+        if self.recv.refused.contains(&qpn) || self.recv.is_open(qpn) {
+            return;
+        }
+        let Some(Some(d)) = self.direct.get((qpn & 0xffff) as usize) else {
+            return;
+        };
+        if d.qps.local != qpn || !d.peer.alive() {
+            return;
+        }
+        let src = d.qps.remote;
+        let Ok(q) = self.ep.qp(qpn) else {
+            return;
+        };
+        if q.qp_type != QpType::Rc || q.srq.is_some() {
+            return;
+        }
+        let (cqid, depth, dgid) = (q.recv_cq, q.cap.max_recv_wr as usize, q.attr.av.dgid);
+        let Some(Some(cq)) = self.cq_lanes.get(cqid.0 as usize) else {
+            return;
+        };
+        let cq = cq.clone();
+        let Some((room, _)) = self.ep.cq_room(cqid) else {
+            return;
+        };
+        let mut taken: Vec<(u64, arrayvec::ArrayVec<Span, { softrdma_core::MAX_SGE }>)> =
+            Vec::new();
+        if !self.ep.take_recvs(
+            qpn,
+            |_| true,
+            |id, sg| taken.push((id, sg.iter().copied().collect())),
+        ) {
+            return;
+        }
+        let mut kept = Vec::with_capacity(taken.len());
+        for (id, sg) in &taken {
+            match self.kept(*id, sg) {
+                Some(k) => kept.push(k),
+                None => break,
+            }
+        }
+        if kept.len() < taken.len() {
+            for (id, sg) in &taken {
+                let _ = self.ep.requeue_recv(qpn, *id, sg);
+            }
+            self.recv.refused.insert(qpn);
+            return;
+        }
+        cq.recv_open(&host, qpn, (src, dgid), depth, kept, room);
+        if !self.cq_lanes_live.iter().any(|l| Arc::ptr_eq(l, &cq)) {
+            self.cq_lanes_live.push(cq.clone());
+        }
+        let i = (qpn & 0xffff) as usize;
+        if self.recv.by_qp.len() <= i {
+            self.recv.by_qp.resize(i + 1, None);
+        }
+        self.recv.by_qp[i] = Some(cq);
+        self.recv.open.push(qpn);
     }
 
     /// Close every lane if any QP's state changed since they were checked
@@ -893,6 +1200,7 @@ impl State {
         let now = self.ep.state_epoch();
         if now != self.lane_epoch {
             self.close_lanes();
+            self.recv.refused.clear();
             self.lane_epoch = now;
         }
     }
@@ -1221,6 +1529,7 @@ impl Engine {
                 lanes: Vec::new(),
                 cq_lanes: Vec::new(),
                 cq_lanes_live: Vec::new(),
+                recv: RecvLanes::default(),
                 settle_buf: Vec::new(),
                 lane_carried: 0,
             }),

@@ -50,9 +50,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use softrdma_core::cq::CqId;
+use softrdma_core::mr::Span;
 use softrdma_core::wc::Completion;
 use softrdma_core::wr::{SendFlags, SendOp, SendWr};
 use softrdma_core::{OffloadLocal, MAX_MSG_SIZE, MAX_SGE};
+use softrdma_shm::{RECV_SGES, RECV_SLOTS};
 
 /// Regions a lane remembers (perftest and most programs post from one).
 const KEYS: usize = 2;
@@ -295,6 +297,8 @@ impl Lane {
                     | SendOp::Read { .. }
                     | SendOp::CompareSwap { .. }
                     | SendOp::FetchAdd { .. }
+                    | SendOp::Send
+                    | SendOp::SendWithImm { .. }
             )
         {
             return false;
@@ -312,7 +316,10 @@ impl Lane {
         // QP's READ/atomic credits (`max_rd_atomic`); an atomic is one
         // 8-byte SGE on an 8-byte aligned target, as the core checks —
         // anything else takes the engine's way, which says what is wrong.
-        let read = !matches!(wr.op, SendOp::Write { .. });
+        let read = !matches!(
+            wr.op,
+            SendOp::Write { .. } | SendOp::Send | SendOp::SendWithImm { .. }
+        );
         if wr.sgl.len() > i.max_sge || (read && !i.reads) {
             return false;
         }
@@ -376,13 +383,21 @@ impl Lane {
         // engine's lock, and closing waits for the lane, which we hold
         // until this call returns. So the memory stays valid for the access.
         let done = unsafe {
-            peer.one_sided_checked(
-                qps,
-                &wr.op,
-                OffloadLocal::Host(&spans),
-                Some(checked),
-                claim.as_mut(),
-            )
+            match wr.op {
+                // A SEND fills the next receive the peer published for this
+                // QP (`Peer::send_recv`); the same contract on the spans.
+                SendOp::Send => peer.send_recv(qps, &spans, None, claim.as_mut()).is_some(),
+                SendOp::SendWithImm { imm } => peer
+                    .send_recv(qps, &spans, Some(imm), claim.as_mut())
+                    .is_some(),
+                _ => peer.one_sided_checked(
+                    qps,
+                    &wr.op,
+                    OffloadLocal::Host(&spans),
+                    Some(checked),
+                    claim.as_mut(),
+                ),
+            }
         };
         if done {
             if let (Some(mut q), Some(cq)) = (queue, cq.as_ref()) {
@@ -418,6 +433,8 @@ pub(crate) struct CqLane {
     /// Entries in `q`, for a look without holding it.
     len: AtomicUsize,
     inner: Flagged<CqInner>,
+    /// Receive lanes open on this CQ (a poll looks at their results).
+    recvs: AtomicUsize,
 }
 
 struct CqInner {
@@ -436,6 +453,113 @@ struct CqInner {
     /// first). Only then are the queued completions the CQ's oldest, and
     /// a poll may take them without the lock.
     core_empty: bool,
+    /// The receive lanes of QPs whose receive CQ this is (see [`RecvQ`]).
+    recvs: Vec<RecvQ>,
+    /// What the core's CQ could take when the queue last opened (or a
+    /// receive lane last published): `room` is that, capped by the ring.
+    core_room: usize,
+    /// Receives published and not yet handed out, over all of `recvs`:
+    /// each may become a completion without the engine, so together with
+    /// `len` they stay within `room` (no CQ overflow the core did not see).
+    reserved: usize,
+    host: Option<Arc<softrdma_shm::Host>>,
+}
+
+/// A receive as a receive lane keeps it: its `wr_id`, its SGEs as the
+/// core's receive queue keeps them (to hand it back), and where they lie in
+/// the arena (what the sender is told).
+#[derive(Clone)]
+pub(crate) struct Kept {
+    pub wr_id: u64,
+    pub core: arrayvec::ArrayVec<Span, RECV_SGES>,
+    pub arena: arrayvec::ArrayVec<(u64, u32), RECV_SGES>,
+    /// Published, then handed to the core for a message that came as
+    /// packets (see [`CqLane::recv_give`]): it completes there, not here.
+    pub core_took: bool,
+}
+
+/// Where the receive a lane handed to the core for one packet came from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Given {
+    None,
+    /// Published receive number `.0`.
+    Slot(u64),
+    Backlog,
+}
+
+/// One QP's receive lane, the receiving side of a SEND carried out by its
+/// sender (`Peer::send_recv`): while it is open the QP's receives are
+/// here, not in the core's receive queue — the first [`RECV_SLOTS`]
+/// published in the QP's `RecvArea` of our segment, the rest kept in
+/// order behind them — and a filled one becomes a completion of this CQ
+/// without the engine. Opened by the engine at a post of a receive, only
+/// with the core's queue taken whole (`Endpoint::take_recvs`: nothing in
+/// use); closed by the engine before anything the core does with the QP's
+/// receives (a packet for the QP, any QP state change, a withdrawn region,
+/// an armed CQ), handing the filled ones to the core's CQ and the rest back
+/// to its receive queue in order (see `State::close_recv`).
+pub(crate) struct RecvQ {
+    qpn: u32,
+    /// Receives published (the next one's index).
+    posted: u64,
+    /// Results handed out (to a poller, or to the core's CQ).
+    polled: u64,
+    /// The published receives, by index modulo [`RECV_SLOTS`].
+    slots: Vec<Kept>,
+    /// Kept, not yet published, oldest first.
+    backlog: std::collections::VecDeque<Kept>,
+    /// The QP's receive queue depth (`max_recv_wr`).
+    depth: usize,
+    /// The receive handed to the core for the packet being handled.
+    given: Given,
+}
+
+/// A receive lane refused a receive: the QP's receive queue is full.
+pub(crate) struct RecvFull;
+
+impl CqInner {
+    /// Publish kept receives of lane `k` while it has free slots and the
+    /// CQ room for their completions.
+    fn publish(&mut self, k: usize) {
+        let Some(host) = self.host.clone() else {
+            return;
+        };
+        let room = self.core_room;
+        let len = self.len;
+        let r = &mut self.recvs[k];
+        while r.posted - r.polled < RECV_SLOTS as u64 && len + self.reserved < room {
+            let Some(w) = r.backlog.pop_front() else {
+                break;
+            };
+            host.recv_publish(r.qpn, r.posted, &w.arena);
+            r.slots[(r.posted % RECV_SLOTS as u64) as usize] = w;
+            r.posted += 1;
+            self.reserved += 1;
+        }
+    }
+
+    /// Hand lane `k`'s filled receives, up to `max`, to `f` as completions.
+    fn take_filled(&mut self, k: usize, max: usize, f: &mut impl FnMut(&Completion)) -> usize {
+        let Some(host) = self.host.as_ref() else {
+            return 0;
+        };
+        let r = &mut self.recvs[k];
+        let taken = host.recv_taken(r.qpn).min(r.posted);
+        let mut n = 0;
+        let mut gone = 0;
+        while r.polled < taken && n < max {
+            let w = &r.slots[(r.polled % RECV_SLOTS as u64) as usize];
+            if !w.core_took {
+                let (len, imm) = host.recv_result(r.qpn, r.polled);
+                f(&Completion::received(w.wr_id, r.qpn, len, imm));
+                n += 1;
+            }
+            r.polled += 1;
+            gone += 1;
+        }
+        self.reserved -= gone;
+        n
+    }
 }
 
 impl CqInner {
@@ -479,15 +603,173 @@ impl CqLane {
                 len: 0,
                 room: 0,
                 core_empty: false,
+                core_room: 0,
+                recvs: Vec::new(),
+                reserved: 0,
+                host: None,
             }),
+            recvs: AtomicUsize::new(0),
         }
+    }
+
+    /// Open a receive lane for QP `qpn` (the engine, under its lock, with
+    /// this queue closed), holding `kept` — the QP's receives, taken whole
+    /// from the core — in order; `room` is what the core's CQ can take now.
+    pub(crate) fn recv_open(
+        &self,
+        host: &Arc<softrdma_shm::Host>,
+        qpn: u32,
+        src: (u32, [u8; 16]),
+        depth: usize,
+        kept: Vec<Kept>,
+        room: usize,
+    ) {
+        let mut h = self.inner.hold();
+        host.recv_open(qpn, src.0, src.1);
+        h.host = Some(host.clone());
+        let mut backlog = std::collections::VecDeque::with_capacity(depth.max(kept.len()));
+        backlog.extend(kept);
+        let empty = Kept {
+            wr_id: 0,
+            core: arrayvec::ArrayVec::new(),
+            arena: arrayvec::ArrayVec::new(),
+            core_took: false,
+        };
+        h.recvs.push(RecvQ {
+            qpn,
+            posted: 0,
+            polled: 0,
+            slots: vec![empty; RECV_SLOTS],
+            backlog,
+            depth,
+            given: Given::None,
+        });
+        self.recvs.store(h.recvs.len(), Ordering::Relaxed);
+        h.core_room = room;
+        let k = h.recvs.len() - 1;
+        h.publish(k);
+    }
+
+    /// Keep a receive posted on QP `qpn`, whose lane is open (the engine,
+    /// under its lock, with this queue closed; `room` as for
+    /// [`CqLane::recv_open`]).
+    pub(crate) fn recv_post(&self, qpn: u32, w: Kept, room: usize) -> Result<(), RecvFull> {
+        let mut h = self.inner.hold();
+        let Some(k) = h.recvs.iter().position(|r| r.qpn == qpn) else {
+            return Err(RecvFull);
+        };
+        let host = h.host.clone().expect("a receive lane has its host");
+        let r = &mut h.recvs[k];
+        // Receives in the queue: the published ones not yet filled, and
+        // the kept ones (a filled one is a completion, out of the queue).
+        let filled = host.recv_taken(qpn).min(r.posted);
+        if (r.posted - filled) as usize + r.backlog.len() >= r.depth {
+            return Err(RecvFull);
+        }
+        r.backlog.push_back(w);
+        h.core_room = room;
+        h.publish(k);
+        Ok(())
+    }
+
+    /// A packet that may take a receive came for QP `qpn` by the ring of
+    /// the peer at index `from` (the engine, under its lock, with this
+    /// queue closed, before the core handles it): hold the lane (no sender
+    /// fills a receive meanwhile), put what was filled so far in `done`
+    /// (it completes before what the packet completes), and hand the next
+    /// receive — published or kept — to the caller for the core's queue.
+    /// [`CqLane::recv_ungive`] takes it back if the packet did not use it,
+    /// and lets the sender in again.
+    pub(crate) fn recv_give(
+        &self,
+        qpn: u32,
+        from: Option<u32>,
+        done: &mut Vec<Completion>,
+    ) -> Option<Kept> {
+        let mut h = self.inner.hold();
+        let k = h.recvs.iter().position(|r| r.qpn == qpn)?;
+        let host = h.host.clone().expect("a receive lane has its host");
+        host.recv_hold(qpn, from);
+        h.take_filled(k, usize::MAX, &mut |c| done.push(*c));
+        let r = &mut h.recvs[k];
+        // All filled ones were taken: the next is number `polled`.
+        let t = r.polled;
+        if t < r.posted {
+            let w = &mut r.slots[(t % RECV_SLOTS as u64) as usize];
+            w.core_took = true;
+            host.recv_set_taken(qpn, t + 1);
+            r.given = Given::Slot(t);
+            let mut w = w.clone();
+            w.core_took = false;
+            return Some(w);
+        }
+        let w = r.backlog.pop_front();
+        r.given = if w.is_some() {
+            Given::Backlog
+        } else {
+            Given::None
+        };
+        w
+    }
+
+    /// After the packet [`CqLane::recv_give`] prepared for: `unused` is the
+    /// receive the core did not take (it is the lane's again, in its
+    /// place); the sender may fill receives again if `release` (not if the
+    /// packet ended the QP's run: the lane stays held until it closes).
+    pub(crate) fn recv_ungive(&self, qpn: u32, unused: Option<Kept>, release: bool) {
+        let mut h = self.inner.hold();
+        let Some(k) = h.recvs.iter().position(|r| r.qpn == qpn) else {
+            return;
+        };
+        let host = h.host.clone().expect("a receive lane has its host");
+        let r = &mut h.recvs[k];
+        match (r.given, unused) {
+            (Given::Slot(t), Some(_)) => {
+                r.slots[(t % RECV_SLOTS as u64) as usize].core_took = false;
+                host.recv_set_taken(qpn, t);
+            }
+            (Given::Backlog, Some(w)) => r.backlog.push_front(w),
+            _ => {}
+        }
+        r.given = Given::None;
+        if release {
+            host.recv_release(qpn);
+        }
+    }
+
+    /// Close QP `qpn`'s receive lane (the engine, under its lock, with this
+    /// queue closed): its filled receives go to `done` as completions, in
+    /// order, and the rest, in order, to `back` for the core's receive
+    /// queue. False if it has none open.
+    pub(crate) fn recv_close(
+        &self,
+        qpn: u32,
+        done: &mut Vec<Completion>,
+        back: &mut Vec<Kept>,
+    ) -> bool {
+        let mut h = self.inner.hold();
+        let Some(k) = h.recvs.iter().position(|r| r.qpn == qpn) else {
+            return false;
+        };
+        let host = h.host.clone().expect("a receive lane has its host");
+        host.recv_close(qpn);
+        h.take_filled(k, usize::MAX, &mut |c| done.push(*c));
+        let mut r = h.recvs.swap_remove(k);
+        self.recvs.store(h.recvs.len(), Ordering::Relaxed);
+        h.reserved -= (r.posted - r.polled) as usize;
+        for i in r.polled..r.posted {
+            back.push(r.slots[(i % RECV_SLOTS as u64) as usize].clone());
+        }
+        back.extend(r.backlog.drain(..));
+        true
     }
 
     /// Hold the queue if it is open and has room for one more completion
     /// (a signaled lane post, from before its copy to [`CqLane::push`]).
     fn reserve(&self) -> Option<Holding<'_, CqInner>> {
         let h = self.inner.try_hold()?;
-        (self.open.load(Ordering::Relaxed) && h.len < h.room).then_some(h)
+        (self.open.load(Ordering::Relaxed) && h.len < h.room && h.len + h.reserved < h.core_room)
+            .then_some(h)
     }
 
     /// Append the completion of a lane post, written in place.
@@ -516,6 +798,11 @@ impl CqLane {
             h.pop_with(&mut |c| out.push(*c));
         }
         self.len.store(0, Ordering::Release);
+        // Filled receives too: what the core completes from here on comes
+        // after them.
+        for k in 0..h.recvs.len() {
+            h.take_filled(k, usize::MAX, &mut |c| out.push(*c));
+        }
     }
 
     /// Open with room for `room` completions, `core_empty` if the core's
@@ -532,6 +819,10 @@ impl CqLane {
         }
         i.room = cap.min(i.ring.len());
         i.core_empty = core_empty;
+        i.core_room = room;
+        for k in 0..i.recvs.len() {
+            i.publish(k);
+        }
         self.open.store(true, Ordering::Relaxed);
     }
 
@@ -541,20 +832,30 @@ impl CqLane {
     /// (the caller then polls the engine's way, which hands these to the
     /// core's CQ behind the older ones).
     pub(crate) fn poll_with(&self, max: usize, f: &mut impl FnMut(&Completion)) -> usize {
-        if self.is_empty() {
+        if self.is_empty() && self.recvs.load(Ordering::Relaxed) == 0 {
             return 0;
         }
         let Some(mut i) = self.inner.try_hold() else {
             return 0;
         };
-        if !i.core_empty {
+        if !i.core_empty || !self.open.load(Ordering::Relaxed) {
             return 0;
         }
-        let n = max.min(i.len);
+        let mut n = max.min(i.len);
         for _ in 0..n {
             i.pop_with(f);
         }
         self.len.store(i.len, Ordering::Release);
+        for k in 0..i.recvs.len() {
+            if n == max {
+                break;
+            }
+            let got = i.take_filled(k, max - n, f);
+            if got > 0 {
+                n += got;
+                i.publish(k);
+            }
+        }
         n
     }
 }

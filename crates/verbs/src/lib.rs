@@ -1627,6 +1627,7 @@ impl Cq {
     pub fn resize(&self, depth: u32) -> Result<()> {
         let mut st = self.eng.lock();
         self.eng.app_pass(&mut st);
+        st.close_recvs(Some(self.id));
         st.ep.resize_cq(self.id, depth)?;
         Ok(())
     }
@@ -1726,6 +1727,10 @@ impl Cq {
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let mut st = self.eng.lock();
         st.ep.req_notify_cq(self.id, solicited_only)?;
+        // Receives filled without the engine raise no event: the CQ's
+        // receive lanes close (what they filled completes into the armed
+        // CQ now, and the rest comes through the core).
+        st.close_recvs(Some(self.id));
         // About to sleep on the channel: the engine thread serves the socket.
         self.eng.unmask(&mut st);
         Ok(())
@@ -1967,6 +1972,10 @@ impl Qp {
                 st.set_direct(self.qpn, d);
             }
             _ => {}
+        }
+        if matches!(to, Some(QpState::Rtr | QpState::Rts)) {
+            // Receives posted before the connection: into its receive lane.
+            st.open_recv(self.qpn);
         }
         self.eng.kick(&mut st);
         Ok(())
@@ -2311,7 +2320,7 @@ impl Qp {
     /// [`Qp::post_recv_deferred`]).
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         let mut st = self.eng.lock();
-        st.ep.post_recv(self.qpn, wr)?;
+        st.post_recv(self.qpn, wr, RecvCheck::AtPost)?;
         self.eng.posted_recv(&mut st);
         Ok(())
     }
@@ -2323,7 +2332,7 @@ impl Qp {
     /// every byte is still placed only in registered memory.
     pub fn post_recv_deferred(&self, wr: &RecvWr<'_>) -> Result<()> {
         let mut st = self.eng.lock();
-        st.ep.post_recv_with(self.qpn, wr, RecvCheck::Deferred)?;
+        st.post_recv(self.qpn, wr, RecvCheck::Deferred)?;
         self.eng.posted_recv(&mut st);
         Ok(())
     }

@@ -885,3 +885,160 @@ fn signaled_lane_posts_complete_in_order_and_wake_an_armed_cq() {
         },
     );
 }
+
+/// Message `i` of `sends_fill_posted_receives_in_order_and_fall_back_exactly`:
+/// a WRITE with immediate every tenth (it comes as packets through the
+/// ring and takes a receive at the responder), otherwise a SEND of one of
+/// several lengths (0 and the whole receive among them), every other one
+/// with immediate data.
+fn lane_msg(i: usize) -> (bool, usize, Option<u32>) {
+    let len = [0, 1, 100, 101, 4100, 57, 3000][i % 7];
+    let imm = (i % 2 == 1).then_some(0xabc0_0000 + i as u32);
+    (i % 10 == 5, len, imm)
+}
+
+/// SENDs carried out by the sender straight into the receiver's posted
+/// receives (the receive lane, `docs/DESIGN.md`): exact bytes scattered
+/// over two SGEs, immediates, lengths from 0 to the whole receive, more
+/// receives than the lane publishes at once, completions in posting
+/// order — with WRITEs with immediate among them, which come through the
+/// ring and take the lane's next receive at the responder. Then what the
+/// lane does not carry ends as IBA says: a receive too short gives
+/// `LOC_LEN_ERR` here and `REM_INV_REQ_ERR` at the sender, and the
+/// receives still posted are flushed, each exactly once.
+#[test]
+fn sends_fill_posted_receives_in_order_and_fall_back_exactly() {
+    const N: usize = 40;
+    const SRC: u64 = 81;
+    two_processes(
+        "sends_fill_posted_receives_in_order_and_fall_back_exactly",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let scq = ctx.create_cq(16, None).unwrap();
+            let rcq = ctx.create_cq(256, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &scq, &rcq, None, cap(16, 64));
+            // Page-aligned: every receive lies in pages the sender maps.
+            let rbuf = pd.alloc_mr(N * 8192, ALL_REMOTE).unwrap();
+            for i in 0..N {
+                let sgl = [rbuf.sge(i * 8192, 100), rbuf.sge(i * 8192 + 4096, 4000)];
+                qp.post_recv(&RecvWr {
+                    wr_id: 1000 + i as u64,
+                    sgl: &sgl,
+                })
+                .unwrap();
+            }
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 41);
+            assert_eq!(qp.transport(), "shm");
+            oob.send_region(&Region::of(&rbuf));
+            let c = wait_cq(&rcq, N, "every message");
+            for (i, c) in c.iter().enumerate() {
+                let (write, len, imm) = lane_msg(i);
+                let op = if write {
+                    WcOpcode::RecvRdmaWithImm
+                } else {
+                    WcOpcode::Recv
+                };
+                let want = if write { 64 } else { len as u32 };
+                assert_wc(c, 1000 + i as u64, WcStatus::Success, op, want);
+                let imm = if write { Some(i as u32) } else { imm };
+                assert_eq!(
+                    (c.wc_flags & wc_flags::WITH_IMM != 0, c.imm_or_inv),
+                    (imm.is_some(), imm.unwrap_or(0)),
+                    "message {i}: {c:?}"
+                );
+                let base = i * 8192;
+                if write {
+                    let at = base + 200;
+                    assert_bytes(
+                        &read_mr(&rbuf, at, 64),
+                        &pattern(SRC + i as u64, 64),
+                        "WRITE",
+                    );
+                    assert_bytes(&read_mr(&rbuf, base, 100), &[0; 100], "untouched receive");
+                } else {
+                    let p = pattern(SRC + i as u64, len);
+                    let a = len.min(100);
+                    assert_bytes(&read_mr(&rbuf, base, a), &p[..a], "first SGE");
+                    assert_bytes(&read_mr(&rbuf, base + 4096, len - a), &p[a..], "second SGE");
+                }
+            }
+            assert_cq_empty(&rcq, Duration::from_millis(20), "after the messages");
+            // A receive too short, then five more.
+            post_recv(&qp, 2000, rbuf.sge(0, 16));
+            for k in 1..6 {
+                post_recv(&qp, 2000 + k, rbuf.sge(k as usize * 8192, 4096));
+            }
+            oob.signal("short");
+            let c = wait_cq(&rcq, 6, "the short receive and the flushed ones");
+            assert_eq!(
+                (c[0].wr_id, c[0].status),
+                (2000, WcStatus::LocLenErr),
+                "{c:?}"
+            );
+            for (k, c) in c[1..].iter().enumerate() {
+                assert_eq!(
+                    (c.wr_id, c.status),
+                    (2001 + k as u64, WcStatus::WrFlushErr),
+                    "{c:?}"
+                );
+            }
+            assert_cq_empty(&rcq, Duration::from_millis(50), "a receive completed twice");
+            let (_, port) = ctx.stats();
+            assert_eq!(port.tx_packets, 0, "a datagram went on the wire: {port:?}");
+            oob.signal("ok");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let src = pd.alloc_mr(N * 8192, AccessFlags::LOCAL_WRITE).unwrap();
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 41);
+            let tgt = oob.recv_region();
+            let before = ctx.shm_stats().offloaded;
+            let s = SendFlags::SIGNALED;
+            let mut sends = 0;
+            for i in 0..N {
+                let (write, len, imm) = lane_msg(i);
+                let at = i * 8192;
+                let (op, sge) = if write {
+                    src.write(at, &pattern(SRC + i as u64, 64));
+                    let op = SendOp::WriteWithImm {
+                        remote_addr: tgt.at(at + 200),
+                        rkey: tgt.rkey,
+                        imm: i as u32,
+                    };
+                    (op, src.sge(at, 64))
+                } else {
+                    sends += 1;
+                    src.write(at, &pattern(SRC + i as u64, len));
+                    let op = match imm {
+                        Some(imm) => SendOp::SendWithImm { imm },
+                        None => SendOp::Send,
+                    };
+                    (op, src.sge(at, len as u32))
+                };
+                qp.post_send(&wr(i as u64, op, &[sge], s)).unwrap();
+                let c = wait_cq(&cq, 1, "a message")[0];
+                assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::Success), "{c:?}");
+            }
+            // The receiver's first sixteen receives are published before
+            // the first message (the lane opens as its QP connects): the
+            // SENDs among the first sixteen messages (fifteen) fill them
+            // at post at least, whatever the receiver's polls publish
+            // later. None would with the lane gone.
+            let lane = ctx.shm_stats().offloaded - before;
+            assert!(
+                (15..=sends).contains(&lane),
+                "{lane} of {sends} SENDs carried out at post"
+            );
+            oob.expect("short");
+            qp.post_send(&wr(50, SendOp::Send, &[src.sge(0, 64)], s))
+                .unwrap();
+            let c = wait_cq(&cq, 1, "the SEND into a short receive")[0];
+            assert_eq!((c.wr_id, c.status), (50, WcStatus::RemInvReqErr), "{c:?}");
+            oob.expect("ok");
+        },
+    );
+}

@@ -138,6 +138,16 @@ struct XrcTarget {
 }
 
 impl Responder {
+    /// No receive is held for a message in progress (nor a UC spare),
+    /// nothing is held ahead of `epsn` and no NAK waits for its answer: the
+    /// receive queue's WQEs are all unused.
+    pub fn recv_idle(&self) -> bool {
+        matches!(self.cur, Cur::Idle)
+            && self.spare.is_none()
+            && !self.nak_sent
+            && self.held.as_ref().is_none_or(|h| h.count == 0)
+    }
+
     pub fn new(resources: usize) -> Responder {
         let out_cap = resources + 8;
         Responder {

@@ -1033,11 +1033,16 @@ impl State {
     /// Close every open lane (see `crate::lane`): when this returns no
     /// post is in one, and none will be until the engine opens it again.
     pub fn close_lanes(&mut self) {
+        self.close_send_lanes();
+        self.close_recvs(None);
+    }
+
+    /// Close every open lane of a send queue (not the receive lanes).
+    pub fn close_send_lanes(&mut self) {
         for l in std::mem::take(&mut self.lanes_open) {
             l.set_pos(None);
             self.lane_carried += l.close();
         }
-        self.close_recvs(None);
     }
 
     /// Close the receive lanes of CQ `cq`'s QPs (all with `None`).
@@ -1087,7 +1092,17 @@ impl State {
             self.recv.close(&mut self.ep, qpn);
         }
         self.ep.post_recv_with(qpn, wr, check)?;
-        self.open_recv(qpn);
+        // Opening moves the core's whole receive queue: at a post, only a
+        // short one (an application that arms its CQ for every message
+        // closes the lane each time; with hundreds of receives posted it
+        // stays closed rather than moving them all twice per message).
+        if self
+            .ep
+            .qp(qpn)
+            .is_ok_and(|q| q.recv_queued() <= softrdma_shm::RECV_SLOTS as u32)
+        {
+            self.open_recv(qpn);
+        }
         Ok(())
     }
 
@@ -1199,7 +1214,25 @@ impl State {
     fn check_lane_epoch(&mut self) {
         let now = self.ep.state_epoch();
         if now != self.lane_epoch {
-            self.close_lanes();
+            self.close_send_lanes();
+            // A receive lane depends on its own QP's state alone (RTR or
+            // RTS): the others stay open.
+            let mut i = 0;
+            while i < self.recv.open.len() {
+                let q = self.recv.open[i];
+                let ready = self.ep.qp(q).is_ok_and(|q| {
+                    matches!(
+                        q.state,
+                        softrdma_core::qp::state::QpState::Rtr
+                            | softrdma_core::qp::state::QpState::Rts
+                    )
+                });
+                if ready {
+                    i += 1;
+                } else {
+                    self.recv.close(&mut self.ep, q);
+                }
+            }
             self.recv.refused.clear();
             self.lane_epoch = now;
         }

@@ -1956,8 +1956,11 @@ impl Qp {
             self.eng.flush_deferred(&mut st);
         }
         // What the lanes hold follows from the QP's state and attributes
-        // (and its peer, set below): they close first.
-        st.close_lanes();
+        // (and its peer, set below): they close first — the send queues'
+        // all, and this QP's receive lane (the others depend on their own
+        // QP's state alone).
+        st.close_send_lanes();
+        st.close_recv(self.qpn);
         st.ep.modify_qp(self.qpn, attr, mask)?;
         match to {
             Some(QpState::Rtr) | Some(QpState::Reset) => {

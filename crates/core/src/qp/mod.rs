@@ -247,6 +247,11 @@ impl Qp {
         self.comp.stop_timers();
     }
 
+    /// Receives queued on the QP's own receive queue.
+    pub fn recv_queued(&self) -> u32 {
+        self.rq.len()
+    }
+
     /// No send or receive work request is queued.
     pub(crate) fn queues_empty(&self) -> bool {
         self.sq.head == self.sq.tail && self.rq.len() == 0

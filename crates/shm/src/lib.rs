@@ -224,6 +224,12 @@ impl Host {
         lock(&self.inner.shares).arena_of(addr, len)
     }
 
+    /// The moved pages holding byte `addr` of this process: their range
+    /// `[lo, hi)` and the arena offset of `lo`.
+    pub fn arena_extent(&self, addr: u64) -> Option<(u64, u64, u64)> {
+        lock(&self.inner.shares).extent_of(addr)
+    }
+
     /// Open QP `qpn`'s receive lane for its peer `src_qpn` at `src_gid`,
     /// with nothing published (the caller closed it before, see
     /// [`Host::recv_close`], so no sender is inside).

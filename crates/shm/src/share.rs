@@ -83,6 +83,12 @@ impl Shares {
         self.free.insert(off, len);
     }
 
+    /// The moved extent holding byte `addr`: its range and arena offset.
+    pub fn extent_of(&self, addr: u64) -> Option<(u64, u64, u64)> {
+        let (&elo, e) = self.extents.range(..=addr).next_back()?;
+        (addr < e.hi).then_some((elo, e.hi, e.off))
+    }
+
     /// Where `[addr, addr + len)` lies in the arena, if it lies wholly
     /// inside one moved extent.
     pub fn arena_of(&self, addr: u64, len: u64) -> Option<u64> {

@@ -1081,12 +1081,13 @@ impl State {
             let n = self.ep.check_recv(qpn, wr, check, &mut spans)?;
             if let Some(k) = self.kept(wr.wr_id, &spans[..n]) {
                 let room = self.ep.cq_room(cq.id).map_or(0, |r| r.0);
-                return cq
-                    .recv_post(qpn, k, room)
-                    .map_err(|_| softrdma_core::Error::QueueFull {
+                let learn = self.recv_regions(&spans[..n]);
+                return cq.recv_post(qpn, k, room, &learn).map_err(|_| {
+                    softrdma_core::Error::QueueFull {
                         queue: "receive queue",
                         depth: self.ep.qp(qpn).map_or(0, |q| q.cap.max_recv_wr),
-                    });
+                    }
+                });
             }
             // Not all in shared memory: the core keeps the receives.
             self.recv.close(&mut self.ep, qpn);
@@ -1104,6 +1105,42 @@ impl State {
             self.open_recv(qpn);
         }
         Ok(())
+    }
+
+    /// The regions `spans` lie in, as a receive lane remembers them (see
+    /// `lane::RecvRegion`).
+    fn recv_regions(
+        &self,
+        spans: &[softrdma_core::mr::Span],
+    ) -> arrayvec::ArrayVec<lane::RecvRegion, { softrdma_core::MAX_SGE }> {
+        let mut out = arrayvec::ArrayVec::new();
+        let Some(h) = self.shm.as_ref() else {
+            return out;
+        };
+        for sp in spans.iter().filter(|sp| sp.len > 0) {
+            let Some(at) = self.ep.mrs().locate(sp.mem, sp.off, sp.len as u64) else {
+                continue;
+            };
+            let Some(mr) = self.ep.mrs().by_ref(sp.mem) else {
+                continue;
+            };
+            let Some((lo, hi, off)) = h.arena_extent(at.addr) else {
+                continue;
+            };
+            // The region's part in these moved pages.
+            let (sh_lo, sh_hi) = (lo.max(mr.host_addr), hi.min(mr.host_addr + mr.len));
+            out.push(lane::RecvRegion {
+                lkey: mr.lkey,
+                mem: sp.mem,
+                iova: mr.iova,
+                len: mr.len,
+                host: mr.host_addr,
+                sh_lo,
+                sh_hi,
+                sh_off: off + (sh_lo - lo),
+            });
+        }
+        out
     }
 
     /// A receive as a lane keeps it, if all its bytes lie in memory peers
@@ -1167,6 +1204,7 @@ impl State {
             return;
         }
         let (cqid, depth, dgid) = (q.recv_cq, q.cap.max_recv_wr as usize, q.attr.av.dgid);
+        let max_sge = q.cap.max_recv_sge as usize;
         let Some(Some(cq)) = self.cq_lanes.get(cqid.0 as usize) else {
             return;
         };
@@ -1197,7 +1235,7 @@ impl State {
             self.recv.refused.insert(qpn);
             return;
         }
-        cq.recv_open(&host, qpn, (src, dgid), depth, kept, room);
+        cq.recv_open(&host, qpn, (src, dgid), (depth, max_sge), kept, room);
         if !self.cq_lanes_live.iter().any(|l| Arc::ptr_eq(l, &cq)) {
             self.cq_lanes_live.push(cq.clone());
         }
@@ -1273,9 +1311,8 @@ impl State {
         let Some(lane) = self.lane_of(qpn) else {
             return;
         };
-        if wr.flags.contains(softrdma_core::wr::SendFlags::INLINE) {
-            return; // names no region to remember
-        }
+        // An inline post's SGEs need name no region (no key is checked):
+        // those that do are remembered, anything else leaves the lane shut.
         let Some(Some(d)) = self.direct.get((qpn & 0xffff) as usize) else {
             return;
         };

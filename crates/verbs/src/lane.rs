@@ -288,9 +288,18 @@ impl Lane {
     /// Carry `wr` out through the lane if it is open and `wr` is what it
     /// serves; false (nothing done) sends it the engine's way.
     pub(crate) fn try_post(&self, wr: &SendWr<'_>) -> bool {
-        let signaled = wr.flags == SendFlags::SIGNALED;
+        // A SEND may also be inline (its bytes are copied at post anyway,
+        // from the remembered region its SGE names) or solicited (a lane
+        // fills a receive only while the peer's CQ is not armed).
+        let send = matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. });
+        let flags = if send {
+            SendFlags(wr.flags.0 & !(SendFlags::INLINE.0 | SendFlags::SOLICITED.0))
+        } else {
+            wr.flags
+        };
+        let signaled = flags == SendFlags::SIGNALED;
         if !self.open.load(Ordering::Relaxed)
-            || (wr.flags != SendFlags::default() && !signaled)
+            || (flags != SendFlags::default() && !signaled)
             || !matches!(
                 wr.op,
                 SendOp::Write { .. }
@@ -478,6 +487,24 @@ pub(crate) struct Kept {
     pub core_took: bool,
 }
 
+/// A region a receive lane has seen a receive in (checked by the core:
+/// the QP's PD, `LOCAL_WRITE`), for posts without the engine's lock: its
+/// key, iova range and host address, the core's reference to it, and the
+/// part of it in moved pages (`[sh_lo, sh_hi)` of the host address space,
+/// at arena offset `sh_off`). Forgotten when the lane closes — which any
+/// withdrawal, deregistration or reregistration of a region does first.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RecvRegion {
+    pub lkey: u32,
+    pub mem: softrdma_core::mr::MemRef,
+    pub iova: u64,
+    pub len: u64,
+    pub host: u64,
+    pub sh_lo: u64,
+    pub sh_hi: u64,
+    pub sh_off: u64,
+}
+
 /// Where the receive a lane handed to the core for one packet came from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Given {
@@ -512,6 +539,10 @@ pub(crate) struct RecvQ {
     depth: usize,
     /// The receive handed to the core for the packet being handled.
     given: Given,
+    /// The QP's `max_recv_sge`.
+    max_sge: usize,
+    /// Regions its receives lay in, the last two (see [`RecvRegion`]).
+    regions: [Option<RecvRegion>; 2],
 }
 
 /// A receive lane refused a receive: the QP's receive queue is full.
@@ -620,7 +651,7 @@ impl CqLane {
         host: &Arc<softrdma_shm::Host>,
         qpn: u32,
         src: (u32, [u8; 16]),
-        depth: usize,
+        (depth, max_sge): (usize, usize),
         kept: Vec<Kept>,
         room: usize,
     ) {
@@ -643,6 +674,8 @@ impl CqLane {
             backlog,
             depth,
             given: Given::None,
+            max_sge,
+            regions: [None; 2],
         });
         self.recvs.store(h.recvs.len(), Ordering::Relaxed);
         h.core_room = room;
@@ -653,13 +686,25 @@ impl CqLane {
     /// Keep a receive posted on QP `qpn`, whose lane is open (the engine,
     /// under its lock, with this queue closed; `room` as for
     /// [`CqLane::recv_open`]).
-    pub(crate) fn recv_post(&self, qpn: u32, w: Kept, room: usize) -> Result<(), RecvFull> {
+    pub(crate) fn recv_post(
+        &self,
+        qpn: u32,
+        w: Kept,
+        room: usize,
+        learn: &[RecvRegion],
+    ) -> Result<(), RecvFull> {
         let mut h = self.inner.hold();
         let Some(k) = h.recvs.iter().position(|r| r.qpn == qpn) else {
             return Err(RecvFull);
         };
         let host = h.host.clone().expect("a receive lane has its host");
         let r = &mut h.recvs[k];
+        for g in learn {
+            if !r.regions.iter().flatten().any(|x| x.lkey == g.lkey) {
+                r.regions.rotate_right(1);
+                r.regions[0] = Some(*g);
+            }
+        }
         // Receives in the queue: the published ones not yet filled, and
         // the kept ones (a filled one is a completion, out of the queue).
         let filled = host.recv_taken(qpn).min(r.posted);
@@ -670,6 +715,85 @@ impl CqLane {
         h.core_room = room;
         h.publish(k);
         Ok(())
+    }
+
+    /// Post a receive on QP `qpn` without the engine's lock, if its
+    /// receive lane is open and every SGE lies in a region the lane has
+    /// seen (in its moved pages); false (nothing done) sends it the
+    /// engine's way, which checks it and says what is wrong.
+    pub(crate) fn try_post_recv(
+        &self,
+        qpn: u32,
+        wr_id: u64,
+        sgl: &[softrdma_core::wr::Sge],
+    ) -> bool {
+        if self.recvs.load(Ordering::Relaxed) == 0 || !self.open.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Some(mut h) = self.inner.try_hold() else {
+            return false;
+        };
+        // Read after taking the queue: the engine closes it under the flag.
+        if !self.open.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Some(k) = h.recvs.iter().position(|r| r.qpn == qpn) else {
+            return false;
+        };
+        let Some(host) = h.host.as_ref() else {
+            return false;
+        };
+        let r = &h.recvs[k];
+        if sgl.len() > RECV_SGES.min(r.max_sge) {
+            return false;
+        }
+        let mut w = Kept {
+            wr_id,
+            core: arrayvec::ArrayVec::new(),
+            arena: arrayvec::ArrayVec::new(),
+            core_took: false,
+        };
+        for s in sgl {
+            let Some(g) = r.regions.iter().flatten().find(|g| g.lkey == s.lkey) else {
+                return false;
+            };
+            if s.length == 0 {
+                w.core.push(Span {
+                    mem: g.mem,
+                    off: 0,
+                    len: 0,
+                });
+                w.arena.push((0, 0));
+                continue;
+            }
+            let Some(off) = s.addr.checked_sub(g.iova) else {
+                return false;
+            };
+            if off
+                .checked_add(s.length as u64)
+                .is_none_or(|end| end > g.len)
+            {
+                return false;
+            }
+            let at = g.host + off;
+            if at < g.sh_lo || at + s.length as u64 > g.sh_hi {
+                return false;
+            }
+            w.core.push(Span {
+                mem: g.mem,
+                off,
+                len: s.length,
+            });
+            w.arena.push((g.sh_off + (at - g.sh_lo), s.length));
+        }
+        // Room in the queue (else the engine's way says it is full).
+        let filled = host.recv_taken(qpn).min(r.posted);
+        if (r.posted - filled) as usize + r.backlog.len() >= r.depth {
+            return false;
+        }
+        h.recvs[k].backlog.push_back(w);
+        h.publish(k);
+        true
     }
 
     /// A packet that may take a receive came for QP `qpn` by the ring of

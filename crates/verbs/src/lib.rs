@@ -951,6 +951,7 @@ impl Pd {
             port_mtu: self.port_mtu,
             tgt: None,
             lane,
+            rlane: init.recv_cq.lane.clone(),
         })
     }
 
@@ -1868,6 +1869,9 @@ pub struct Qp {
     /// WRITEs, READs and atomics to a peer on this host, without the
     /// engine's lock (see `lane`).
     lane: Arc<lane::Lane>,
+    /// Its receive CQ's queue, which holds its receive lane while open
+    /// (receives are posted there without the engine's lock).
+    rlane: Arc<lane::CqLane>,
 }
 
 /// A random 24-bit PSN (from the OS CSPRNG, which `Context::open` checked).
@@ -2322,6 +2326,9 @@ impl Qp {
     /// memory region of this QP's protection domain, checked when posted (see
     /// [`Qp::post_recv_deferred`]).
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        if self.rlane.try_post_recv(self.qpn, wr.wr_id, wr.sgl) {
+            return Ok(());
+        }
         let mut st = self.eng.lock();
         st.post_recv(self.qpn, wr, RecvCheck::AtPost)?;
         self.eng.posted_recv(&mut st);
@@ -2334,6 +2341,11 @@ impl Qp {
     /// instead of failing the post. What the C ABI's `ibv_post_recv` does;
     /// every byte is still placed only in registered memory.
     pub fn post_recv_deferred(&self, wr: &RecvWr<'_>) -> Result<()> {
+        // Through the receive lane only what a check at post would pass
+        // (its regions were checked): the same either way.
+        if self.rlane.try_post_recv(self.qpn, wr.wr_id, wr.sgl) {
+            return Ok(());
+        }
         let mut st = self.eng.lock();
         st.post_recv(self.qpn, wr, RecvCheck::Deferred)?;
         self.eng.posted_recv(&mut st);

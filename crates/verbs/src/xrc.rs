@@ -158,6 +158,7 @@ impl Xrcd {
             tgt: Some(tgt),
             // Never opened: lanes serve RC QPs only.
             lane: Arc::new(crate::lane::Lane::new()),
+            rlane: Arc::new(crate::lane::CqLane::new(softrdma_core::cq::CqId(u32::MAX))),
         }
     }
 }

@@ -488,6 +488,18 @@ impl MrTable {
     /// [`MrTable::host`], with whether the region is [checked](Mr::checked):
     /// what every access of the core goes through.
     #[inline]
+    /// The region `r` refers to, if it is a live region (not a window).
+    pub fn by_ref(&self, r: MemRef) -> Option<&Mr> {
+        let s = self.slots.get(r.slot as usize)?;
+        if s.gen != r.gen {
+            return None;
+        }
+        match s.obj.as_ref()? {
+            Obj::Mr(mr) => Some(mr),
+            Obj::Mw(_) => None,
+        }
+    }
+
     pub fn locate(&self, r: MemRef, off: u64, len: u64) -> Option<Host> {
         if len == 0 {
             return Some(Host {

@@ -232,11 +232,14 @@ impl Host {
 
     /// Open QP `qpn`'s receive lane for its peer `src_qpn` at `src_gid`,
     /// with nothing published (the caller closed it before, see
-    /// [`Host::recv_close`], so no sender is inside).
-    pub fn recv_open(&self, qpn: u32, src_qpn: u32, src_gid: [u8; 16]) {
+    /// [`Host::recv_close`], so no sender is inside). Returns the number
+    /// of its first receive: numbers go on from where the lane last
+    /// stopped, so no slot's `done` from before can match a new one.
+    pub fn recv_open(&self, qpn: u32, src_qpn: u32, src_gid: [u8; 16]) -> u64 {
         let a = self.inner.map.recv(qpn);
-        a.posted.store(0, Ordering::Relaxed);
-        a.taken.store(0, Ordering::Relaxed);
+        for slot in &a.slots {
+            slot.posted.store(0, Ordering::Relaxed);
+        }
         a.qpn.store(qpn, Ordering::Relaxed);
         a.src_qpn.store(src_qpn, Ordering::Relaxed);
         for (w, c) in a.src_gid.iter().zip(src_gid.chunks_exact(4)) {
@@ -245,7 +248,9 @@ impl Host {
                 Ordering::Relaxed,
             );
         }
+        let first = a.taken.load(Ordering::Relaxed);
         a.open.store(1, Ordering::SeqCst);
+        first
     }
 
     /// Publish receive number `i` of QP `qpn`'s open lane: its SGEs as
@@ -260,22 +265,26 @@ impl Host {
             d[0].store(off, Ordering::Relaxed);
             d[1].store(len as u64, Ordering::Relaxed);
         }
-        a.posted.store(i + 1, Ordering::Release);
+        slot.posted.store(i + 1, Ordering::Release);
     }
 
-    /// Receives of QP `qpn`'s lane the sender has filled so far.
+    /// The next receive of QP `qpn`'s lane to fill (exact while the lane
+    /// is held or closed; a look otherwise).
     pub fn recv_taken(&self, qpn: u32) -> u64 {
         self.inner.map.recv(qpn).taken.load(Ordering::Acquire)
     }
 
-    /// What the sender delivered into receive `i` (`i` below
-    /// [`Host::recv_taken`]): its length and immediate data, if any.
-    pub fn recv_result(&self, qpn: u32, i: u64) -> (u32, Option<u32>) {
+    /// What the sender delivered into receive `i` of QP `qpn`, once it has
+    /// filled it: its length and immediate data, if any.
+    pub fn recv_filled(&self, qpn: u32, i: u64) -> Option<(u32, Option<u32>)> {
         let slot = &self.inner.map.recv(qpn).slots[i as usize % seg::RECV_SLOTS];
+        if slot.done.load(Ordering::Acquire) != i + 1 {
+            return None;
+        }
         let len = slot.byte_len.load(Ordering::Relaxed);
         let imm =
             (slot.flags.load(Ordering::Relaxed) & 1 != 0).then(|| slot.imm.load(Ordering::Relaxed));
-        (len, imm)
+        Some((len, imm))
     }
 
     /// Close QP `qpn`'s receive lane: when this returns no sender is
@@ -1226,11 +1235,11 @@ impl Peer {
                 break 'fill None;
             }
             let t = a.taken.load(Ordering::Relaxed);
-            let p = a.posted.load(Ordering::Acquire);
-            if t >= p || p - t > seg::RECV_SLOTS as u64 {
+            let slot = &a.slots[t as usize % seg::RECV_SLOTS];
+            // Receive `t` published (and so its slot's result taken).
+            if slot.posted.load(Ordering::Acquire) != t + 1 {
                 break 'fill None;
             }
-            let slot = &a.slots[t as usize % seg::RECV_SLOTS];
             let n = slot.nsge.load(Ordering::Relaxed) as usize;
             if n > seg::RECV_SGES {
                 break 'fill None;
@@ -1279,6 +1288,7 @@ impl Peer {
             slot.byte_len.store(len as u32, Ordering::Relaxed);
             slot.imm.store(imm.unwrap_or(0), Ordering::Relaxed);
             slot.flags.store(imm.is_some() as u32, Ordering::Relaxed);
+            slot.done.store(t + 1, Ordering::Release);
             a.taken.store(t + 1, Ordering::Release);
             Some(t)
         };

@@ -139,9 +139,15 @@ pub const RECV_SLOTS: usize = 16;
 pub const RECV_SGES: usize = 4;
 
 /// One published receive: where its bytes go (arena offset and length per
-/// SGE), and, once the sender has filled it, what it delivered.
+/// SGE), and, once the sender has filled it, what it delivered. Both ends
+/// meet on the slot's first cache line: the owner publishes receive `i`
+/// with `posted = i + 1`, the sender fills it and sets `done = i + 1`
+/// (both Release, read with Acquire) — one line crosses each way per
+/// message, the one the results are in.
 #[repr(C)]
 pub struct RecvSlot {
+    pub posted: AtomicU64,
+    pub done: AtomicU64,
     pub nsge: AtomicU32,
     pub byte_len: AtomicU32,
     pub imm: AtomicU32,
@@ -149,18 +155,19 @@ pub struct RecvSlot {
     pub flags: AtomicU32,
     /// `[arena offset, length]` per SGE.
     pub spans: [[AtomicU64; 2]; RECV_SGES],
-    _pad: [u64; 6],
+    _pad: [u64; 4],
 }
 
 /// The receive lane of one QP (by the low 16 bits of its QPN): receives
 /// its owner publishes for the one QP it is connected to, which fills them
 /// straight from its own memory (a SEND carried out by the sender, as a
-/// WRITE is). The owner writes the slots and `posted` (Release), the sender
-/// the slots' results and `taken` (Release); a slot is written again only
-/// after the owner has taken its result. The sender tags an in-flight word
-/// with [`RECV_BIT`] and the QPN before it looks at `open`; the owner
-/// closes by storing 0 in `open` and then waits until no word carries the
-/// tag (both sequentially consistent: Dekker's pattern, as for regions).
+/// WRITE is). Receive `i` is in slot `i % RECV_SLOTS`; `taken` is the next
+/// one to fill, written by the sender (and by the owner while it holds the
+/// lane); a slot is published again only after the owner has taken its
+/// result. The sender tags an in-flight word with [`RECV_BIT`] and the
+/// QPN before it looks at `open`; the owner holds (or closes) the lane by
+/// storing 0 in `open` and then waits until no word carries the tag (both
+/// sequentially consistent: Dekker's pattern, as for regions).
 #[repr(C)]
 pub struct RecvArea {
     /// 1 while the owner lets the sender fill receives.
@@ -170,12 +177,9 @@ pub struct RecvArea {
     pub src_qpn: AtomicU32,
     pub src_gid: [AtomicU32; 4],
     _pad0: [u32; 9],
-    /// Receives published (slot `i % RECV_SLOTS` holds receive `i`).
-    pub posted: AtomicU64,
-    _pad1: [u64; 7],
-    /// Receives filled by the sender.
+    /// The next receive to fill.
     pub taken: AtomicU64,
-    _pad2: [u64; 7],
+    _pad1: [u64; 7],
     pub slots: [RecvSlot; RECV_SLOTS],
 }
 
@@ -320,7 +324,7 @@ pub fn create() -> io::Result<(OwnedFd, Mapping)> {
     let m = Mapping::map(fd.as_raw_fd())?;
     const _: () = assert!(std::mem::size_of::<QpEntry>() == 64);
     const _: () = assert!(std::mem::size_of::<RecvSlot>() == 128);
-    const _: () = assert!(std::mem::size_of::<RecvArea>() == 192 + RECV_SLOTS * 128);
+    const _: () = assert!(std::mem::size_of::<RecvArea>() == 128 + RECV_SLOTS * 128);
     let h = m.header();
     h.version.store(VERSION, Ordering::Relaxed);
     h.pid.store(std::process::id(), Ordering::Relaxed);

@@ -806,6 +806,10 @@ impl State {
             self.udp_qps.resize(i + 1, 0);
         }
         self.udp_qps[i] = self.udp_qps[i].saturating_add_signed(delta);
+        let udp = self.cq_uses_udp(cq);
+        if let Some(Some(l)) = self.cq_lanes.get(i) {
+            l.set_udp(udp);
+        }
     }
 
     /// Post a send on an XRC initiator QP, naming the target's XRC SRQ
@@ -979,6 +983,9 @@ impl State {
             self.cq_lanes.resize(i + 1, None);
         }
         self.close_recvs(Some(cq));
+        if let Some(l) = &lane {
+            l.set_udp(self.cq_uses_udp(cq.0));
+        }
         if let Some(old) = self.cq_lanes[i].take() {
             self.settle_one(&old);
             self.cq_lanes_live.retain(|l| !Arc::ptr_eq(l, &old));
@@ -1727,6 +1734,17 @@ impl Engine {
         } else {
             self.kick(st);
         }
+    }
+
+    /// Nothing waits for an application's pass: no ACK deferred for its
+    /// next call, no packet in the rings (a CQ with a QP on UDP is never
+    /// quiet: see `CqLane::poll_quiet`). A poll that found its CQ empty
+    /// without the lock may then say so without the lock: the engine
+    /// thread serves what comes next (the rings' bell, the socket) unless
+    /// this application took them over, and then its next poll sees the
+    /// packet in the rings and serves it.
+    pub fn quiet(&self) -> bool {
+        !self.acks_deferred() && self.shm.as_ref().is_some_and(|h| !h.rings_pending())
     }
 
     /// Whether the last holder of the state left ACKs for the

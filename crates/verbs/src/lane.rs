@@ -444,6 +444,10 @@ pub(crate) struct CqLane {
     inner: Flagged<CqInner>,
     /// Receive lanes open on this CQ (a poll looks at their results).
     recvs: AtomicUsize,
+    /// Some QP of the CQ may complete from UDP traffic (kept by the
+    /// engine, under its lock): then only a pass of the engine can say the
+    /// CQ is empty.
+    udp: AtomicBool,
 }
 
 struct CqInner {
@@ -575,13 +579,15 @@ impl CqInner {
             return 0;
         };
         let r = &mut self.recvs[k];
-        let taken = host.recv_taken(r.qpn).min(r.posted);
         let mut n = 0;
         let mut gone = 0;
-        while r.polled < taken && n < max {
+        // Filled in order: the first one not filled ends the look.
+        while r.polled < r.posted && n < max {
             let w = &r.slots[(r.polled % RECV_SLOTS as u64) as usize];
             if !w.core_took {
-                let (len, imm) = host.recv_result(r.qpn, r.polled);
+                let Some((len, imm)) = host.recv_filled(r.qpn, r.polled) else {
+                    break;
+                };
                 f(&Completion::received(w.wr_id, r.qpn, len, imm));
                 n += 1;
             }
@@ -640,7 +646,14 @@ impl CqLane {
                 host: None,
             }),
             recvs: AtomicUsize::new(0),
+            udp: AtomicBool::new(true),
         }
+    }
+
+    /// Whether some QP of the CQ may complete from UDP traffic (the
+    /// engine, under its lock, whenever that changes).
+    pub(crate) fn set_udp(&self, udp: bool) {
+        self.udp.store(udp, Ordering::Relaxed);
     }
 
     /// Open a receive lane for QP `qpn` (the engine, under its lock, with
@@ -656,7 +669,7 @@ impl CqLane {
         room: usize,
     ) {
         let mut h = self.inner.hold();
-        host.recv_open(qpn, src.0, src.1);
+        let first = host.recv_open(qpn, src.0, src.1);
         h.host = Some(host.clone());
         let mut backlog = std::collections::VecDeque::with_capacity(depth.max(kept.len()));
         backlog.extend(kept);
@@ -668,8 +681,8 @@ impl CqLane {
         };
         h.recvs.push(RecvQ {
             qpn,
-            posted: 0,
-            polled: 0,
+            posted: first,
+            polled: first,
             slots: vec![empty; RECV_SLOTS],
             backlog,
             depth,
@@ -740,9 +753,6 @@ impl CqLane {
         let Some(k) = h.recvs.iter().position(|r| r.qpn == qpn) else {
             return false;
         };
-        let Some(host) = h.host.as_ref() else {
-            return false;
-        };
         let r = &h.recvs[k];
         if sgl.len() > RECV_SGES.min(r.max_sge) {
             return false;
@@ -786,9 +796,10 @@ impl CqLane {
             });
             w.arena.push((g.sh_off + (at - g.sh_lo), s.length));
         }
-        // Room in the queue (else the engine's way says it is full).
-        let filled = host.recv_taken(qpn).min(r.posted);
-        if (r.posted - filled) as usize + r.backlog.len() >= r.depth {
+        // Room in the queue, counting filled receives not yet polled as
+        // still in it (else the engine's way counts exactly, and says if
+        // it is full).
+        if (r.posted - r.polled) as usize + r.backlog.len() >= r.depth {
             return false;
         }
         h.recvs[k].backlog.push_back(w);
@@ -951,19 +962,29 @@ impl CqLane {
     }
 
     /// Hand up to `max` queued completions to `f`, oldest first, where
-    /// they lie, without the engine's lock; 0 if there are none, if older
-    /// ones wait in the core's CQ, or if another thread holds the queue
-    /// (the caller then polls the engine's way, which hands these to the
-    /// core's CQ behind the older ones).
-    pub(crate) fn poll_with(&self, max: usize, f: &mut impl FnMut(&Completion)) -> usize {
-        if self.is_empty() && self.recvs.load(Ordering::Relaxed) == 0 {
-            return 0;
+    /// they lie, without the engine's lock — the lane posts' and then what
+    /// the CQ's receive lanes' senders filled; 0 if there are none, if
+    /// older ones wait in the core's CQ, or if another thread holds the
+    /// queue (the caller then polls the engine's way, which hands these to
+    /// the core's CQ behind the older ones). Also says whether this found
+    /// the whole CQ empty:
+    /// the queue open with the core's CQ empty at its opening (so still:
+    /// it changes only under the engine's lock, which closes the queue
+    /// first), nothing queued, nothing filled in its receive lanes, and no
+    /// QP of it on UDP. Then, with nothing in the rings either
+    /// (`Engine::quiet`), a poll may say so without the engine's lock.
+    pub(crate) fn poll_quiet(&self, max: usize, f: &mut impl FnMut(&Completion)) -> (usize, bool) {
+        if self.is_empty()
+            && self.recvs.load(Ordering::Relaxed) == 0
+            && !self.open.load(Ordering::Relaxed)
+        {
+            return (0, false);
         }
         let Some(mut i) = self.inner.try_hold() else {
-            return 0;
+            return (0, false);
         };
         if !i.core_empty || !self.open.load(Ordering::Relaxed) {
-            return 0;
+            return (0, false);
         }
         let mut n = max.min(i.len);
         for _ in 0..n {
@@ -980,7 +1001,7 @@ impl CqLane {
                 i.publish(k);
             }
         }
-        n
+        (n, n == 0 && !self.udp.load(Ordering::Relaxed))
     }
 }
 

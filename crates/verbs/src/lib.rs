@@ -1637,12 +1637,15 @@ impl Cq {
     /// the device's progress from this thread.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         let mut at = 0;
-        let n = self.poll_lanes(out.len(), &mut |c| {
+        let (n, quiet) = self.poll_lanes_quiet(out.len(), &mut |c| {
             out[at] = *c;
             at += 1;
         });
         if n > 0 {
             return Ok(n);
+        }
+        if quiet && self.eng.quiet() {
+            return Ok(0);
         }
         self.poll_device(out)
     }
@@ -1658,9 +1661,12 @@ impl Cq {
         buf: &mut [Completion],
         f: &mut impl FnMut(&Completion),
     ) -> Result<usize> {
-        let n = self.poll_lanes(buf.len(), f);
+        let (n, quiet) = self.poll_lanes_quiet(buf.len(), f);
         if n > 0 {
             return Ok(n);
+        }
+        if quiet && self.eng.quiet() {
+            return Ok(0);
         }
         let n = self.poll_device(buf)?;
         for c in &buf[..n] {
@@ -1677,6 +1683,12 @@ impl Cq {
     /// `ibv_poll_cq`), which polls the engine's way ([`Cq::poll_with`])
     /// when this finds nothing.
     pub fn poll_lanes(&self, max: usize, f: &mut impl FnMut(&Completion)) -> usize {
+        self.poll_lanes_quiet(max, f).0
+    }
+
+    /// [`Cq::poll_lanes`], and whether it found the CQ empty without the
+    /// lock (see `CqLane::poll_quiet`).
+    fn poll_lanes_quiet(&self, max: usize, f: &mut impl FnMut(&Completion)) -> (usize, bool) {
         if self.stashed.load(std::sync::atomic::Ordering::Acquire) {
             let mut q = self.stash.lock().unwrap_or_else(|p| p.into_inner());
             if !q.is_empty() {
@@ -1686,7 +1698,7 @@ impl Cq {
                 }
                 self.stashed
                     .store(!q.is_empty(), std::sync::atomic::Ordering::Release);
-                return n;
+                return (n, false);
             }
         }
         // Completions of lane posts: without the engine's lock.
@@ -1694,9 +1706,9 @@ impl Cq {
         // poll again: taking completions hands it back to the engine
         // thread (`took_completions`), which needs the lock.
         if !self.eng.holds_socket_unpromised() {
-            return self.lane.poll_with(max, f);
+            return self.lane.poll_quiet(max, f);
         }
-        0
+        (0, false)
     }
 
     /// Poll the device's queue, not the stash.

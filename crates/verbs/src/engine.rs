@@ -861,6 +861,15 @@ impl State {
         wr: &softrdma_core::wr::SendWr<'_>,
     ) -> Result<bool, softrdma_core::Error> {
         let mem = self.mem;
+        if matches!(
+            wr.op,
+            softrdma_core::wr::SendOp::Send | softrdma_core::wr::SendOp::SendWithImm { .. }
+        ) {
+            // A SEND carried out here fills the peer's next receive: no
+            // lane post of another thread may fill it at the same time.
+            // Closing waits for one in progress.
+            self.close_lane_of(qpn);
+        }
         let done = match self.direct.get((qpn & 0xffff) as usize) {
             Some(Some(d)) if d.qps.local == qpn => {
                 let State { ep, direct, .. } = self;

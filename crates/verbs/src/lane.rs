@@ -22,7 +22,9 @@
 //!   the region table;
 //! * a post that is a WRITE, a READ or an atomic (compare-and-swap,
 //!   fetch-and-add) with no flag but `SIGNALED` (not inline, not fenced),
-//!   whose SGEs all lie in a remembered region, is
+//!   or a SEND (which may be inline or solicited too) into a receive the
+//!   peer published for it ([`RecvQ`]), whose SGEs all lie in a
+//!   remembered region, is
 //!   carried out by [`Lane::try_post`]: nothing queued, and if signaled
 //!   its completion goes into the send CQ's [`CqLane`] while that is open.
 //!   Anything else — a SEND, an ATOMIC WRITE, an SGE in another region, a

@@ -1042,3 +1042,81 @@ fn sends_fill_posted_receives_in_order_and_fall_back_exactly() {
         },
     );
 }
+
+/// Two threads post SENDs on one QP at once while the receiver keeps its
+/// receive lane open: each message lands in a receive of its own, whole,
+/// and the receives complete in posting order (whichever path each SEND
+/// took: the lane, the engine's offload at post, or the ring).
+#[test]
+fn concurrent_senders_fill_each_receive_once() {
+    const PER: usize = 300;
+    const LEN: usize = 64;
+    two_processes(
+        "concurrent_senders_fill_each_receive_once",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(4 * PER as u32, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 2 * PER as u32));
+            let rbuf = pd
+                .alloc_mr(2 * PER * 4096, AccessFlags::LOCAL_WRITE)
+                .unwrap();
+            for i in 0..2 * PER {
+                post_recv(&qp, i as u64, rbuf.sge(i * 4096, 4096));
+            }
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 43);
+            oob.signal("ready");
+            let c = wait_cq(&cq, 2 * PER, "every message");
+            let mut seen = std::collections::HashSet::new();
+            for (i, c) in c.iter().enumerate() {
+                assert_wc(c, i as u64, WcStatus::Success, WcOpcode::Recv, LEN as u32);
+                // Byte 0 says which thread, bytes 1..3 which message; the
+                // rest is that message's pattern.
+                let got = read_mr(&rbuf, i * 4096, LEN);
+                let (t, k) = (got[0], u16::from_le_bytes([got[1], got[2]]));
+                let mut want = pattern(1000 * t as u64 + k as u64, LEN);
+                want[0] = t;
+                want[1..3].copy_from_slice(&k.to_le_bytes());
+                assert_bytes(&got, &want, "a message");
+                assert!(seen.insert((t, k)), "message {t}/{k} twice");
+            }
+            assert_cq_empty(&cq, Duration::from_millis(20), "after the messages");
+            oob.signal("ok");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(4 * PER as u32, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(2 * PER as u32, 16));
+            let src = pd
+                .alloc_mr(2 * PER * LEN, AccessFlags::LOCAL_WRITE)
+                .unwrap();
+            for t in 0..2u8 {
+                for k in 0..PER as u16 {
+                    let at = (t as usize * PER + k as usize) * LEN;
+                    let mut m = pattern(1000 * t as u64 + k as u64, LEN);
+                    m[0] = t;
+                    m[1..3].copy_from_slice(&k.to_le_bytes());
+                    src.write(at, &m);
+                }
+            }
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 43);
+            oob.expect("ready");
+            std::thread::scope(|s| {
+                for t in 0..2usize {
+                    let (qp, src) = (&qp, &src);
+                    s.spawn(move || {
+                        for k in 0..PER {
+                            let sge = [src.sge((t * PER + k) * LEN, LEN as u32)];
+                            qp.post_send(&wr(k as u64, SendOp::Send, &sge, SendFlags::SIGNALED))
+                                .unwrap();
+                        }
+                    });
+                }
+            });
+            let c = wait_cq(&cq, 2 * PER, "every SEND");
+            assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+            oob.expect("ok");
+        },
+    );
+}

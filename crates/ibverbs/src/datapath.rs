@@ -169,8 +169,10 @@ pub(crate) fn post_one_send(q: &Qp, wr: &ibv_send_wr) -> Res<()> {
     Ok(())
 }
 
-/// `ibv_post_send`'s fast path: one WRITE, READ or atomic of one SGE,
-/// signaled or not, that the QP's lane carries out (`Qp::lane_post`). Anything
+/// `ibv_post_send`'s fast path: one WRITE (inline too), READ or atomic of
+/// one SGE, signaled or not, or one SEND (with or without immediate;
+/// inline and solicited too) of one SGE, that the QP's lane carries out
+/// (`Qp::lane_post`). Anything
 /// else — or a lane that declines — is `None`, for the general path, which
 /// checks, reports and posts it as always.
 ///
@@ -182,17 +184,28 @@ unsafe fn post_send_fast(qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> Option<c_int>
     }
     // SAFETY: the caller's.
     let w = unsafe { &*wr };
+    // A SEND may be inline or solicited too (the lane copies its bytes at
+    // post from the region its SGE names, or declines).
+    let send = matches!(w.opcode, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM);
+    let flags = match w.opcode {
+        IBV_WR_SEND | IBV_WR_SEND_WITH_IMM => {
+            sv::SendFlags::SIGNALED.0 | sv::SendFlags::INLINE.0 | sv::SendFlags::SOLICITED.0
+        }
+        IBV_WR_RDMA_WRITE => sv::SendFlags::SIGNALED.0 | sv::SendFlags::INLINE.0,
+        _ => sv::SendFlags::SIGNALED.0,
+    };
     if !w.next.is_null()
         || w.num_sge != 1
         || w.sg_list.is_null()
-        || w.send_flags & !sv::SendFlags::SIGNALED.0 != 0
-        || !matches!(
-            w.opcode,
-            IBV_WR_RDMA_WRITE
-                | IBV_WR_RDMA_READ
-                | IBV_WR_ATOMIC_CMP_AND_SWP
-                | IBV_WR_ATOMIC_FETCH_AND_ADD
-        )
+        || w.send_flags & !flags != 0
+        || !(send
+            || matches!(
+                w.opcode,
+                IBV_WR_RDMA_WRITE
+                    | IBV_WR_RDMA_READ
+                    | IBV_WR_ATOMIC_CMP_AND_SWP
+                    | IBV_WR_ATOMIC_FETCH_AND_ADD
+            ))
     {
         return None;
     }

@@ -1375,6 +1375,7 @@ impl State {
             peer: d.peer.clone(),
             qps: d.qps,
             max_sge: q.cap.max_send_sge as usize,
+            max_inline: q.cap.max_inline_data as u64,
             reads: q.attr.max_rd_atomic > 0,
             regions: &regions,
         });

@@ -153,6 +153,8 @@ struct Inner {
     peer: Option<Arc<softrdma_shm::Peer>>,
     qps: softrdma_shm::Qps,
     max_sge: usize,
+    /// `max_inline_data`: an inline post above it is the engine's to refuse.
+    max_inline: u64,
     /// The QP may issue READs (`max_rd_atomic` ≥ 1).
     reads: bool,
     keys: [Option<Region>; KEYS],
@@ -188,6 +190,7 @@ pub(crate) struct Opening<'a> {
     pub peer: Arc<softrdma_shm::Peer>,
     pub qps: softrdma_shm::Qps,
     pub max_sge: usize,
+    pub max_inline: u64,
     pub reads: bool,
     /// The regions of the post that opened it.
     pub regions: &'a [Region],
@@ -207,6 +210,7 @@ impl Lane {
                     remote: 0,
                 },
                 max_sge: 0,
+                max_inline: 0,
                 reads: false,
                 keys: [None; KEYS],
                 next: 0,
@@ -272,6 +276,7 @@ impl Lane {
         i.peer = Some(o.peer);
         i.qps = o.qps;
         i.max_sge = o.max_sge;
+        i.max_inline = o.max_inline;
         i.reads = o.reads;
         i.cq = Some(o.cq);
         for &r in o.regions {
@@ -293,11 +298,14 @@ impl Lane {
         // A SEND may also be inline (its bytes are copied at post anyway,
         // from the remembered region its SGE names) or solicited (a lane
         // fills a receive only while the peer's CQ is not armed).
-        let send = matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. });
-        let flags = if send {
-            SendFlags(wr.flags.0 & !(SendFlags::INLINE.0 | SendFlags::SOLICITED.0))
-        } else {
-            wr.flags
+        // A WRITE may be inline too (its bytes are copied at post either
+        // way, from the region its SGE names).
+        let flags = match wr.op {
+            SendOp::Send | SendOp::SendWithImm { .. } => {
+                SendFlags(wr.flags.0 & !(SendFlags::INLINE.0 | SendFlags::SOLICITED.0))
+            }
+            SendOp::Write { .. } => SendFlags(wr.flags.0 & !SendFlags::INLINE.0),
+            _ => wr.flags,
         };
         let signaled = flags == SendFlags::SIGNALED;
         if !self.open.load(Ordering::Relaxed)
@@ -363,7 +371,10 @@ impl Lane {
             };
             spans.push((host, s.length));
         }
-        if spans.is_empty() || total > MAX_MSG_SIZE {
+        if spans.is_empty()
+            || total > MAX_MSG_SIZE
+            || (wr.flags.contains(SendFlags::INLINE) && total > i.max_inline)
+        {
             return false;
         }
         let Inner {

@@ -1033,6 +1033,28 @@ fn sends_fill_posted_receives_in_order_and_fall_back_exactly() {
                 (15..=sends).contains(&lane),
                 "{lane} of {sends} SENDs carried out at post"
             );
+            // An inline WRITE through the lane; one beyond max_inline_data
+            // (256) is refused at post, lane open or not.
+            let w = SendOp::Write {
+                remote_addr: tgt.at(100),
+                rkey: tgt.rkey,
+            };
+            let l0 = ctx.shm_stats().lane;
+            qp.post_send(&wr(55, w, &[src.sge(0, 64)], s | SendFlags::INLINE))
+                .unwrap();
+            assert_eq!(
+                wait_cq(&cq, 1, "an inline WRITE")[0].status,
+                WcStatus::Success
+            );
+            assert_eq!(
+                ctx.shm_stats().lane - l0,
+                1,
+                "the inline WRITE took the lane"
+            );
+            for op in [w, SendOp::Send] {
+                let r = qp.post_send(&wr(56, op, &[src.sge(0, 300)], s | SendFlags::INLINE));
+                assert!(r.is_err(), "an inline post of 300 bytes: {r:?}");
+            }
             oob.expect("short");
             qp.post_send(&wr(50, SendOp::Send, &[src.sge(0, 64)], s))
                 .unwrap();

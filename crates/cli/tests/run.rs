@@ -7,12 +7,40 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// A library directory `run` accepts (it checks for libibverbs.so.1; the
-/// programs here load no RDMA library).
-fn lib_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("softrdma-run-test-{}", std::process::id()));
+/// programs here load no RDMA library), this call's alone and removed when
+/// dropped. Named by user, process and call: a directory named by the
+/// process alone, left behind by an earlier run as another user (root's,
+/// before `scripts/test-unprivileged`), was found again under the same
+/// process number and could not be written.
+struct LibDir(PathBuf);
+
+impl Drop for LibDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl std::ops::Deref for LibDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+fn lib_dir() -> LibDir {
+    use std::os::unix::fs::MetadataExt;
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!(
+        "softrdma-run-test-{uid}-{}-{n}",
+        std::process::id()
+    ));
+    // Ours, if anything is there: a run of ours killed before its drop.
+    let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::write(d.join("libibverbs.so.1"), b"").unwrap();
-    d
+    LibDir(d)
 }
 
 fn run(args: &[&str]) -> Output {
@@ -20,7 +48,7 @@ fn run(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_softrdma"))
         .arg("run")
         .arg("--lib-dir")
-        .arg(&lib)
+        .arg(&*lib)
         .arg("--")
         .args(args)
         .env("SOFTRDMA_DEVICES", "srdma0=127.0.0.1,srdma1=::1")
@@ -89,7 +117,7 @@ fn the_program_sees_the_devices_files_and_the_host_is_unchanged() {
 #[test]
 fn the_program_runs_as_the_same_user_and_keeps_dev_shm() {
     let me = String::from_utf8(Command::new("id").arg("-u").output().unwrap().stdout).unwrap();
-    let name = format!("softrdma-run-test-{}", std::process::id());
+    let name = format!("softrdma-run-test-{}-{}", me.trim(), std::process::id());
     let o = run(&[
         "sh",
         "-c",
@@ -124,7 +152,7 @@ fn misuse_is_named() {
     let o = Command::new(env!("CARGO_BIN_EXE_softrdma"))
         .arg("run")
         .arg("--lib-dir")
-        .arg(&lib)
+        .arg(&*lib)
         .output()
         .unwrap();
     assert!(!o.status.success());

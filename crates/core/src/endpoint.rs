@@ -1415,14 +1415,8 @@ impl Endpoint {
     /// each (its `wr_id` and SGEs) to `f` — only if none is in use (no
     /// message in progress, nothing held, no NAK outstanding, see
     /// `Responder::recv_idle`) and the QP is in RTR or RTS; false (nothing
-    /// taken) otherwise. `f` is called for all of them if `fits` says the
-    /// count fits.
-    pub fn take_recvs(
-        &mut self,
-        qpn: u32,
-        fits: impl FnOnce(u32) -> bool,
-        mut f: impl FnMut(u64, &[Span]),
-    ) -> bool {
+    /// taken) otherwise.
+    pub fn take_recvs(&mut self, qpn: u32, mut f: impl FnMut(u64, &[Span])) -> bool {
         let Some(s) = self.slot(qpn) else {
             return false;
         };
@@ -1431,7 +1425,6 @@ impl Endpoint {
             || q.srq.is_some()
             || !matches!(q.state, QpState::Rtr | QpState::Rts)
             || !q.resp.recv_idle()
-            || !fits(q.rq.len())
         {
             return false;
         }

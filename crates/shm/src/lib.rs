@@ -929,18 +929,29 @@ impl Peer {
         }
         let mut none = Checked::default();
         let checked = checked.unwrap_or(&mut none);
+        self.with_word(claim, false, |word| {
+            // SAFETY: forwarded from the caller; `word` is ours alone for
+            // the call (`with_word`).
+            unsafe { self.one_sided_locked(qps, op, local, checked, word) }
+        })
+    }
+
+    /// Run `f` with an in-flight word of ours in the peer's segment that
+    /// no other caller uses meanwhile: `claim`'s, if it is a claim on this
+    /// peer (`claim_word` hands each word to one `Claim` until it drops,
+    /// and `&mut` makes this the claim's one call now); else word 0, held
+    /// through the `user` flag until `f` returns (however it ends) — or,
+    /// if another caller holds it right now, `busy` without waiting.
+    fn with_word<R>(&self, claim: Option<&mut Claim>, busy: R, f: impl FnOnce(usize) -> R) -> R {
         if let Some(c) = claim.filter(|c| std::ptr::eq(&*c.peer, self)) {
-            // SAFETY: forwarded from the caller; word `c.k` is the claim's
-            // alone (`claim_word` hands each word to one `Claim` until it
-            // drops), and `&mut` makes this the claim's one call now.
-            return unsafe { self.one_sided_locked(qps, op, local, checked, c.k) };
+            return f(c.k);
         }
         if self
             .user
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            return false;
+            return busy;
         }
         /// Lets `user` go however the call ends.
         struct User<'a>(&'a AtomicBool);
@@ -950,9 +961,7 @@ impl Peer {
             }
         }
         let _user = User(&self.user);
-        // SAFETY: forwarded from the caller; `user` is ours until `_user`
-        // drops, so in-flight word 0 is ours alone.
-        unsafe { self.one_sided_locked(qps, op, local, checked, 0) }
+        f(0)
     }
 
     /// # Safety
@@ -1183,21 +1192,11 @@ impl Peer {
         if !self.alive() {
             return None;
         }
-        if let Some(c) = claim.filter(|c| std::ptr::eq(&*c.peer, self)) {
-            // SAFETY: forwarded; word `c.k` is the claim's alone.
-            return unsafe { self.send_recv_locked(qps, local, imm, c.k) };
-        }
-        if self
-            .user
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return None;
-        }
-        // SAFETY: forwarded; `user` is ours, so word 0 is.
-        let r = unsafe { self.send_recv_locked(qps, local, imm, 0) };
-        self.user.store(false, Ordering::Release);
-        r
+        self.with_word(claim, None, |word| {
+            // SAFETY: forwarded from the caller; `word` is ours alone for
+            // the call (`with_word`).
+            unsafe { self.send_recv_locked(qps, local, imm, word) }
+        })
     }
 
     /// # Safety

@@ -221,6 +221,19 @@ pub(crate) struct State {
     pub(crate) recv: RecvLanes,
 }
 
+/// Whether QP `qpn` is in a state a receive lane serves (RTR or RTS).
+fn receives(ep: &Endpoint, qpn: u32) -> bool {
+    use softrdma_core::qp::state::QpState;
+    ep.qp(qpn)
+        .is_ok_and(|q| matches!(q.state, QpState::Rtr | QpState::Rts))
+}
+
+/// The access flags that let a peer reach a region by its key.
+const REMOTE: softrdma_core::qp::attr::AccessFlags =
+    softrdma_core::qp::attr::AccessFlags::REMOTE_WRITE
+        .union(softrdma_core::qp::attr::AccessFlags::REMOTE_READ)
+        .union(softrdma_core::qp::attr::AccessFlags::REMOTE_ATOMIC);
+
 /// The receive lanes open now: by QPN's low 16 bits, the queue of the CQ
 /// their receives complete into.
 #[derive(Default)]
@@ -311,22 +324,13 @@ impl RecvLanes {
         };
         let mut unused = None;
         ep.pop_recv(qpn, |wr_id, sg| {
-            unused = Some(lane::Kept {
-                wr_id,
-                core: sg.iter().copied().collect(),
-                arena: arrayvec::ArrayVec::new(),
-                core_took: false,
-            })
+            let mut k = lane::Kept::new(wr_id);
+            k.core = sg.iter().copied().collect();
+            unused = Some(k);
         });
         // A packet that moved the QP out of RTR/RTS (an error) leaves the
         // lane held: nothing more is filled before it closes.
-        let ready = ep.qp(qpn).is_ok_and(|q| {
-            matches!(
-                q.state,
-                softrdma_core::qp::state::QpState::Rtr | softrdma_core::qp::state::QpState::Rts
-            )
-        });
-        cq.recv_ungive(qpn, unused, ready);
+        cq.recv_ungive(qpn, unused, receives(ep, qpn));
     }
 }
 
@@ -924,21 +928,18 @@ impl State {
         // of ours in between would be lost. Lanes reopen under the lock.
         self.close_lanes();
         let mr = *self.ep.mrs().get_by_lkey(lkey)?;
-        let remote = softrdma_core::qp::attr::AccessFlags::REMOTE_WRITE
-            .union(softrdma_core::qp::attr::AccessFlags::REMOTE_READ)
-            .union(softrdma_core::qp::attr::AccessFlags::REMOTE_ATOMIC);
         // An implicit region is the whole address space, mostly not there:
         // nothing to move, and peers reach it through packets, checked.
         // A region a peer cannot reach by key but receives can land in
         // (`LOCAL_WRITE`): moved too, for the receive lanes (`lane::RecvQ`),
         // with no entry in the region table.
         let local = softrdma_core::qp::attr::AccessFlags::LOCAL_WRITE;
-        if !mr.access.intersects(remote.union(local)) || mr.checked {
+        if !mr.access.intersects(REMOTE.union(local)) || mr.checked {
             return None;
         }
         let s = host.share(mr.host_addr, mr.len)?;
         let g = ShareGuard { host, s };
-        if !mr.access.intersects(remote) {
+        if !mr.access.intersects(REMOTE) {
             return Some(g);
         }
         self.republish(lkey, &g).then_some(g)
@@ -949,10 +950,7 @@ impl State {
         let Some(mr) = self.ep.mrs().get_by_lkey(lkey) else {
             return false;
         };
-        let remote = softrdma_core::qp::attr::AccessFlags::REMOTE_WRITE
-            .union(softrdma_core::qp::attr::AccessFlags::REMOTE_READ)
-            .union(softrdma_core::qp::attr::AccessFlags::REMOTE_ATOMIC);
-        if !mr.access.intersects(remote) {
+        if !mr.access.intersects(REMOTE) {
             return true; // moved for receives only: no key to publish
         }
         g.host
@@ -1063,13 +1061,19 @@ impl State {
 
     /// Close the receive lanes of CQ `cq`'s QPs (all with `None`).
     pub fn close_recvs(&mut self, cq: Option<softrdma_core::cq::CqId>) {
+        self.close_recvs_if(|_, _, l| cq.is_none_or(|c| l.id == c));
+    }
+
+    /// Close the open receive lanes for which `f` (the core, the QP, its
+    /// CQ's queue) says so.
+    fn close_recvs_if(&mut self, f: impl Fn(&Endpoint, u32, &CqLane) -> bool) {
         let mut i = 0;
         while i < self.recv.open.len() {
             let q = self.recv.open[i];
-            let of_cq = self.recv.by_qp[(q & 0xffff) as usize]
+            let close = self.recv.by_qp[(q & 0xffff) as usize]
                 .as_ref()
-                .is_some_and(|l| cq.is_none_or(|c| l.id == c));
-            if of_cq {
+                .is_some_and(|l| f(&self.ep, q, l));
+            if close {
                 self.recv.close(&mut self.ep, q);
             } else {
                 i += 1;
@@ -1095,9 +1099,8 @@ impl State {
             let cq = cq.clone();
             let mut spans = [Span::default(); softrdma_core::MAX_SGE];
             let n = self.ep.check_recv(qpn, wr, check, &mut spans)?;
-            if let Some(k) = self.kept(wr.wr_id, &spans[..n]) {
+            if let Some((k, learn)) = self.kept(wr.wr_id, &spans[..n]) {
                 let room = self.ep.cq_room(cq.id).map_or(0, |r| r.0);
-                let learn = self.recv_regions(&spans[..n]);
                 return cq.recv_post(qpn, k, room, &learn).map_err(|_| {
                     softrdma_core::Error::QueueFull {
                         queue: "receive queue",
@@ -1123,68 +1126,58 @@ impl State {
         Ok(())
     }
 
-    /// The regions `spans` lie in, as a receive lane remembers them (see
-    /// `lane::RecvRegion`).
-    fn recv_regions(
-        &self,
-        spans: &[softrdma_core::mr::Span],
-    ) -> arrayvec::ArrayVec<lane::RecvRegion, { softrdma_core::MAX_SGE }> {
-        let mut out = arrayvec::ArrayVec::new();
-        let Some(h) = self.shm.as_ref() else {
-            return out;
-        };
-        for sp in spans.iter().filter(|sp| sp.len > 0) {
-            let Some(at) = self.ep.mrs().locate(sp.mem, sp.off, sp.len as u64) else {
-                continue;
-            };
-            let Some(mr) = self.ep.mrs().by_ref(sp.mem) else {
-                continue;
-            };
-            let Some((lo, hi, off)) = h.arena_extent(at.addr) else {
-                continue;
-            };
-            // The region's part in these moved pages.
-            let (sh_lo, sh_hi) = (lo.max(mr.host_addr), hi.min(mr.host_addr + mr.len));
-            out.push(lane::RecvRegion {
-                lkey: mr.lkey,
-                mem: sp.mem,
-                iova: mr.iova,
-                len: mr.len,
-                host: mr.host_addr,
-                sh_lo,
-                sh_hi,
-                sh_off: off + (sh_lo - lo),
-            });
-        }
-        out
+    /// The region `sp` lies in, as a receive lane remembers it (see
+    /// `lane::RecvRegion`): a live, not on-demand region with a part in
+    /// moved pages around `sp`'s first byte.
+    fn recv_region(&self, sp: &softrdma_core::mr::Span) -> Option<lane::RecvRegion> {
+        let h = self.shm.as_ref()?;
+        let at = self.ep.mrs().locate(sp.mem, sp.off, sp.len as u64)?;
+        let mr = self.ep.mrs().by_ref(sp.mem).filter(|m| !m.checked)?;
+        let (lo, hi, off) = h.arena_extent(at.addr)?;
+        // The region's part in these moved pages.
+        let (sh_lo, sh_hi) = (lo.max(mr.host_addr), hi.min(mr.host_addr + mr.len));
+        Some(lane::RecvRegion {
+            lkey: mr.lkey,
+            mem: sp.mem,
+            iova: mr.iova,
+            len: mr.len,
+            host: mr.host_addr,
+            sh_lo,
+            sh_hi,
+            sh_off: off + (sh_lo - lo),
+        })
     }
 
     /// A receive as a lane keeps it, if all its bytes lie in memory peers
-    /// reach (moved pages) and it has at most `RECV_SGES` SGEs.
-    fn kept(&self, wr_id: u64, spans: &[softrdma_core::mr::Span]) -> Option<lane::Kept> {
-        let h = self.shm.as_ref()?;
+    /// reach (moved pages) and it has at most `RECV_SGES` SGEs; with the
+    /// regions its bytes lie in, for the lane to remember.
+    fn kept(
+        &self,
+        wr_id: u64,
+        spans: &[softrdma_core::mr::Span],
+    ) -> Option<(
+        lane::Kept,
+        arrayvec::ArrayVec<lane::RecvRegion, { softrdma_shm::RECV_SGES }>,
+    )> {
         if spans.len() > softrdma_shm::RECV_SGES {
             return None;
         }
-        let mut k = lane::Kept {
-            wr_id,
-            core: arrayvec::ArrayVec::new(),
-            arena: arrayvec::ArrayVec::new(),
-            core_took: false,
-        };
+        let mut k = lane::Kept::new(wr_id);
+        let mut regions = arrayvec::ArrayVec::new();
         for sp in spans {
-            k.core.push(*sp);
             if sp.len == 0 {
+                // Moves nothing; kept as the core checked it.
+                k.core.push(*sp);
                 k.arena.push((0, 0));
                 continue;
             }
-            let at = self.ep.mrs().locate(sp.mem, sp.off, sp.len as u64)?;
-            if at.checked {
+            let g = self.recv_region(sp)?;
+            if !k.push(&g, sp.off, sp.len) {
                 return None;
             }
-            k.arena.push((h.arena_of(at.addr, sp.len as u64)?, sp.len));
+            regions.push(g);
         }
-        Some(k)
+        Some((k, regions))
     }
 
     /// Open QP `qpn`'s receive lane if it can take the core's receive
@@ -1230,17 +1223,16 @@ impl State {
         };
         let mut taken: Vec<(u64, arrayvec::ArrayVec<Span, { softrdma_core::MAX_SGE }>)> =
             Vec::new();
-        if !self.ep.take_recvs(
-            qpn,
-            |_| true,
-            |id, sg| taken.push((id, sg.iter().copied().collect())),
-        ) {
+        if !self
+            .ep
+            .take_recvs(qpn, |id, sg| taken.push((id, sg.iter().copied().collect())))
+        {
             return;
         }
         let mut kept = Vec::with_capacity(taken.len());
         for (id, sg) in &taken {
             match self.kept(*id, sg) {
-                Some(k) => kept.push(k),
+                Some((k, _)) => kept.push(k),
                 None => break,
             }
         }
@@ -1271,22 +1263,7 @@ impl State {
             self.close_send_lanes();
             // A receive lane depends on its own QP's state alone (RTR or
             // RTS): the others stay open.
-            let mut i = 0;
-            while i < self.recv.open.len() {
-                let q = self.recv.open[i];
-                let ready = self.ep.qp(q).is_ok_and(|q| {
-                    matches!(
-                        q.state,
-                        softrdma_core::qp::state::QpState::Rtr
-                            | softrdma_core::qp::state::QpState::Rts
-                    )
-                });
-                if ready {
-                    i += 1;
-                } else {
-                    self.recv.close(&mut self.ep, q);
-                }
-            }
+            self.close_recvs_if(|ep, q, _| !receives(ep, q));
             self.recv.refused.clear();
             self.lane_epoch = now;
         }

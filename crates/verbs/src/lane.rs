@@ -522,6 +522,47 @@ pub(crate) struct RecvRegion {
     pub sh_off: u64,
 }
 
+impl Kept {
+    /// Receive `wr_id` with no SGE yet.
+    pub(crate) fn new(wr_id: u64) -> Kept {
+        Kept {
+            wr_id,
+            core: arrayvec::ArrayVec::new(),
+            arena: arrayvec::ArrayVec::new(),
+            core_took: false,
+        }
+    }
+
+    /// Add `len` bytes at offset `off` of region `g` (from its iova): false
+    /// if they do not lie in its moved part. A zero-length SGE names the
+    /// region and moves nothing.
+    pub(crate) fn push(&mut self, g: &RecvRegion, off: u64, len: u32) -> bool {
+        if len == 0 {
+            self.core.push(Span {
+                mem: g.mem,
+                off: 0,
+                len: 0,
+            });
+            self.arena.push((0, 0));
+            return true;
+        }
+        if off.checked_add(len as u64).is_none_or(|end| end > g.len) {
+            return false;
+        }
+        let at = g.host + off;
+        if at < g.sh_lo || at + len as u64 > g.sh_hi {
+            return false;
+        }
+        self.core.push(Span {
+            mem: g.mem,
+            off,
+            len,
+        });
+        self.arena.push((g.sh_off + (at - g.sh_lo), len));
+        true
+    }
+}
+
 /// Where the receive a lane handed to the core for one packet came from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Given {
@@ -566,6 +607,11 @@ pub(crate) struct RecvQ {
 pub(crate) struct RecvFull;
 
 impl CqInner {
+    /// Where QP `qpn`'s receive lane is in `recvs`.
+    fn find(&self, qpn: u32) -> Option<usize> {
+        self.recvs.iter().position(|r| r.qpn == qpn)
+    }
+
     /// Publish kept receives of lane `k` while it has free slots and the
     /// CQ room for their completions.
     fn publish(&mut self, k: usize) {
@@ -686,12 +732,7 @@ impl CqLane {
         h.host = Some(host.clone());
         let mut backlog = std::collections::VecDeque::with_capacity(depth.max(kept.len()));
         backlog.extend(kept);
-        let empty = Kept {
-            wr_id: 0,
-            core: arrayvec::ArrayVec::new(),
-            arena: arrayvec::ArrayVec::new(),
-            core_took: false,
-        };
+        let empty = Kept::new(0);
         h.recvs.push(RecvQ {
             qpn,
             posted: first,
@@ -720,7 +761,7 @@ impl CqLane {
         learn: &[RecvRegion],
     ) -> Result<(), RecvFull> {
         let mut h = self.inner.hold();
-        let Some(k) = h.recvs.iter().position(|r| r.qpn == qpn) else {
+        let Some(k) = h.find(qpn) else {
             return Err(RecvFull);
         };
         let host = h.host.clone().expect("a receive lane has its host");
@@ -763,51 +804,27 @@ impl CqLane {
         if !self.open.load(Ordering::Relaxed) {
             return false;
         }
-        let Some(k) = h.recvs.iter().position(|r| r.qpn == qpn) else {
+        let Some(k) = h.find(qpn) else {
             return false;
         };
         let r = &h.recvs[k];
         if sgl.len() > RECV_SGES.min(r.max_sge) {
             return false;
         }
-        let mut w = Kept {
-            wr_id,
-            core: arrayvec::ArrayVec::new(),
-            arena: arrayvec::ArrayVec::new(),
-            core_took: false,
-        };
+        let mut w = Kept::new(wr_id);
         for s in sgl {
             let Some(g) = r.regions.iter().flatten().find(|g| g.lkey == s.lkey) else {
                 return false;
             };
-            if s.length == 0 {
-                w.core.push(Span {
-                    mem: g.mem,
-                    off: 0,
-                    len: 0,
-                });
-                w.arena.push((0, 0));
-                continue;
-            }
-            let Some(off) = s.addr.checked_sub(g.iova) else {
-                return false;
+            // A zero-length SGE's address is not checked (as the core's).
+            let off = if s.length == 0 {
+                Some(0)
+            } else {
+                s.addr.checked_sub(g.iova)
             };
-            if off
-                .checked_add(s.length as u64)
-                .is_none_or(|end| end > g.len)
-            {
+            if !off.is_some_and(|off| w.push(g, off, s.length)) {
                 return false;
             }
-            let at = g.host + off;
-            if at < g.sh_lo || at + s.length as u64 > g.sh_hi {
-                return false;
-            }
-            w.core.push(Span {
-                mem: g.mem,
-                off,
-                len: s.length,
-            });
-            w.arena.push((g.sh_off + (at - g.sh_lo), s.length));
         }
         // Room in the queue, counting filled receives not yet polled as
         // still in it (else the engine's way counts exactly, and says if
@@ -835,7 +852,7 @@ impl CqLane {
         done: &mut Vec<Completion>,
     ) -> Option<Kept> {
         let mut h = self.inner.hold();
-        let k = h.recvs.iter().position(|r| r.qpn == qpn)?;
+        let k = h.find(qpn)?;
         let host = h.host.clone().expect("a receive lane has its host");
         host.recv_hold(qpn, from);
         h.take_filled(k, usize::MAX, &mut |c| done.push(*c));
@@ -866,7 +883,7 @@ impl CqLane {
     /// packet ended the QP's run: the lane stays held until it closes).
     pub(crate) fn recv_ungive(&self, qpn: u32, unused: Option<Kept>, release: bool) {
         let mut h = self.inner.hold();
-        let Some(k) = h.recvs.iter().position(|r| r.qpn == qpn) else {
+        let Some(k) = h.find(qpn) else {
             return;
         };
         let host = h.host.clone().expect("a receive lane has its host");
@@ -896,7 +913,7 @@ impl CqLane {
         back: &mut Vec<Kept>,
     ) -> bool {
         let mut h = self.inner.hold();
-        let Some(k) = h.recvs.iter().position(|r| r.qpn == qpn) else {
+        let Some(k) = h.find(qpn) else {
             return false;
         };
         let host = h.host.clone().expect("a receive lane has its host");

@@ -7,7 +7,38 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `println!` for what the tools report: a reader that stopped reading
+/// (`softrdma perf … | head -1`) ends the program quietly, as it ends any
+/// Unix filter, where `println!` would panic.
+macro_rules! outln {
+    () => { $crate::out(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::out(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+/// `print!`, the same way.
+macro_rules! out {
+    ($($t:tt)*) => { $crate::out(format_args!($($t)*)) };
+}
+
 mod cmd;
+
+/// Write to standard output; a closed pipe exits with success (the reader
+/// has what it wanted), any other failure as `println!` would.
+pub fn out(a: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(e) = std::io::stdout().lock().write_fmt(a) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        panic!("failed printing to stdout: {e}");
+    }
+}
+
+/// Whether `e` is, at bottom, a write into a closed pipe.
+fn broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+}
 
 #[derive(Parser)]
 #[command(name = "softrdma", version, about = "RDMA in software: RoCEv2 tools")]
@@ -49,6 +80,8 @@ fn main() -> ExitCode {
     };
     match r {
         Ok(code) => code,
+        // `decode … | head`: the reader has what it wanted.
+        Err(e) if broken_pipe(&*e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("softrdma: {e}");
             ExitCode::from(2)

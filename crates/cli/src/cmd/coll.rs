@@ -631,7 +631,7 @@ fn run_ranks(
     let me = r == 0;
     let out = |s: String| {
         if me {
-            println!("{s}");
+            outln!("{s}");
         }
     };
     // Buffers for the largest size of the widest layout.

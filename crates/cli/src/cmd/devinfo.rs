@@ -96,14 +96,15 @@ pub fn render(d: &DeviceInfo, verbose: bool) -> String {
 pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let all = devices()?;
     if a.list {
-        println!("    {:<16}\t    {:<16}\taddress", "device", "node GUID");
-        println!(
+        outln!("    {:<16}\t    {:<16}\taddress", "device", "node GUID");
+        outln!(
             "    {:<16}\t    {:<16}\t-------",
-            "------", "----------------"
+            "------",
+            "----------------"
         );
         for d in &all {
             let g = device_attr(d).node_guid;
-            println!("    {:<16}\t    {:016x}\t{}", d.name, g, d.addr);
+            outln!("    {:<16}\t    {:016x}\t{}", d.name, g, d.addr);
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -123,8 +124,8 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         None => all.iter().collect(),
     };
     for d in chosen {
-        print!("{}", render(d, a.verbose));
-        println!();
+        out!("{}", render(d, a.verbose));
+        outln!();
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -669,7 +669,7 @@ fn pingpong(a: &Args) -> Result<bool, Fail> {
                     .and_then(|_| s.write_all(b"done\0"))
                     .map_err(|e| format!("Couldn't read/write remote address: {e}"))?;
                 let rem = Dest::decode(&m)?;
-                println!("{}", addr_line(false, t, &rem));
+                outln!("{}", addr_line(false, t, &rem));
                 pp.connect(a, my.psn, &rem)?;
                 (pp, true)
             }
@@ -696,7 +696,7 @@ fn pingpong(a: &Args) -> Result<bool, Fail> {
                 s.write_all(&my.encode())
                     .and_then(|_| s.read_exact(&mut done))
                     .map_err(|e| format!("Couldn't send/recv local address: {e}"))?;
-                println!("{}", addr_line(false, t, &rem));
+                outln!("{}", addr_line(false, t, &rem));
                 (pp, false)
             }
         }
@@ -764,7 +764,7 @@ fn pingpong(a: &Args) -> Result<bool, Fail> {
                             psn: 0,
                             gid,
                         };
-                        println!("{}", addr_line(false, t, &rem));
+                        outln!("{}", addr_line(false, t, &rem));
                         pp.ud = Some(UdDest {
                             gid,
                             remote_qpn: c.src_qp,
@@ -792,12 +792,12 @@ fn pingpong(a: &Args) -> Result<bool, Fail> {
     // C computes in a float; so do we, for the same figures.
     let usec = start.elapsed().as_micros() as f32;
     let bytes = size as i64 * a.iters as i64 * 2;
-    println!(
+    outln!(
         "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
         usec as f64 / 1e6,
         bytes as f64 * 8.0 / usec as f64
     );
-    println!(
+    outln!(
         "{} iters in {:.2} seconds = {:.2} usec/iter",
         a.iters,
         usec as f64 / 1e6,
@@ -816,7 +816,7 @@ fn pingpong(a: &Args) -> Result<bool, Fail> {
                 .enumerate()
                 .all(|(i, &b)| b == if i == 0 { 0 } else { 0x7b });
             if !good {
-                println!("invalid data in page {p}");
+                outln!("invalid data in page {p}");
                 ok = false;
             }
         }
@@ -862,7 +862,7 @@ fn connect_cm(
             psn: my_psn,
             gid: pp.ctx.gid(),
         };
-        println!("{}", addr_line(true, t, &my));
+        outln!("{}", addr_line(true, t, &my));
         if peer_qpn != 0 {
             let rem = Dest {
                 lid: 0,
@@ -870,7 +870,7 @@ fn connect_cm(
                 psn: rem_psn,
                 gid: peer_gid,
             };
-            println!("{}", addr_line(false, t, &rem));
+            outln!("{}", addr_line(false, t, &rem));
         }
         Ok(())
     };
@@ -990,7 +990,7 @@ fn start(dev: &DeviceInfo, a: &Args, size: u32) -> Result<(Pp, Dest), Fail> {
         psn: random_psn(),
         gid: pp.ctx.gid(),
     };
-    println!("{}", addr_line(true, pp.t, &my));
+    outln!("{}", addr_line(true, pp.t, &my));
     Ok((pp, my))
 }
 

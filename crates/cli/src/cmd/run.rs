@@ -224,7 +224,7 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         .collect();
     let view = sys_class(&devs);
     if a.show {
-        print!("{}", show(&view));
+        out!("{}", show(&view));
         return Ok(ExitCode::SUCCESS);
     }
     let Some((prog, args)) = a.command.split_first() else {

@@ -439,8 +439,8 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     }
     let client = a.host.is_some();
     if a.rdma_cm && p.conn == QpType::Uc {
-        println!("{}", report::RESULT_LINE);
-        println!(" UC is not supported in librdmacm");
+        outln!("{}", report::RESULT_LINE);
+        outln!(" UC is not supported in librdmacm");
         return Ok(ExitCode::from(1));
     }
     let patience = Duration::from_secs(if a.loopback { 20 } else { 2 });
@@ -467,9 +467,9 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             )?,
             None => {
                 if !a.tsv {
-                    println!("\n************************************");
-                    println!("* Waiting for client to connect... *");
-                    println!("************************************");
+                    outln!("\n************************************");
+                    outln!("* Waiting for client to connect... *");
+                    outln!("************************************");
                 }
                 oob::Channel::listen_cm(&c, a.port)?
             }
@@ -484,9 +484,9 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             }
             None => {
                 if !a.tsv {
-                    println!("\n************************************");
-                    println!("* Waiting for client to connect... *");
-                    println!("************************************");
+                    outln!("\n************************************");
+                    outln!("* Waiting for client to connect... *");
+                    outln!("************************************");
                 }
                 oob::Channel::listen(a.port)?
             }
@@ -507,7 +507,7 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let out = setup::run_test(&p, &dev, &opts, ctx, chan, a.tsv)?;
     *LAST_TRANSPORT.lock().unwrap() = out.transport;
     if a.stats {
-        println!("{}", out.stats);
+        outln!("{}", out.stats);
     }
     Ok(if out.ok {
         ExitCode::SUCCESS
@@ -552,7 +552,7 @@ fn loopback(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let p = Params::from_args(a)?;
         let bytes: u64 = p.sizes.iter().map(|s| s * p.iters * p.qps as u64).sum();
         let cpu = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
-        println!(
+        outln!(
             "self.{}.{}.cpu_s_per_gb\t{}\t{:.3}\ts/GB",
             LAST_TRANSPORT.lock().unwrap(),
             a.test.name(),

@@ -375,7 +375,7 @@ pub fn run_test(
     };
     let say = |s: &str| {
         if !quiet {
-            println!("{s}");
+            outln!("{s}");
         }
     };
 
@@ -622,7 +622,7 @@ pub fn run_test(
     }
     if quiet {
         for row in tsv {
-            println!("{row}");
+            outln!("{row}");
         }
     }
     let (s, ps) = r.ctx.stats();
@@ -638,7 +638,7 @@ pub fn run_test(
         s.held_out_of_order, s.hold_dropped, s.resend_timeouts
     );
     if p.check {
-        println!(
+        outln!(
             " --check: {}",
             if ok {
                 "every byte verified"

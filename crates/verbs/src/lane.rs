@@ -415,7 +415,8 @@ impl Lane {
                 _ => peer.one_sided_checked(
                     qps,
                     &wr.op,
-                    OffloadLocal::Host(&spans),
+                    &OffloadLocal::Host(&spans),
+                    total,
                     Some(checked),
                     claim.as_mut(),
                 ),

@@ -1407,6 +1407,13 @@ unsafe fn execute(op: &SendOp, target: *mut u8, local: &OffloadLocal<'_>, len: u
                 // SAFETY: `at + n <= len`: the spans add up to len.
                 unsafe {
                     if at + n <= tail_from || at >= tail_from {
+                        if at == tail_from && at > 0 {
+                            // The tail's own span, after spans of the rest:
+                            // keep the compiler from moving these stores
+                            // ahead of the copies before them (the CPU
+                            // keeps stores in order, string copies' too).
+                            fence(Ordering::Release);
+                        }
                         if n == 8 {
                             // One 8-byte move rather than a call into memcpy
                             // (a whole small WRITE: the message-rate test).

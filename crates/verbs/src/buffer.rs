@@ -341,7 +341,11 @@ impl Mr {
     ///
     /// # Panics
     /// If `f` calls into the same device (any verb): that would deadlock,
-    /// as re-borrowing a `RefCell` would alias; the panic says so.
+    /// as re-borrowing a `RefCell` would alias; the panic says so. A verb
+    /// of another device called from `f` may panic the same way (whenever
+    /// it needs that device's engine) or complete (a post its lock-free
+    /// lane carries out, which touches none of these bytes): do not rely
+    /// on either.
     pub fn with_bytes<R>(
         &self,
         range: impl RangeBounds<usize>,

@@ -22,7 +22,7 @@ use super::state::QpType;
 use super::Qp;
 use crate::cq::CqId;
 use crate::endpoint::{Ctx, RxMeta};
-use crate::mr::{MemRef, Memory, PdId, RemoteAccessError, Span};
+use crate::mr::{Host, MemRef, Memory, PdId, RemoteAccessError, Span};
 use crate::transmit::{Seg, Segs, Transmit};
 use crate::wc::{wc_flags, Completion, WcOpcode, WcStatus};
 use crate::Event;
@@ -701,7 +701,7 @@ impl Qp {
                 if at.store_u64(mem, word).is_err() {
                     return Err(gone());
                 }
-            } else if n > 0 && at.write(mem, data).is_err() {
+            } else if n > 0 && place(at, mem, data, ends).is_err() {
                 // An implicit region's page is not there (or not
                 // writable): the remote access error of a range outside
                 // a region; bytes of this packet before the hole may have
@@ -1278,5 +1278,111 @@ impl Qp {
             segs,
             pad: repr.pad_len() as u8,
         })
+    }
+}
+
+/// Place a WRITE packet's bytes at `at`. In the message's last packet the
+/// final eight bytes land after all the others (a Release fence between
+/// the two copies; packets are placed in PSN order, out-of-order ones held
+/// back), so a target that polls the end of its buffer — perftest's
+/// `write_lat`, softrdma-coll's flags — sees the whole message once it
+/// sees its end, as it does through the shared-memory lane's copy. IBA
+/// leaves the order of a WRITE's bytes undefined; softrdma defines it
+/// (docs/DESIGN.md, "The order a WRITE's bytes land in").
+fn place(at: Host, mem: &mut impl Memory, data: &[u8], last: bool) -> Result<(), crate::mr::Fault> {
+    if !last || data.len() <= 8 {
+        return at.write(mem, data);
+    }
+    let (head, tail) = data.split_at(data.len() - 8);
+    at.write(mem, head)?;
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+    Host {
+        addr: at.addr + head.len() as u64,
+        ..at
+    }
+    .write(mem, tail)
+}
+
+#[cfg(test)]
+mod place_tests {
+    use super::place;
+    use crate::mr::{Fault, Host, Memory, VecMemory};
+
+    /// VecMemory that records each write's address and length, in order.
+    struct Logged(VecMemory, Vec<(u64, usize)>);
+
+    impl Memory for Logged {
+        fn read(&self, addr: u64, out: &mut [u8]) {
+            self.0.read(addr, out)
+        }
+        fn write(&mut self, addr: u64, data: &[u8]) {
+            self.1.push((addr, data.len()));
+            self.0.write(addr, data)
+        }
+        fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> u64 {
+            self.0.compare_swap(addr, compare, swap)
+        }
+        fn fetch_add(&mut self, addr: u64, add: u64) -> u64 {
+            self.0.fetch_add(addr, add)
+        }
+        fn store_u64(&mut self, addr: u64, bytes: [u8; 8]) {
+            self.0.store_u64(addr, bytes)
+        }
+        fn read_checked(&self, addr: u64, out: &mut [u8]) -> Result<(), Fault> {
+            self.0.read_checked(addr, out)
+        }
+        fn write_checked(&mut self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+            self.1.push((addr, data.len()));
+            self.0.write_checked(addr, data)
+        }
+        fn compare_swap_checked(
+            &mut self,
+            addr: u64,
+            compare: u64,
+            swap: u64,
+        ) -> Result<u64, Fault> {
+            self.0.compare_swap_checked(addr, compare, swap)
+        }
+        fn fetch_add_checked(&mut self, addr: u64, add: u64) -> Result<u64, Fault> {
+            self.0.fetch_add_checked(addr, add)
+        }
+        fn store_u64_checked(&mut self, addr: u64, bytes: [u8; 8]) -> Result<(), Fault> {
+            self.0.store_u64_checked(addr, bytes)
+        }
+    }
+
+    /// The last packet of a WRITE places its final eight bytes in a copy
+    /// of their own, after the rest (checked regions too); other packets,
+    /// and a last packet of at most eight bytes, in one copy. The bytes are
+    /// the packet's, in place.
+    #[test]
+    fn a_writes_last_eight_bytes_land_last() {
+        for checked in [false, true] {
+            let base = 0x1000;
+            let data: Vec<u8> = (0..100u8).collect();
+            // (bytes, the message's last packet, the writes expected)
+            type Case<'a> = (&'a [u8], bool, Vec<(u64, usize)>);
+            let cases: [Case<'_>; 4] = [
+                (&data, true, vec![(base, 92), (base + 92, 8)]),
+                (&data, false, vec![(base, 100)]),
+                (&data[..8], true, vec![(base, 8)]),
+                (&data[..9], true, vec![(base, 1), (base + 1, 8)]),
+            ];
+            for (bytes, last, want) in cases {
+                let mut m = Logged(VecMemory::new(base, 256), Vec::new());
+                let at = Host {
+                    addr: base,
+                    checked,
+                };
+                place(at, &mut m, bytes, last).unwrap();
+                assert_eq!(
+                    m.1,
+                    want,
+                    "{} bytes, last {last}, checked {checked}",
+                    bytes.len()
+                );
+                assert_eq!(m.0.slice(base, bytes.len()), bytes);
+            }
+        }
     }
 }

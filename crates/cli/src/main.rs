@@ -8,8 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 /// `println!` for what the tools report: a reader that stopped reading
-/// (`softrdma perf … | head -1`) ends the program quietly, as it ends any
-/// Unix filter, where `println!` would panic.
+/// (`softrdma perf … | head -1`) is not an error (`println!` panicked).
 macro_rules! outln {
     () => { $crate::out(format_args!("\n")) };
     ($($t:tt)*) => { $crate::out(format_args!("{}\n", format_args!($($t)*))) };
@@ -22,22 +21,32 @@ macro_rules! out {
 
 mod cmd;
 
-/// Write to standard output; a closed pipe exits with success (the reader
-/// has what it wanted), any other failure as `println!` would.
+/// Write to standard output. Once the reader has closed the pipe, what
+/// follows is dropped and the run goes on to its normal end (children
+/// waited for, resources released) and exit status; any other failure
+/// panics as `println!` would.
 pub fn out(a: std::fmt::Arguments<'_>) {
     use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static CLOSED: AtomicBool = AtomicBool::new(false);
+    if CLOSED.load(Ordering::Relaxed) {
+        return;
+    }
     if let Err(e) = std::io::stdout().lock().write_fmt(a) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
+            CLOSED.store(true, Ordering::Relaxed);
+            return;
         }
         panic!("failed printing to stdout: {e}");
     }
 }
 
-/// Whether `e` is, at bottom, a write into a closed pipe.
+/// Whether `e`, or an error it wraps, is a write into a closed pipe.
 fn broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
-    e.downcast_ref::<std::io::Error>()
-        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    std::iter::successors(Some(e), |e| e.source()).any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 #[derive(Parser)]

@@ -246,38 +246,6 @@ fn json_parses_and_agrees_with_text_and_tshark() {
     }
 }
 
-/// `softrdma decode … | head -1` (or `devinfo`'s): a reader that stops reading ends the
-/// program quietly and successfully, as it ends any Unix filter — not with
-/// a panic or an error about the pipe. The pipe's read end is closed before
-/// the program writes anything, so its first write meets it closed.
-#[test]
-fn a_reader_that_stops_ends_the_program_quietly() {
-    use std::process::Stdio;
-    let cap = golden_dir().join("rc_read.pcap");
-    let cap = cap.to_str().expect("a UTF-8 path");
-    // devinfo's report is written the way every other tool's is.
-    for args in [
-        &["decode", cap][..],
-        &["decode", "--json", cap],
-        &["devinfo"],
-    ] {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_softrdma"))
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run softrdma");
-        drop(c.stdout.take());
-        let out = c.wait_with_output().expect("wait for softrdma");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && stderr.is_empty(),
-            "softrdma {args:?} into a closed pipe: {:?}, stderr {stderr:?}",
-            out.status
-        );
-    }
-}
-
 #[test]
 fn strict_fails_exactly_on_the_bad_icrc_capture() {
     for file in golden_files() {

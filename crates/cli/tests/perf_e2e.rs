@@ -302,3 +302,48 @@ fn ud_send_tests_with_rdma_cm() {
         }
     }
 }
+
+/// `softrdma perf … | head -1` (and `decode`'s, `devinfo`'s): a reader
+/// that stops reading is not an error — the run goes on to its normal end
+/// and succeeds, with nothing on stderr (println! panicked with a
+/// backtrace). Standard output is a pipe whose read end is closed before
+/// the program starts, so its first write meets it closed.
+#[test]
+fn a_reader_that_stops_is_not_an_error() {
+    let cap = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../wire/tests/golden/rc_read.pcap"
+    );
+    for args in [
+        &[
+            "perf",
+            "write_lat",
+            "-s",
+            "8",
+            "-n",
+            "1000",
+            "--loopback",
+            "--tsv",
+        ][..],
+        &["decode", cap],
+        &["decode", "--json", cap],
+        &["devinfo"],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let c = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run softrdma");
+        let out = finish(c, "softrdma into a closed pipe");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.is_empty(),
+            "softrdma {args:?} into a closed pipe: {:?}, stderr {stderr:?}",
+            out.status
+        );
+    }
+}

@@ -917,7 +917,9 @@ impl Peer {
     /// peer only (a new peer, a new [`Checked`]).
     ///
     /// # Safety
-    /// As for [`Peer::one_sided`].
+    /// As for [`Peer::one_sided`]; and `len` must be the sum of `local`'s
+    /// lengths: the target range is checked against the peer's region for
+    /// `len` bytes, and every byte of `local` is copied.
     ///
     /// With a `claim` of this peer's, the call uses the claimed word and
     /// takes no flag: the claim is borrowed exclusively for the call, so
@@ -986,7 +988,8 @@ impl Peer {
     }
 
     /// # Safety
-    /// As for [`Peer::one_sided`].
+    /// As for [`Peer::one_sided_checked`] (`len` the sum of `local`'s
+    /// lengths), with in-flight word `word` ours alone.
     unsafe fn one_sided_locked(
         &self,
         qps: &Qps,

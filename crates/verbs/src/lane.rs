@@ -404,6 +404,8 @@ impl Lane {
         // (a withdrawal, a deregistration) closes the lane first under the
         // engine's lock, and closing waits for the lane, which we hold
         // until this call returns. So the memory stays valid for the access.
+        // `total` is the sum of the spans' lengths (the SGEs left out have
+        // none), as `one_sided_checked` requires.
         let done = unsafe {
             match wr.op {
                 // A SEND fills the next receive the peer published for this

@@ -16,7 +16,14 @@ fn sim(args: &[&str]) -> Output {
 }
 
 fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("softrdma-sim-cli-{}-{name}", std::process::id()));
+    // Named by user too: a directory root's run left under the same pid
+    // is not the unprivileged run's to write in.
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    let d = std::env::temp_dir().join(format!(
+        "softrdma-sim-cli-{uid}-{}-{name}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d

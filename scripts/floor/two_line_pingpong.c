@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -23,8 +24,9 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const int iters = 1000000;
+    const int pause = !(argc > 1 && strcmp(argv[1], "nopause") == 0);
     int fd = memfd_create("two_line_pingpong", 0);
     if (fd < 0 || ftruncate(fd, 1 << 16) != 0) { perror("memfd"); return 1; }
     char *m = mmap(0, 1 << 16, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -34,7 +36,8 @@ int main(void) {
     if (p < 0) { perror("fork"); return 1; }
     if (p == 0) {
         for (int i = 1; i <= iters; i++) {
-            while (*b != (char)i) __builtin_ia32_pause();
+            while (*b != (char)i)
+                if (pause) __builtin_ia32_pause();
             *a = (char)i;
         }
         _exit(0);
@@ -42,10 +45,11 @@ int main(void) {
     double t0 = now();
     for (int i = 1; i <= iters; i++) {
         *b = (char)i;
-        while (*a != (char)i) __builtin_ia32_pause();
+        while (*a != (char)i)
+            if (pause) __builtin_ia32_pause();
     }
     double t = now() - t0;
     waitpid(p, 0, 0);
-    printf("one-way %.1f ns\n", t / iters / 2 * 1e9);
+    printf("one-way %.1f ns (%s)\n", t / iters / 2 * 1e9, pause ? "pause" : "nopause");
     return 0;
 }

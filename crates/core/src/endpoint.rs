@@ -300,6 +300,16 @@ pub enum OffloadLocal<'a> {
     Inline(&'a [u8]),
 }
 
+impl OffloadLocal<'_> {
+    /// The bytes it names, in all.
+    pub fn bytes(&self) -> u64 {
+        match *self {
+            OffloadLocal::Host(h) => h.iter().map(|&(_, l)| l as u64).sum(),
+            OffloadLocal::Inline(b) => b.len() as u64,
+        }
+    }
+}
+
 /// A connection that can carry out one-sided operations itself, at post,
 /// instead of sending them: the shared-memory transport reaching a peer
 /// process's registered memory directly, as an RNIC's loopback would. The

@@ -876,12 +876,8 @@ impl Peer {
     /// freed) before the call returns. The engine translates them under its
     /// lock; a lane while it holds its flag, which deregistration waits for.
     pub unsafe fn one_sided(&self, qps: Qps, op: &SendOp, local: OffloadLocal<'_>) -> bool {
-        let len = match local {
-            OffloadLocal::Host(h) => h.iter().map(|&(_, l)| l as u64).sum(),
-            OffloadLocal::Inline(b) => b.len() as u64,
-        };
-        // SAFETY: forwarded from the caller.
-        unsafe { self.one_sided_checked(&qps, op, &local, len, None, None) }
+        // SAFETY: forwarded from the caller; `len` is `local`'s.
+        unsafe { self.one_sided_checked(&qps, op, &local, local.bytes(), None, None) }
     }
 
     /// An in-flight word of ours in this peer's segment for the caller
@@ -940,13 +936,7 @@ impl Peer {
         checked: Option<&mut Checked>,
         claim: Option<&mut Claim>,
     ) -> bool {
-        debug_assert_eq!(
-            len,
-            match local {
-                OffloadLocal::Host(h) => h.iter().map(|&(_, l)| l as u64).sum(),
-                OffloadLocal::Inline(b) => b.len() as u64,
-            }
-        );
+        debug_assert_eq!(len, local.bytes());
         if !self.alive() {
             return false;
         }
@@ -1414,7 +1404,7 @@ unsafe fn execute(op: &SendOp, target: *mut u8, local: &OffloadLocal<'_>, len: u
                             // The tail's own span, after spans of the rest:
                             // keep the compiler from moving these stores
                             // ahead of the copies before them (the CPU
-                            // keeps stores in order, string copies' too).
+                            // orders them after a string copy's stores).
                             fence(Ordering::Release);
                         }
                         if n == 8 {

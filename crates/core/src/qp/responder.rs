@@ -1282,11 +1282,11 @@ impl Qp {
 }
 
 /// Place a WRITE packet's bytes at `at`. In the message's last packet the
-/// final eight bytes land after all the others (a Release fence between
-/// the two copies; packets are placed in PSN order, out-of-order ones held
-/// back), so a target that polls the end of its buffer — perftest's
-/// `write_lat`, softrdma-coll's flags — sees the whole message once it
-/// sees its end, as it does through the shared-memory lane's copy. IBA
+/// final eight bytes land after all the others (a fence between the two
+/// copies; packets are placed in PSN order, out-of-order ones held back),
+/// so a target that polls the end of its buffer — perftest's `write_lat`
+/// — sees the whole message once it sees its end, as it does through the
+/// shared-memory lane's copy. IBA
 /// leaves the order of a WRITE's bytes undefined; softrdma defines it
 /// (docs/DESIGN.md, "The order a WRITE's bytes land in").
 fn place(at: Host, mem: &mut impl Memory, data: &[u8], last: bool) -> Result<(), crate::mr::Fault> {

@@ -30,6 +30,9 @@ struct RxRing {
     msgs: Vec<libc::mmsghdr>,
     /// Entries the last `recv` filled.
     filled: usize,
+    /// Leading headers the kernel may have written into since they were
+    /// last set (see `reset_headers`).
+    dirty: usize,
 }
 
 /// One received entry.
@@ -42,7 +45,7 @@ struct Received<'a> {
 
 impl RxRing {
     pub(crate) fn new(n: usize, size: usize) -> RxRing {
-        RxRing {
+        let mut ring = RxRing {
             size,
             bufs: vec![0u8; n * size].into_boxed_slice(),
             iovs: vec![sys::empty_iovec(); n],
@@ -50,25 +53,33 @@ impl RxRing {
             cmsgs: vec![RxCmsg::new(); n],
             msgs: vec![sys::empty_mmsghdr(); n],
             filled: 0,
-        }
-    }
-
-    /// Receive what is waiting, without blocking; returns the entry count.
-    pub(crate) fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
-        let n = self.msgs.len();
-        let bufs = self.bufs.as_mut_ptr();
-        for (i, v) in self.iovs.iter_mut().enumerate() {
+            dirty: 0,
+        };
+        let bufs = ring.bufs.as_mut_ptr();
+        for (i, v) in ring.iovs.iter_mut().enumerate() {
             *v = libc::iovec {
-                iov_base: bufs.wrapping_add(i * self.size).cast(),
-                iov_len: self.size,
+                iov_base: bufs.wrapping_add(i * size).cast(),
+                iov_len: size,
             };
         }
+        ring.dirty = n;
+        ring.reset_headers();
+        ring
+    }
+
+    /// Point the first `dirty` headers at their own name, iovec and control
+    /// buffer again, with those buffers' full lengths. The kernel writes
+    /// back (lengths, flags) only into the headers of entries it filled,
+    /// and never into the iovecs or the pointers, so after a receive only
+    /// those need it: an empty poll — most polls of a busy-polling
+    /// application — then costs the system call alone, not 32 headers.
+    fn reset_headers(&mut self) {
         let (iovs, names, cmsgs) = (
             self.iovs.as_mut_ptr(),
             self.names.as_mut_ptr(),
             self.cmsgs.as_mut_ptr(),
         );
-        for (i, m) in self.msgs.iter_mut().enumerate() {
+        for (i, m) in self.msgs[..self.dirty].iter_mut().enumerate() {
             m.msg_hdr = libc::msghdr {
                 msg_name: names.wrapping_add(i).cast(),
                 msg_namelen: mem::size_of::<RawAddr>() as libc::socklen_t,
@@ -80,13 +91,32 @@ impl RxRing {
             };
             m.msg_len = 0;
         }
+        self.dirty = 0;
+    }
+
+    /// Receive what is waiting, without blocking; returns the entry count.
+    pub(crate) fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        let n = self.msgs.len();
+        self.reset_headers();
         self.filled = 0;
-        // SAFETY: each header points at its own name, iovec, control buffer
-        // and `size`-byte slice of `bufs`, all owned by `self`, with the
-        // lengths of those buffers; nothing else touches them during the call.
-        let got = unsafe { sys::recvmmsg(fd, &mut self.msgs[..n]) }?;
-        self.filled = got;
-        Ok(got)
+        // Until the call returns, assume it wrote into every header (a
+        // failure other than "nothing waiting" may have written into some).
+        self.dirty = n;
+        // SAFETY: `reset_headers` left every header pointing at its own
+        // name, iovec (which points at its own `size`-byte slice of `bufs`)
+        // and control buffer, all owned by `self` and never reallocated,
+        // with the lengths of those buffers; nothing else touches them
+        // during the call.
+        let res = unsafe { sys::recvmmsg(fd, &mut self.msgs[..n]) };
+        match res {
+            Ok(got) => {
+                self.filled = got;
+                self.dirty = got;
+            }
+            Err(ref e) if e.kind() == io::ErrorKind::WouldBlock => self.dirty = 0,
+            Err(_) => {}
+        }
+        res
     }
 
     /// Entry `i` of the last `recv`.

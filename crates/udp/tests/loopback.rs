@@ -329,6 +329,67 @@ fn gso_train_arrives_as_separate_datagrams() {
     assert_eq!(recv_n(&mut b, 4).len(), 4);
 }
 
+/// The receive ring sets a header up again only where the kernel wrote
+/// into it. A lone datagram's control data (no GRO segment size) is
+/// shorter than a coalesced train's: a header whose control length the
+/// lone datagram shrank and that was not set up again would cut the next
+/// entry's control data short, and its traffic class, hop limit or
+/// destination would be lost.
+#[test]
+fn each_receive_has_room_for_all_control_data() {
+    let ect0 = PortOptions {
+        traffic_class: 0x02,
+        ..PortOptions::default()
+    };
+    let mut a = Port::open_with(
+        PortConfig {
+            shared: false,
+            ..PortConfig::new(v4(35))
+        },
+        ect0,
+    )
+    .unwrap();
+    let mut b = port_v4(36);
+    assert!(
+        a.gso_enabled() && b.gro_enabled(),
+        "this test needs UDP GSO and GRO on loopback (Linux 5.0 and later)"
+    );
+    let sport = a.source_port(1);
+    for round in 0..3 {
+        // Two lone datagrams first, so that entries 0 and 1 both held one.
+        let lone: Vec<Pkt> = (0..2)
+            .map(|i| pkt(Opcode::RC_SEND_ONLY, 0x01_0005, round * 100 + i, 8))
+            .collect();
+        for p in &lone {
+            send_train(&mut a, b.local_gid(), std::slice::from_ref(p));
+        }
+        let got = recv_n(&mut b, 2);
+        assert_eq!(got.len(), 2, "round {round}: the lone datagrams");
+        for ((m, d), p) in got.iter().zip(&lone) {
+            assert_eq!(&d[..d.len() - 4], &p.body()[..]);
+            assert_eq!((m.src_port, m.traffic_class), (sport, 0x02));
+        }
+        let before = b.stats().gro_batches;
+        let train = write_train(0x01_0005);
+        send_train(&mut a, b.local_gid(), &train);
+        let got = recv_n(&mut b, train.len());
+        check_train(&got, &train, (v4(35), sport), v4(36));
+        for (i, (m, _)) in got.iter().enumerate() {
+            assert_eq!(
+                (m.traffic_class, m.hop_limit > 0, m.dgid),
+                (0x02, true, b.local_gid()),
+                "round {round}, datagram {i}: every control message read"
+            );
+        }
+        assert_eq!(
+            b.stats().gro_batches,
+            before + 1,
+            "round {round}: one GRO entry"
+        );
+    }
+    assert_eq!(b.stats().icrc_bad, 0);
+}
+
 #[test]
 fn gso_over_ipv6() {
     let (mut a, mut b) = v6_pair(15791, 15792);

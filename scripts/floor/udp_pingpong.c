@@ -1,0 +1,156 @@
+/* udp_pingpong: the kernel's floor under a UDP write_lat on this host.
+ *
+ * Two processes on loopback, each pinned to its own core, ping-pong one
+ * datagram over non-blocking sockets, busy-polling the receive as sockperf
+ * does. No RDMA, no library: only the system calls a RoCEv2 ping-pong
+ * cannot avoid, in one of two shapes:
+ *
+ *   plain     sendto/recvfrom of 16 bytes, one socket a side: what
+ *             `sockperf pp --nonblocked` measures (the peers' UDP row).
+ *   softrdma  the calls softrdma's UDP engine makes for an 8-byte RDMA
+ *             WRITE: sendmmsg of one 40-byte datagram gathered from three
+ *             iovecs (28 bytes of headers, the payload, the 4-byte ICRC)
+ *             from a send socket of its own (a QP's source port) to the
+ *             receive socket; recvmmsg of up to 32 entries with the
+ *             receive socket's options (UDP_GRO, IP_PKTINFO, IP_RECVTOS,
+ *             IP_RECVTTL, SO_RXQ_OVFL: their control messages, the sender's
+ *             address).
+ *
+ * Whatever a user-space RDMA stack does on top (headers, ICRC, queues,
+ * completions, an RC ACK) comes on top of the `softrdma` figure.
+ *
+ *   cc -O2 -o udp_pingpong scripts/floor/udp_pingpong.c
+ *   ./udp_pingpong softrdma [ITERS] [CPU_A CPU_B] [PORT]
+ *
+ * Prints the median and mean one-way time (half the round trip) in µs.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/udp.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+#define BATCH 32
+
+static int soft;
+
+static void die(const char *what) { perror(what); exit(2); }
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void pin(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) die("sched_setaffinity");
+}
+
+static int udp_socket(int port, int rx) {
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0), one = 1;
+    if (s < 0) die("socket");
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (bind(s, (void *)&a, sizeof a) != 0) die("bind");
+    if (soft && rx) {
+        setsockopt(s, SOL_UDP, UDP_GRO, &one, sizeof one);
+        setsockopt(s, IPPROTO_IP, IP_PKTINFO, &one, sizeof one);
+        setsockopt(s, IPPROTO_IP, IP_RECVTOS, &one, sizeof one);
+        setsockopt(s, IPPROTO_IP, IP_RECVTTL, &one, sizeof one);
+        setsockopt(s, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof one);
+    }
+    return s;
+}
+
+static char bufs[BATCH][2048], cms[BATCH][128];
+static struct sockaddr_in names[BATCH];
+static struct iovec riov[BATCH];
+static struct mmsghdr rmsg[BATCH];
+
+/* One receive, non-blocking: the datagrams it took. */
+static int receive(int s) {
+    if (!soft) {
+        int n = recvfrom(s, bufs[0], sizeof bufs[0], MSG_DONTWAIT, 0, 0);
+        return n > 0 ? 1 : 0;
+    }
+    for (int k = 0; k < BATCH; k++) {
+        riov[k] = (struct iovec){bufs[k], sizeof bufs[k]};
+        rmsg[k].msg_hdr = (struct msghdr){.msg_name = &names[k], .msg_namelen = sizeof names[k],
+                                          .msg_iov = &riov[k], .msg_iovlen = 1,
+                                          .msg_control = cms[k], .msg_controllen = sizeof cms[k]};
+    }
+    int n = recvmmsg(s, rmsg, BATCH, MSG_DONTWAIT, 0);
+    return n > 0 ? n : 0;
+}
+
+static void send_one(int s, struct mmsghdr *m, char *plain, size_t len, struct sockaddr_in *to) {
+    int r = soft ? sendmmsg(s, m, 1, 0) : (int)sendto(s, plain, len, 0, (void *)to, sizeof *to);
+    if (r != 1 && r != (int)len) die("send");
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || (strcmp(argv[1], "plain") && strcmp(argv[1], "softrdma"))) {
+        fprintf(stderr, "usage: %s plain|softrdma [ITERS] [CPU_A CPU_B] [PORT]\n", argv[0]);
+        return 2;
+    }
+    soft = strcmp(argv[1], "softrdma") == 0;
+    int iters = argc > 2 ? atoi(argv[2]) : 200000;
+    int cpu[2] = {argc > 4 ? atoi(argv[3]) : 0, argc > 4 ? atoi(argv[4]) : 1};
+    int base = argc > 5 ? atoi(argv[5]) : 27400 + getpid() % 1000 * 4;
+    if (iters < 1000) iters = 1000;
+    int warm = iters / 10;
+    /* Every socket exists before the fork: the first datagram has a
+     * receiver. A lost datagram (none should be, on loopback) ends the
+     * run by the alarm rather than hanging it. */
+    int rxs[2] = {udp_socket(base, 1), udp_socket(base + 1, 1)};
+    int txs[2] = {soft ? udp_socket(base + 2, 0) : rxs[0], soft ? udp_socket(base + 3, 0) : rxs[1]};
+    pid_t child = fork();
+    if (child < 0) die("fork");
+    int me = child == 0; /* 0: the client, which times; 1: the echo side */
+    alarm(120);
+    pin(cpu[me]);
+    int rx = rxs[me], tx = txs[me];
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(base + !me),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    char head[28] = {0}, payload[8] = {0}, icrc[4] = {0}, plain[16] = {0};
+    struct iovec tiov[3] = {{head, sizeof head}, {payload, sizeof payload}, {icrc, sizeof icrc}};
+    struct mmsghdr tmsg = {.msg_hdr = {.msg_name = &to, .msg_namelen = sizeof to,
+                                       .msg_iov = tiov, .msg_iovlen = 3}};
+    double *rtt = me ? 0 : malloc(sizeof(double) * iters);
+    for (int i = 0; i < warm + iters; i++) {
+        double t0 = now();
+        if (!me) send_one(tx, &tmsg, plain, sizeof plain, &to);
+        while (!receive(rx)) {
+        }
+        if (me) send_one(tx, &tmsg, plain, sizeof plain, &to);
+        else if (i >= warm) rtt[i - warm] = now() - t0;
+    }
+    if (me) return 0;
+    int status;
+    waitpid(child, &status, 0);
+    double sum = 0;
+    for (int i = 0; i < iters; i++) sum += rtt[i];
+    qsort(rtt, iters, sizeof *rtt, cmp);
+    printf("%s one-way p50 %.3f us avg %.3f us (%d round trips)\n", argv[1],
+           rtt[iters / 2] / 2 * 1e6, sum / iters / 2 * 1e6, iters);
+    return 0;
+}

@@ -490,20 +490,20 @@ impl Comm {
             Some(crate::Algo::Ring) => 1,
             Some(crate::Algo::RecursiveDoubling) => 2,
         };
-        let all = boot.allgather(&[u8::from(!any_udp), code])?;
+        let mut card = vec![u8::from(!any_udp), code];
+        card.extend_from_slice(&crate::cpus::Placement::of_this_process().to_bytes());
+        let all = boot.allgather(&card)?;
         let all_shm = size > 1 && all.iter().all(|v| v.first() == Some(&1));
         if let Some(p) = all.iter().position(|v| v.get(1) != Some(&code)) {
             return Err(Error::Invalid(format!(
                 "rank {p} chose another AllReduce algorithm (SOFTRDMA_COLL_ALGO) than rank {rank}: every rank must set the same"
             )));
         }
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let local_ranks = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
-            .or_else(|_| std::env::var("SLURM_NTASKS_PER_NODE"))
-            .or_else(|_| std::env::var("LOCAL_WORLD_SIZE"))
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(size);
+        let placements = all
+            .iter()
+            .map(|v| crate::cpus::Placement::from_bytes(v.get(2..).unwrap_or_default()))
+            .collect::<Vec<_>>();
+        let yield_when_idle = crate::cpus::oversubscribed(&placements, rank);
         Ok(Comm {
             rank,
             size,
@@ -519,7 +519,7 @@ impl Comm {
             ctx,
             by_qpn,
             wc: vec![Completion::default(); 32],
-            yield_when_idle: local_ranks > cpus,
+            yield_when_idle,
             any_udp,
             all_shm,
             user_sends: false,

@@ -29,6 +29,7 @@
 pub mod algo;
 pub mod boot;
 pub mod comm;
+mod cpus;
 pub mod reduce;
 
 pub use algo::{Algo, View};

@@ -3,44 +3,19 @@
 //! was. Runs as root (a mount namespace) and, in `scripts/test-unprivileged`,
 //! as a normal user (a user namespace too).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// A library directory `run` accepts (it checks for libibverbs.so.1; the
 /// programs here load no RDMA library), this call's alone and removed when
-/// dropped. Named by user, process and call: a directory named by the
-/// process alone, left behind by an earlier run as another user (root's,
-/// before `scripts/test-unprivileged`), was found again under the same
-/// process number and could not be written.
-struct LibDir(PathBuf);
-
-impl Drop for LibDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl std::ops::Deref for LibDir {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-fn lib_dir() -> LibDir {
-    use std::os::unix::fs::MetadataExt;
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let uid = std::fs::metadata("/proc/self").unwrap().uid();
-    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let d = std::env::temp_dir().join(format!(
-        "softrdma-run-test-{uid}-{}-{n}",
-        std::process::id()
-    ));
-    // Ours, if anything is there: a run of ours killed before its drop.
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::write(d.join("libibverbs.so.1"), b"").unwrap();
-    LibDir(d)
+/// dropped.
+fn lib_dir() -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix("softrdma-run-test-")
+        .tempdir()
+        .expect("a scratch directory");
+    std::fs::write(d.path().join("libibverbs.so.1"), b"").unwrap();
+    d
 }
 
 fn run(args: &[&str]) -> Output {
@@ -48,7 +23,7 @@ fn run(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_softrdma"))
         .arg("run")
         .arg("--lib-dir")
-        .arg(&*lib)
+        .arg(lib.path())
         .arg("--")
         .args(args)
         .env("SOFTRDMA_DEVICES", "srdma0=127.0.0.1,srdma1=::1")
@@ -152,7 +127,7 @@ fn misuse_is_named() {
     let o = Command::new(env!("CARGO_BIN_EXE_softrdma"))
         .arg("run")
         .arg("--lib-dir")
-        .arg(&*lib)
+        .arg(lib.path())
         .output()
         .unwrap();
     assert!(!o.status.success());

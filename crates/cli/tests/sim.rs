@@ -3,7 +3,7 @@
 //! `pfc.txt` formats, `summary.json`, plots, byte-identical reruns, and
 //! clear errors for bad input.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn sim(args: &[&str]) -> Output {
@@ -15,18 +15,12 @@ fn sim(args: &[&str]) -> Output {
         .expect("running softrdma sim")
 }
 
-fn dir(name: &str) -> PathBuf {
-    // Named by user too: a directory root's run left under the same pid
-    // is not the unprivileged run's to write in.
-    use std::os::unix::fs::MetadataExt;
-    let uid = std::fs::metadata("/proc/self").unwrap().uid();
-    let d = std::env::temp_dir().join(format!(
-        "softrdma-sim-cli-{uid}-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory of this test's own, removed when dropped.
+fn dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("softrdma-sim-cli-{name}-"))
+        .tempdir()
+        .expect("a scratch directory")
 }
 
 fn ok(o: &Output) -> String {
@@ -46,7 +40,8 @@ fn read(d: &Path, f: &str) -> String {
 
 #[test]
 fn hpcc_files_in_hpcc_files_out() {
-    let d = dir("hpcc");
+    let tmp = dir("hpcc");
+    let d = tmp.path();
     // Two ToRs of two hosts under one spine, in HPCC's topology format;
     // four flows in HPCC's flow format (start times in seconds).
     let topo = "7 3 6\n4 5 6\n0 4 100Gbps 1000ns 0\n1 4 100Gbps 1000ns 0\n2 5 100Gbps 1000ns 0\n3 5 100Gbps 1000ns 0\n4 6 400Gbps 1000ns 0\n5 6 400Gbps 1000ns 0\n";
@@ -108,12 +103,12 @@ fn hpcc_files_in_hpcc_files_out() {
         assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"), "{svg}");
     }
     assert!(read(&out, "links.csv").starts_with("node,port,peer,tier,"));
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn htsim_connection_matrix_and_pfc_log() {
-    let d = dir("htsim");
+    let tmp = dir("htsim");
+    let d = tmp.path();
     // htsim's .cm: 8:1 incast of 1 MB on a k=4 fat tree, PFC on, small buffer.
     let mut cm = String::from("Nodes 16\nConnections 8\n");
     for s in 1..=8 {
@@ -156,12 +151,12 @@ fn htsim_connection_matrix_and_pfc_log() {
             .unwrap()
             > 0
     );
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn same_seed_same_bytes() {
-    let d = dir("seed");
+    let tmp = dir("seed");
+    let d = tmp.path();
     let run = |name: &str| {
         let out = d.join(name);
         ok(&sim(&[
@@ -192,12 +187,12 @@ fn same_seed_same_bytes() {
         );
     }
     assert!(read(&a, "fct.txt").lines().count() > 20);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn bad_input_is_a_clear_error() {
-    let d = dir("bad");
+    let tmp = dir("bad");
+    let d = tmp.path();
     let out = d.join("out");
     let o = out.to_str().unwrap();
     for (args, want) in [
@@ -287,12 +282,12 @@ fn bad_input_is_a_clear_error() {
         assert!(err.contains(want), "{args:?}: wanted `{want}` in: {err}");
     }
     assert!(!out.exists(), "nothing written on a refused run");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn a_failed_link_is_routed_around() {
-    let d = dir("fail");
+    let tmp = dir("fail");
+    let d = tmp.path();
     let out = d.join("out");
     // leafspine: hosts 0..4 on leaf 8, 4..8 on leaf 9, spines 10 and 11.
     // Spine 10's link to leaf 9 fails 5 µs into a 2 MB transfer.
@@ -318,5 +313,4 @@ fn a_failed_link_is_routed_around() {
         .unwrap();
     let tx: u64 = row.split(',').nth(5).unwrap().parse().unwrap();
     assert!(tx < 2_000_000, "10→9 carried {tx} bytes");
-    std::fs::remove_dir_all(&d).unwrap();
 }

@@ -1160,9 +1160,11 @@ mod tests {
             writeln!(c, "  printf(\"%zu\\n\", (size_t){expr});").unwrap();
         }
         c.push_str("  return 0;\n}\n");
-        let dir =
-            std::env::temp_dir().join(format!("softrdma-ibverbs-layout-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("softrdma-ibverbs-layout-")
+            .tempdir()
+            .expect("a scratch directory");
+        let dir = tmp.path();
         let src = dir.join("layout.c");
         let exe = dir.join("layout");
         std::fs::write(&src, c).unwrap();
@@ -1183,7 +1185,6 @@ mod tests {
             .filter(|((_, r), c)| r != *c)
             .map(|((e, r), c)| format!("{e}: C {c}, Rust {r}"))
             .collect();
-        let _ = std::fs::remove_dir_all(&dir);
         assert!(
             wrong.is_empty(),
             "layout differs from verbs.h:\n{}",

@@ -2271,9 +2271,11 @@ mod tests {
             c.push_str(&format!("  printf(\"%zu\\n\", (size_t)({expr}));\n"));
         }
         c.push_str("  return 0;\n}\n");
-        let dir =
-            std::env::temp_dir().join(format!("softrdma-rdmacm-layout-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("softrdma-rdmacm-layout-")
+            .tempdir()
+            .expect("a scratch directory");
+        let dir = tmp.path();
         let src = dir.join("layout.c");
         let exe = dir.join("layout");
         std::fs::write(&src, c).unwrap();
@@ -2287,7 +2289,6 @@ mod tests {
         let out = std::process::Command::new(&exe).output().unwrap();
         let text = String::from_utf8(out.stdout).unwrap();
         let c_values: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
-        let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(c_values.len(), rust.len());
         let wrong: Vec<String> = rust
             .iter()

@@ -91,17 +91,18 @@ fn in_ns(ns: &Ns, prog: &std::path::Path, args: &[&str], devices: &str) -> Comma
     c
 }
 
-/// A runtime directory of this test's own (the port-sharing state).
-fn runtime_dir() -> std::path::PathBuf {
-    // Named by user too: a directory root's run left under the same pid
-    // is not the unprivileged run's to use.
-    use std::os::unix::fs::MetadataExt;
-    let uid = std::fs::metadata("/proc/self").unwrap().uid();
-    let d = std::env::temp_dir().join(format!("srdma-gid-rt-{uid}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("runtime dir");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-    d
+/// A runtime directory of this test's own (the port-sharing state),
+/// private to the user (`tempfile` makes it 0700); the test removes it
+/// when it ends.
+fn runtime_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        tempfile::Builder::new()
+            .prefix("srdma-gid-rt-")
+            .tempdir()
+            .expect("runtime dir")
+    })
+    .path()
 }
 
 fn softrdma() -> std::path::PathBuf {

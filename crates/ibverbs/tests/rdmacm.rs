@@ -26,30 +26,30 @@ struct Done {
 
 /// `name args` with our two libraries, its output to a file (rping -v
 /// prints more than a pipe holds).
-fn spawn(name: &str, args: &[&str], tag: &str) -> (Child, PathBuf) {
+fn spawn(name: &str, args: &[&str], tag: &str) -> (Child, tempfile::TempDir) {
     spawn_at(name, args, tag, "127.0.0.1")
 }
 
-/// [`spawn`] with the device on `addr`.
-fn spawn_at(name: &str, args: &[&str], tag: &str, addr: &str) -> (Child, PathBuf) {
+/// [`spawn`] with the device on `addr`. Its output goes to files in a
+/// directory of its own (removed with the returned handle).
+fn spawn_at(name: &str, args: &[&str], tag: &str, addr: &str) -> (Child, tempfile::TempDir) {
     common::require_rdmacm();
-    let path = std::env::temp_dir().join(format!(
-        "softrdma-rdmacm-{}-{tag}-{}.log",
-        name,
-        std::process::id()
-    ));
-    let f = std::fs::File::create(&path).unwrap();
-    let e = std::fs::File::create(path.with_extension("err")).unwrap();
+    let logs = tempfile::Builder::new()
+        .prefix(&format!("softrdma-rdmacm-{name}-{tag}-"))
+        .tempdir()
+        .expect("a scratch directory");
+    let f = std::fs::File::create(logs.path().join("out")).unwrap();
+    let e = std::fs::File::create(logs.path().join("err")).unwrap();
     let mut c: Command = common::command(name);
     c.args(args)
         .env("SOFTRDMA_DEVICES", format!("srdma0={addr}"))
         .env("SOFTRDMA_IBV_STATS", "0")
         .stdout(Stdio::from(f))
         .stderr(Stdio::from(e));
-    (c.spawn().expect("spawn"), path)
+    (c.spawn().expect("spawn"), logs)
 }
 
-fn wait(mut child: Child, path: PathBuf, deadline: Instant) -> Done {
+fn wait(mut child: Child, logs: tempfile::TempDir, deadline: Instant) -> Done {
     let ok = loop {
         match child.try_wait().expect("wait") {
             Some(s) => break s.success(),
@@ -61,10 +61,8 @@ fn wait(mut child: Child, path: PathBuf, deadline: Instant) -> Done {
             None => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    let stdout = std::fs::read_to_string(&path).unwrap_or_default();
-    let stderr = std::fs::read_to_string(path.with_extension("err")).unwrap_or_default();
-    let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_file(path.with_extension("err"));
+    let stdout = std::fs::read_to_string(logs.path().join("out")).unwrap_or_default();
+    let stderr = std::fs::read_to_string(logs.path().join("err")).unwrap_or_default();
     Done {
         ok,
         out: format!("{stdout}{stderr}"),

@@ -32,8 +32,11 @@ fn domains_srqs_and_target_qps_through_the_ops_table() {
         let vc = vctx(ctx);
         let open = vc.open_xrcd.expect("open_xrcd");
         let close = vc.close_xrcd.expect("close_xrcd");
-        let file = std::env::temp_dir().join(format!("softrdma-xrcd-{}", std::process::id()));
-        let f = std::fs::File::create(&file).unwrap();
+        let f = tempfile::Builder::new()
+            .prefix("softrdma-xrcd-")
+            .tempfile()
+            .expect("a scratch file")
+            .into_file();
         let fd = f.as_raw_fd();
         let mut attr = ibv_xrcd_init_attr {
             comp_mask: 3,
@@ -205,7 +208,6 @@ fn domains_srqs_and_target_qps_through_the_ops_table() {
         assert_eq!(ibv_dealloc_pd(pd), 0);
         assert_eq!(ibv_close_device(ctx), 0);
         drop(f);
-        let _ = std::fs::remove_file(&file);
     }
 }
 

@@ -259,8 +259,8 @@ pub fn assert_pair_ok(what: &str, s: &Output, c: &Output) {
 /// A test program compiled from `tests/c` ([`compile_c`]): its path, in a
 /// directory of its own that goes when this does.
 pub struct CProgram {
-    dir: PathBuf,
     exe: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 impl std::ops::Deref for CProgram {
@@ -276,28 +276,18 @@ impl AsRef<std::ffi::OsStr> for CProgram {
     }
 }
 
-impl Drop for CProgram {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// Compile one of `tests/c/*.c` against the system headers, linking
-/// `-libverbs` (and `extra`); it runs with our library first. Its directory
-/// is named by user, process and call: named by the process alone, one
-/// left behind by root's run was met again under the same pid by the
-/// unprivileged run (`scripts/test-unprivileged`), which could not write
-/// there.
+/// `-libverbs` (and `extra`); it runs with our library first.
 pub fn compile_c(name: &str, extra: &[&str]) -> CProgram {
-    use std::os::unix::fs::MetadataExt;
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let uid = std::fs::metadata("/proc/self").unwrap().uid();
-    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("softrdma-ctest-{uid}-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join(name);
-    let prog = CProgram { dir, exe };
+    let dir = tempfile::Builder::new()
+        .prefix("softrdma-ctest-")
+        .tempdir()
+        .expect("a scratch directory");
+    let prog = CProgram {
+        exe: dir.path().join(name),
+        _dir: dir,
+    };
     let out = std::process::Command::new("cc")
         .arg("-O1")
         .arg("-Wall")

@@ -290,7 +290,11 @@ fn outputs_are_deterministic_per_seed() {
         let r = Fabric::new(cfg, t, tr).unwrap().run();
         output::write_all(dir, &r, serde_json::json!({"seed": seed}), false).unwrap();
     };
-    let base = std::env::temp_dir().join(format!("softrdma-sim-det-{}", std::process::id()));
+    let tmp = tempfile::Builder::new()
+        .prefix("softrdma-sim-det-")
+        .tempdir()
+        .expect("a scratch directory");
+    let base = tmp.path();
     let (a, b, c) = (base.join("a"), base.join("b"), base.join("c"));
     go(7, &a);
     go(7, &b);
@@ -318,7 +322,6 @@ fn outputs_are_deterministic_per_seed() {
         std::fs::read(c.join("fct.txt")).unwrap(),
         "seed 8 is another run"
     );
-    std::fs::remove_dir_all(&base).unwrap();
 }
 
 /// Ring AllReduce as training runs it: 2(n − 1) dependent steps. On a

@@ -157,25 +157,29 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("srdma-rundir-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        d
+    /// A path that does not exist yet, in a scratch directory of the
+    /// test's own (removed with the returned handle).
+    fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let t = tempfile::Builder::new()
+            .prefix("srdma-rundir-")
+            .tempdir()
+            .expect("a scratch directory");
+        let d = t.path().join(name);
+        (t, d)
     }
 
     #[test]
     fn a_group_writable_directory_is_refused() {
-        let d = scratch("gw");
+        let (_t, d) = scratch("gw");
         ensure_dir(&d).unwrap();
         fs::set_permissions(&d, fs::Permissions::from_mode(0o770)).unwrap();
         let e = ensure_dir(&d).unwrap_err().to_string();
         assert!(e.contains("other users may change it"), "{e}");
-        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn symlinks_are_not_followed() {
-        let d = scratch("ln");
+        let (_t, d) = scratch("ln");
         ensure_dir(&d).unwrap();
         let target = d.join("target");
         fs::write(&target, b"x").unwrap();
@@ -188,7 +192,7 @@ mod tests {
         fs::set_permissions(&target, fs::Permissions::from_mode(0o644)).unwrap();
         assert!(open_file(&target, false, false).is_err());
         // A symlinked directory is refused too.
-        let dlink = scratch("dl");
+        let (_t2, dlink) = scratch("dl");
         std::os::unix::fs::symlink(&d, &dlink).unwrap();
         assert!(ensure_dir(&dlink).is_err());
         fs::remove_file(&dlink).unwrap();
@@ -196,6 +200,5 @@ mod tests {
         replace_file(&link, b"new").unwrap();
         assert_eq!(fs::read(&target).unwrap(), b"x");
         assert_eq!(fs::read(&link).unwrap(), b"new");
-        fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -505,8 +505,11 @@ fn fault_injection_is_seeded_and_counted() {
 
 #[test]
 fn pcap_frames_verify() {
-    let dir = std::env::temp_dir().join(format!("softrdma-udp-pcap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("softrdma-udp-pcap-")
+        .tempdir()
+        .expect("a scratch directory");
+    let dir = tmp.path();
     let (pa, pb) = (dir.join("a.pcap"), dir.join("b.pcap"));
     let cfg = |last, path: &std::path::Path| PortConfig {
         shared: false,
@@ -561,7 +564,6 @@ fn pcap_frames_verify() {
             assert_eq!(got, want, "frame {} of {}", r.number, path.display());
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

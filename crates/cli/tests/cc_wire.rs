@@ -1,9 +1,12 @@
 //! Congestion control over real sockets: `softrdma perf --cc dcqcn` between
 //! two network namespaces this test creates, joined by a veth pair, with a
-//! marking point on the client's egress: an nftables rule that marks 1 % of
-//! the ECN-capable RoCEv2 packets CE, as a switch's RED does above Kmin (the
+//! marking point on the client's egress: an nftables rule that marks every
+//! hundredth ECN-capable RoCEv2 packet CE (the first included), as a
+//! switch's RED does above Kmin at 1 %, but counted, not drawn: the rule
+//! sees a GSO train as one packet, so a run of 200 64 KiB WRITEs offers it
+//! only ~400, and a 1 % draw marked none in about one run in fifty. (The
 //! kernels this runs on need not have RED or fq_codel; nftables' `ip ecn
-//! set ce` is everywhere nf_tables is). The receiver answers the marks with
+//! set ce` is everywhere nf_tables is.) The receiver answers the marks with
 //! CNPs over UDP, the sender's reaction point takes them — and every byte
 //! arrives. Needs root, iproute2 and nftables (`.ci/run` installs them).
 
@@ -43,8 +46,8 @@ impl Drop for Namespaces {
 }
 
 /// Two namespaces joined by a veth pair, 198.18.`net`.1 (client) and .2
-/// (server), whose client egress marks 1 % of its ECN-capable RoCEv2
-/// datagrams CE. `tag` keeps the names of concurrent tests apart, `net`
+/// (server), whose client egress marks every hundredth of its ECN-capable
+/// RoCEv2 datagrams CE (a GSO train counts as one). `tag` keeps the names of concurrent tests apart, `net`
 /// their addresses: softrdma's port-sharing state is per address in the
 /// user's runtime directory, which namespaces share, so two tests' clients
 /// on one address would take each other for members of one group.
@@ -70,7 +73,7 @@ fn marking_pair(tag: &str, net: u8) -> (Namespaces, String, String) {
     );
     nft(
         &a,
-        "add rule ip srcc post udp dport 4791 ip ecn ect0 numgen random mod 100 0 ip ecn set ce",
+        "add rule ip srcc post udp dport 4791 ip ecn ect0 numgen inc mod 100 0 ip ecn set ce",
     );
     (guard, a, b)
 }

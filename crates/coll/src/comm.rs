@@ -503,7 +503,20 @@ impl Comm {
             .iter()
             .map(|v| crate::cpus::Placement::from_bytes(v.get(2..).unwrap_or_default()))
             .collect::<Vec<_>>();
-        let yield_when_idle = crate::cpus::oversubscribed(&placements, rank);
+        // Without a boot ID (no /proc) a rank cannot tell which ranks share
+        // its host: the launcher's count of local ranks, against the CPUs
+        // this process may use, decides.
+        let yield_when_idle = if placements.get(rank).is_some_and(|p| p.host_known()) {
+            crate::cpus::oversubscribed(&placements, rank)
+        } else {
+            let local_ranks = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+                .or_else(|_| std::env::var("SLURM_NTASKS_PER_NODE"))
+                .or_else(|_| std::env::var("LOCAL_WORLD_SIZE"))
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(size);
+            local_ranks > std::thread::available_parallelism().map_or(1, |n| n.get())
+        };
         Ok(Comm {
             rank,
             size,

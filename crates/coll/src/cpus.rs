@@ -2,10 +2,12 @@
 //! rank that waits yields its CPU: spinning, it would hold a core that
 //! another rank of the host needs to make the progress it waits for.
 //!
-//! Each rank tells the others its host (the kernel's boot ID) and the CPUs
-//! it may run on (its affinity mask); the ranks of a host are
-//! oversubscribed when they are more than the CPUs in the union of their
-//! masks. Under `mpirun --bind-to core` each rank may run on one CPU of its
+//! Each rank tells the others its host (the kernel's boot ID), the CPUs it
+//! may run on (its affinity mask) and, where a CPU quota (a cgroup's
+//! `cpu.max`, as `docker --cpus`) allows it fewer than its mask has, that
+//! number; the ranks of a host are oversubscribed when they are more than
+//! the CPUs in the union of their masks, or than the smallest quota among
+//! them. Under `mpirun --bind-to core` each rank may run on one CPU of its
 //! own — two ranks, two CPUs, no need to yield — where this process's own
 //! count (`available_parallelism`: one) would have said yield, a system
 //! call in every turn of every wait.
@@ -13,7 +15,7 @@
 /// Words of the affinity mask: 1024 CPUs, glibc's `cpu_set_t`.
 const WORDS: usize = 16;
 /// Bytes of a placement on the wire.
-const LEN: usize = 16 + 8 * WORDS;
+const LEN: usize = 16 + 8 * WORDS + 4;
 
 /// Where one rank runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +24,9 @@ pub(crate) struct Placement {
     host: [u8; 16],
     /// The CPUs the rank may run on.
     cpus: [u64; WORDS],
+    /// The CPUs a quota lets it use, where fewer than its mask has
+    /// (`u32::MAX`: no such limit).
+    quota: u32,
 }
 
 impl Placement {
@@ -40,18 +45,25 @@ impl Placement {
                 cpus[c / 64] |= 1 << (c % 64);
             }
         }
+        // `available_parallelism` is the smaller of the mask's count and
+        // the cgroup's CPU quota: smaller than the mask, it is the quota.
+        let in_mask = cpus.iter().map(|w| w.count_ones()).sum::<u32>();
+        let quota = std::thread::available_parallelism()
+            .map_or(u32::MAX, |n| u32::try_from(n.get()).unwrap_or(u32::MAX));
         Placement {
             host: boot_id().unwrap_or_default(),
             cpus,
+            quota: if quota < in_mask { quota } else { u32::MAX },
         }
     }
 
     pub(crate) fn to_bytes(&self) -> [u8; LEN] {
         let mut b = [0u8; LEN];
         b[..16].copy_from_slice(&self.host);
-        for (w, c) in b[16..].chunks_exact_mut(8).zip(&self.cpus) {
+        for (w, c) in b[16..LEN - 4].chunks_exact_mut(8).zip(&self.cpus) {
             w.copy_from_slice(&c.to_le_bytes());
         }
+        b[LEN - 4..].copy_from_slice(&self.quota.to_le_bytes());
         b
     }
 
@@ -61,36 +73,46 @@ impl Placement {
         let mut p = Placement {
             host: [0; 16],
             cpus: [0; WORDS],
+            quota: u32::MAX,
         };
         if b.len() == LEN {
             p.host.copy_from_slice(&b[..16]);
-            for (c, w) in p.cpus.iter_mut().zip(b[16..].chunks_exact(8)) {
+            for (c, w) in p.cpus.iter_mut().zip(b[16..LEN - 4].chunks_exact(8)) {
                 *c = u64::from_le_bytes(w.try_into().expect("8 bytes"));
             }
+            p.quota = u32::from_le_bytes(b[LEN - 4..].try_into().expect("4 bytes"));
         }
         p
+    }
+
+    /// Whether this rank's host is known (it has a boot ID).
+    pub(crate) fn host_known(&self) -> bool {
+        self.host != [0; 16]
     }
 }
 
 /// Whether the ranks on `rank`'s host are more than the CPUs they may run
-/// on between them. A rank whose host is unknown counts as alone on it.
+/// on between them (the union of their masks, or the smallest quota among
+/// them if smaller). A rank whose host is unknown counts as alone on it
+/// (the caller then asks the launcher how many share it).
 pub(crate) fn oversubscribed(all: &[Placement], rank: usize) -> bool {
     let Some(me) = all.get(rank) else {
         return false;
     };
-    let known = me.host != [0; 16];
     let mut union = [0u64; WORDS];
+    let mut quota = u32::MAX;
     let mut ranks = 0usize;
     for (r, p) in all.iter().enumerate() {
-        if r == rank || (known && p.host == me.host) {
+        if r == rank || (me.host_known() && p.host == me.host) {
             ranks += 1;
+            quota = quota.min(p.quota);
             for (u, c) in union.iter_mut().zip(&p.cpus) {
                 *u |= c;
             }
         }
     }
     let cpus = union.iter().map(|w| w.count_ones() as usize).sum::<usize>();
-    ranks > cpus
+    ranks > cpus.min(quota as usize)
 }
 
 /// The kernel's boot ID: one per running host (a container or network
@@ -121,6 +143,7 @@ mod tests {
         let mut p = Placement {
             host: [host; 16],
             cpus: [0; WORDS],
+            quota: u32::MAX,
         };
         for &c in cpus {
             p.cpus[c / 64] |= 1 << (c % 64);
@@ -148,6 +171,23 @@ mod tests {
     }
 
     #[test]
+    fn a_quota_below_the_mask_counts() {
+        // docker --cpus=2 on a 4-CPU host: every rank may run on all four,
+        // but together they get two.
+        let q = |mut p: Placement| {
+            p.quota = 2;
+            p
+        };
+        let all = [
+            q(at(1, &[0, 1, 2, 3])),
+            q(at(1, &[0, 1, 2, 3])),
+            q(at(1, &[0, 1, 2, 3])),
+        ];
+        assert!(oversubscribed(&all, 0));
+        assert!(!oversubscribed(&all[..2], 0));
+    }
+
+    #[test]
     fn only_ranks_of_the_same_host_count() {
         // Each host runs two ranks on its two CPUs.
         let all = [
@@ -164,7 +204,9 @@ mod tests {
 
     #[test]
     fn placements_cross_the_wire_unchanged() {
-        let p = at(7, &[0, 63, 64, 1023]);
+        let mut p = at(7, &[0, 63, 64, 1023]);
+        assert_eq!(Placement::from_bytes(&p.to_bytes()), p);
+        p.quota = 3;
         assert_eq!(Placement::from_bytes(&p.to_bytes()), p);
         // Bytes of another length: a host of its own, no CPU.
         assert_eq!(Placement::from_bytes(&[1, 2, 3]), at(0, &[]));

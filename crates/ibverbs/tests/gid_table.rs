@@ -92,13 +92,15 @@ fn in_ns(ns: &Ns, prog: &std::path::Path, args: &[&str], devices: &str) -> Comma
 }
 
 /// A runtime directory of this test's own (the port-sharing state),
-/// private to the user (`tempfile` makes it 0700); the test removes it
-/// when it ends.
+/// private to the user (0700: softrdma refuses a runtime directory others
+/// may write in); the test removes it when it ends.
 fn runtime_dir() -> &'static std::path::Path {
+    use std::os::unix::fs::PermissionsExt;
     static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         tempfile::Builder::new()
             .prefix("srdma-gid-rt-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir()
             .expect("runtime dir")
     })

@@ -10,10 +10,11 @@
  *             WRITE: sendmmsg of one 40-byte datagram gathered from three
  *             iovecs (28 bytes of headers, the payload, the 4-byte ICRC)
  *             from a send socket of its own (a QP's source port) to the
- *             receive socket; recvmmsg of up to 32 entries with the
- *             receive socket's options (UDP_GRO, IP_PKTINFO, IP_RECVTOS,
- *             IP_RECVTTL, SO_RXQ_OVFL: their control messages, the sender's
- *             address).
+ *             receive socket; a recvmsg after an empty poll and a
+ *             recvmmsg of up to 32 entries after one that found
+ *             datagrams, with the receive socket's options (UDP_GRO,
+ *             IP_PKTINFO, IP_RECVTOS, IP_RECVTTL, SO_RXQ_OVFL: their
+ *             control messages, the sender's address).
  *
  * Whatever softrdma does on top (headers, ICRC, queues, completions, an
  * RC ACK) comes on top of the `softrdma` figure. (A leaner engine could
@@ -84,10 +85,12 @@ static struct sockaddr_in names[BATCH];
 static struct iovec riov[BATCH];
 static struct mmsghdr rmsg[BATCH];
 
-/* One receive, non-blocking: the datagrams it took. As softrdma's ring,
+/* One receive, non-blocking: the datagrams it took. As softrdma's ring:
  * the headers the kernel wrote into (the entries the last call filled) are
- * set up again before the next call, and only those. */
-static int dirty = BATCH;
+ * set up again before the next call, and only those; after a call that
+ * found nothing, one recvmsg, after one that found datagrams, a recvmmsg
+ * of the whole batch. */
+static int dirty = BATCH, idle = 1;
 static int receive(int s) {
     if (!soft) {
         int n = recvfrom(s, bufs[0], sizeof bufs[0], MSG_DONTWAIT, 0, 0);
@@ -99,8 +102,10 @@ static int receive(int s) {
                                           .msg_iov = &riov[k], .msg_iovlen = 1,
                                           .msg_control = cms[k], .msg_controllen = sizeof cms[k]};
     }
-    int n = recvmmsg(s, rmsg, BATCH, MSG_DONTWAIT, 0);
+    int n = idle ? (recvmsg(s, &rmsg[0].msg_hdr, MSG_DONTWAIT) >= 0 ? 1 : -1)
+                 : recvmmsg(s, rmsg, BATCH, MSG_DONTWAIT, 0);
     dirty = n > 0 ? n : (errno == EAGAIN ? 0 : BATCH);
+    idle = n <= 0;
     return n > 0 ? n : 0;
 }
 

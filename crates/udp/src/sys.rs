@@ -243,6 +243,25 @@ pub(crate) unsafe fn recvmmsg(fd: RawFd, msgs: &mut [libc::mmsghdr]) -> io::Resu
     }
 }
 
+/// Receive one datagram without blocking into `m` (as the first entry of a
+/// [`recvmmsg`] would: its `msg_len` set to the datagram's length); returns
+/// 1.
+///
+/// # Safety
+///
+/// As for [`recvmmsg`], for the one header.
+pub(crate) unsafe fn recvmsg(fd: RawFd, m: &mut libc::mmsghdr) -> io::Result<usize> {
+    // SAFETY: the header is valid; the buffers it points to are the
+    // caller's obligation.
+    let n = unsafe { libc::recvmsg(fd, &mut m.msg_hdr, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        m.msg_len = n as libc::c_uint;
+        Ok(1)
+    }
+}
+
 /// Wait up to `timeout_ms` for the socket to become writable.
 pub(crate) fn poll_writable(fd: RawFd, timeout_ms: i32) {
     let mut p = libc::pollfd {

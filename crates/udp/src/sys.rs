@@ -206,6 +206,19 @@ pub(crate) fn iovec_for(b: &[u8]) -> libc::iovec {
 /// each of those points to) and `msg_control` in `msgs` must be valid for
 /// reads for the duration of the call.
 pub(crate) unsafe fn sendmmsg(fd: RawFd, msgs: &mut [libc::mmsghdr]) -> io::Result<usize> {
+    if let [m] = msgs {
+        // One message (a ping-pong's datagram, or one GSO train): a
+        // `sendmsg`, which copies no `mmsghdr` array in and no length
+        // back out.
+        // SAFETY: the header is valid; the pointers inside are the
+        // caller's obligation (see above).
+        let n = unsafe { libc::sendmsg(fd, &m.msg_hdr, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        m.msg_len = n as libc::c_uint;
+        return Ok(1);
+    }
     // SAFETY: the array itself is valid for `msgs.len()` entries, which the
     // kernel writes `msg_len` into; the pointers inside are the caller's
     // obligation (see above).

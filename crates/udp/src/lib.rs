@@ -15,7 +15,9 @@
 //!   [`Port::push`] takes it on the promise that it stays put until
 //!   [`Port::flush`].
 //! * **Batches.** `sendmmsg` and `recvmmsg` over arrays allocated once per
-//!   port. Runs of equal datagrams to one QP go out as one UDP GSO send
+//!   port (a flush of one message is a `sendmsg`, and a receive after one
+//!   that found nothing a `recvmsg`: a poller back at an idle socket mostly
+//!   finds one datagram). Runs of equal datagrams to one QP go out as one UDP GSO send
 //!   (`UDP_SEGMENT`); GRO coalesces them on receive. Both are detected at run
 //!   time and fall back silently.
 //! * **ICRC.** Computed on send over the IPv4 (ID 0, DF; segment index in a
@@ -208,7 +210,10 @@ pub struct PortStats {
     /// datagrams.
     pub gro_batches: u64,
     pub gro_segments: u64,
+    /// Send system calls (`sendmmsg`, or `sendmsg` for one message).
     pub sendmmsg_calls: u64,
+    /// Receive system calls that took datagrams (`recvmmsg`, or `recvmsg`
+    /// after a receive that found nothing).
     pub recvmmsg_calls: u64,
     /// pcap records that could not be written.
     pub pcap_errors: u64,

@@ -35,6 +35,8 @@ const IPV6_MULTICAST_ALL: libc::c_int = 29;
 pub(crate) struct Group {
     pub(crate) addr: IpAddr,
     pub(crate) sock: Socket,
+    /// Its last receive found nothing (see `rx::Receiver::recv`).
+    pub(crate) idle: bool,
     /// Its slot in `crate::forkguard` (a forked child must not keep the
     /// membership either).
     fork_slot: Option<usize>,
@@ -128,6 +130,7 @@ pub(crate) fn open(local: IpAddr, group: IpAddr, port: u16) -> io::Result<Group>
     }
     let fork_slot = crate::forkguard::register(fd);
     Ok(Group {
+        idle: true,
         addr: group,
         sock,
         fork_slot,

@@ -57,6 +57,10 @@ pub struct Port {
     batch: usize,
     txq: TxQueue,
     rx: Receiver,
+    /// The socket's last receive found nothing (see `rx::Receiver::recv`).
+    rx_idle: bool,
+    /// Datagram entries the last [`Port::recv`] took off the socket.
+    rx_taken: usize,
     gro: bool,
     fault: Option<Injector>,
     held: VecDeque<Held>,
@@ -204,6 +208,8 @@ impl Port {
             // Room for GRO entries even with GRO off, so that turning it on
             // or off never reallocates.
             rx: Receiver::new(cfg.batch, GRO_BUF),
+            rx_idle: true,
+            rx_taken: 0,
             gro,
             fault: cfg.fault.map(Injector::new),
             held: VecDeque::with_capacity(MAX_HELD),
@@ -518,23 +524,27 @@ impl Port {
         )
     }
 
-    /// Receive what is waiting (up to a batch of `recvmmsg` entries; more
-    /// datagrams with GRO) without blocking. Each datagram's ICRC is checked
-    /// (see [`crate::policy`]); bad ones are counted and dropped. Calls `f`
-    /// with each good datagram (the UDP payload, ICRC included) and returns
-    /// how many there were.
+    /// Receive what is waiting (one datagram after a receive that found
+    /// nothing, else up to a batch of `recvmmsg` entries; more datagrams
+    /// with GRO) without blocking. Each datagram's ICRC is checked (see
+    /// [`crate::policy`]); bad ones are counted and dropped. Calls `f` with
+    /// each good datagram (the UDP payload, ICRC included) and returns how
+    /// many there were; [`Port::taken`] says whether anything was taken
+    /// off the socket, good or not.
     pub fn recv(&mut self, f: impl FnMut(&RxMeta, &[u8])) -> io::Result<usize> {
         let slot = matches!(self.steering, Steering::Shared { .. }).then_some(self.slot);
         let fd = self.sock.as_raw_fd();
         let mut ev = RxEvents::default();
-        let n = self.rx.recv(
-            fd,
+        self.rx_taken = 0;
+        let (n, taken) = self.rx.recv(
+            (fd, &mut self.rx_idle),
             self.local.addr,
             slot,
             (&mut self.stats, &mut ev),
             &mut self.capture,
             f,
         )?;
+        self.rx_taken = taken;
         if ev.mixed_gro && self.gro && slot.is_some() {
             // GRO merged datagrams of one UDP flow for different
             // destination QPs (a peer that does not keep one source port
@@ -594,18 +604,29 @@ impl Port {
     pub fn recv_groups(&mut self, mut f: impl FnMut(&RxMeta, &[u8])) -> io::Result<usize> {
         let mut n = 0;
         let port = self.local.addr.port();
-        for g in &self.groups {
+        for g in &mut self.groups {
             let mut ev = RxEvents::default();
-            n += self.rx.recv(
-                g.sock.as_raw_fd(),
-                SocketAddr::new(g.addr, port),
-                None,
-                (&mut self.stats, &mut ev),
-                &mut self.capture,
-                &mut f,
-            )?;
+            n += self
+                .rx
+                .recv(
+                    (g.sock.as_raw_fd(), &mut g.idle),
+                    SocketAddr::new(g.addr, port),
+                    None,
+                    (&mut self.stats, &mut ev),
+                    &mut self.capture,
+                    &mut f,
+                )?
+                .0;
         }
         Ok(n)
+    }
+
+    /// Datagram entries the last [`Port::recv`] took off the socket, good
+    /// or not: a caller that drains the socket (an edge-triggered waiter)
+    /// goes on while this is non-zero, even when a bad datagram left
+    /// nothing to deliver.
+    pub fn taken(&self) -> usize {
+        self.rx_taken
     }
 }
 

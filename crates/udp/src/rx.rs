@@ -1,5 +1,6 @@
-//! The receive path: one `recvmmsg` into preallocated buffers, then per
-//! datagram the ICRC check ([`crate::check`]) under the sender policy
+//! The receive path: one `recvmsg` (after a receive that found nothing) or
+//! `recvmmsg` (after one that found datagrams) into preallocated buffers,
+//! then per datagram the ICRC check ([`crate::check`]) under the sender policy
 //! ([`crate::policy`]), capture, and delivery.
 //!
 //! With `UDP_GRO` on, one entry can hold several datagrams of one sender
@@ -33,8 +34,6 @@ struct RxRing {
     /// Leading headers the kernel may have written into since they were
     /// last set (see `reset_headers`).
     dirty: usize,
-    /// The last receive found nothing waiting.
-    idle: bool,
 }
 
 /// One received entry.
@@ -56,7 +55,6 @@ impl RxRing {
             msgs: vec![sys::empty_mmsghdr(); n],
             filled: 0,
             dirty: 0,
-            idle: true,
         };
         let bufs = ring.bufs.as_mut_ptr();
         for (i, v) in ring.iovs.iter_mut().enumerate() {
@@ -97,18 +95,11 @@ impl RxRing {
         self.dirty = 0;
     }
 
-    /// Receive what is waiting, without blocking; returns the entry count.
-    ///
-    /// After a call that found nothing, one `recvmsg`: a poller that comes
-    /// back to an idle socket mostly finds one datagram (a ping-pong's
-    /// reply), and a `recvmmsg` would go on to look for a second — a
-    /// header copied in and an empty queue checked, ~0.25 µs a one-way trip
-    /// of a UDP ping-pong on the VM this was measured on
-    /// (`scripts/floor/udp_pingpong.c`, alternating runs). After a call
-    /// that found datagrams, a `recvmmsg` of the whole ring: more may be
-    /// queued behind them, and a stream is received in batches.
-    pub(crate) fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
-        let n = if self.idle { 1 } else { self.msgs.len() };
+    /// Receive what is waiting, without blocking; returns the entry count:
+    /// with `single`, one `recvmsg` into the first entry, else one
+    /// `recvmmsg` of the whole ring.
+    pub(crate) fn recv(&mut self, fd: RawFd, single: bool) -> io::Result<usize> {
+        let n = if single { 1 } else { self.msgs.len() };
         self.reset_headers();
         self.filled = 0;
         // Until the call returns, assume it wrote into every header it was
@@ -131,12 +122,8 @@ impl RxRing {
             Ok(got) => {
                 self.filled = got;
                 self.dirty = got;
-                self.idle = got == 0;
             }
-            Err(ref e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.dirty = 0;
-                self.idle = true;
-            }
+            Err(ref e) if e.kind() == io::ErrorKind::WouldBlock => self.dirty = 0,
             Err(_) => {}
         }
         res
@@ -198,30 +185,39 @@ impl Receiver {
         }
     }
 
-    /// One `recvmmsg` on `fd` (bound to `local`), then check and deliver.
+    /// One receive on `fd` (bound to `local`), then check and deliver.
     /// With `slot`, datagrams for other QPN slots are dropped (a shared
-    /// port should never get any).
+    /// port should never get any). Returns the good datagrams delivered
+    /// and the entries taken off the socket, good or not.
+    ///
+    /// `idle` is the socket's own: whether its last receive found nothing.
+    /// Then this one is a `recvmsg` of one entry — a poller back at an idle
+    /// socket mostly finds one datagram (a ping-pong's reply), and a
+    /// `recvmmsg` would go on to look for a second: a header copied in and
+    /// an empty queue checked, ~0.25 µs a one-way trip of a UDP ping-pong
+    /// on the VM this was measured on (`scripts/floor/udp_pingpong.c`,
+    /// alternating runs). After a receive that found datagrams, a
+    /// `recvmmsg` of the whole ring: more may be queued behind them, and a
+    /// stream is received in batches.
     pub(crate) fn recv(
         &mut self,
-        fd: RawFd,
+        (fd, idle): (RawFd, &mut bool),
         local: SocketAddr,
         slot: Option<u8>,
         (stats, events): (&mut PortStats, &mut RxEvents),
         capture: &mut Option<Capture>,
         mut f: impl FnMut(&RxMeta, &[u8]),
-    ) -> io::Result<usize> {
-        let n = match self.ring.recv(fd) {
+    ) -> io::Result<(usize, usize)> {
+        let n = match self.ring.recv(fd, *idle) {
             Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
-                return Ok(0)
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                *idle = true;
+                return Ok((0, 0));
             }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok((0, 0)),
             Err(e) => return Err(e),
         };
+        *idle = n == 0;
         stats.recvmmsg_calls += 1;
         let local_gid = gid_of(local.ip());
         let mut good = 0;
@@ -290,7 +286,7 @@ impl Receiver {
                 }
             }
         }
-        Ok(good)
+        Ok((good, n))
     }
 }
 

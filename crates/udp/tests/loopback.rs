@@ -182,6 +182,46 @@ fn corrupted_icrc_is_dropped_and_counted() {
     assert_eq!((s.icrc_bad, s.rx_malformed, s.rx_packets), (3, 1, 5));
 }
 
+/// After a receive that found nothing, the next takes one datagram (a
+/// `recvmsg`); after one that found datagrams, a batch. A bad datagram is
+/// delivered to nobody but counts as taken, so a caller draining the
+/// socket goes on to the good ones behind it. An idle multicast group
+/// between the receives does not make the unicast socket look idle.
+#[test]
+fn a_receive_after_an_empty_one_takes_one_then_a_batch() {
+    let mut b = port_v4(37);
+    let group = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 37];
+    b.join_group(group).expect("joining a group on loopback");
+    let src: SocketAddr = "127.0.0.38:4791".parse().unwrap();
+    let dst = b.local_addr();
+    let plain = UdpSocket::bind(src).unwrap();
+    let mut got = Vec::new();
+    assert_eq!(b.recv(|_, d| got.push(d.to_vec())).unwrap(), 0);
+    assert_eq!(b.taken(), 0);
+    let good: Vec<Vec<u8>> = (0..4)
+        .map(|i| datagram_v4(&send_only(0x01_0000, i, 40), src, dst, 0))
+        .collect();
+    let mut bad = good[0].clone();
+    bad[30] ^= 0x10;
+    // Loopback queues a datagram before send_to returns.
+    plain.send_to(&bad, dst).unwrap();
+    for d in &good {
+        plain.send_to(d, dst).unwrap();
+    }
+    let calls = b.stats().recvmmsg_calls;
+    // The bad one alone: nothing delivered, one taken.
+    assert_eq!(b.recv(|_, d| got.push(d.to_vec())).unwrap(), 0);
+    assert_eq!(b.taken(), 1);
+    assert_eq!(b.stats().icrc_bad, 1);
+    // An idle group in between.
+    assert_eq!(b.recv_groups(|_, _| {}).unwrap(), 0);
+    // Then the four good ones in one batch.
+    assert_eq!(b.recv(|_, d| got.push(d.to_vec())).unwrap(), 4);
+    assert_eq!(b.taken(), 4);
+    assert_eq!(got, good);
+    assert_eq!(b.stats().recvmmsg_calls, calls + 2);
+}
+
 fn v4gid(last: u8) -> [u8; 16] {
     std::net::Ipv4Addr::new(127, 0, 0, last)
         .to_ipv6_mapped()

@@ -504,7 +504,11 @@ impl State {
                     recv.after_packet(ep, q);
                 }
             }) {
-                Ok(n) => p.rx = n > 0,
+                // Anything taken off the socket counts, a bad datagram
+                // too: the engine thread drains an edge-triggered socket
+                // while passes receive, and must not stop at a bad one
+                // with good ones queued behind it.
+                Ok(n) => p.rx = n > 0 || port.taken() > 0,
                 Err(e) => eprintln!("softrdma: receive failed: {e}"),
             }
             // Multicast groups' sockets (none unless a QP is attached):

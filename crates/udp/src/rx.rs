@@ -131,6 +131,7 @@ impl RxRing {
 
     /// Entry `i` of the last `recv`.
     pub(crate) fn get(&self, i: usize) -> Received<'_> {
+        assert!(i < self.filled, "entry {i} was not received");
         let m = &self.msgs[i];
         let len = (m.msg_len as usize).min(self.size);
         let src = if m.msg_hdr.msg_namelen > 0 {
@@ -138,7 +139,6 @@ impl RxRing {
         } else {
             None
         };
-        assert!(i < self.filled, "entry {i} was not received");
         // SAFETY: the last `recv` filled more than `i` entries, so the kernel
         // wrote this header and its control buffer (length in
         // `msg_controllen`), which nothing has touched since.

@@ -12,20 +12,26 @@ use softrdma_wire::Opcode;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
-#[test]
-fn two_ports_exchange_ipv4() {
+/// A port on 127.0.0.`last` that marks what it sends ECT(0) (traffic
+/// class 0x02), not shared.
+fn ect0_port_v4(last: u8) -> Port {
     let ect0 = PortOptions {
         traffic_class: 0x02,
         ..PortOptions::default()
     };
-    let mut a = Port::open_with(
+    Port::open_with(
         PortConfig {
             shared: false,
-            ..PortConfig::new(v4(11))
+            ..PortConfig::new(v4(last))
         },
         ect0,
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn two_ports_exchange_ipv4() {
+    let mut a = ect0_port_v4(11);
     let mut b = port_v4(12);
     let sizes = [0, 1, 7, 100, 1024, 4096];
     let pkts: Vec<Pkt> = (0..24u32)
@@ -377,18 +383,7 @@ fn gso_train_arrives_as_separate_datagrams() {
 /// destination would be lost.
 #[test]
 fn each_receive_has_room_for_all_control_data() {
-    let ect0 = PortOptions {
-        traffic_class: 0x02,
-        ..PortOptions::default()
-    };
-    let mut a = Port::open_with(
-        PortConfig {
-            shared: false,
-            ..PortConfig::new(v4(35))
-        },
-        ect0,
-    )
-    .unwrap();
+    let mut a = ect0_port_v4(35);
     let mut b = port_v4(36);
     assert!(
         a.gso_enabled() && b.gro_enabled(),

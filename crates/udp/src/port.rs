@@ -628,6 +628,21 @@ impl Port {
     pub fn taken(&self) -> usize {
         self.rx_taken
     }
+
+    /// The caller slept until the kernel woke it for these sockets: make
+    /// the next receive of each a batch. A single `recvmsg` after an empty
+    /// receive suits a poller that spins and sees each datagram the moment
+    /// it lands (a ping-pong's lone one); a thread woken from `epoll_wait`
+    /// has let a wake-up's time (microseconds) pass, in which a stream's
+    /// datagrams gather behind the one that woke it. Taken one at a time,
+    /// the first one's answer would leave before the rest are seen — for
+    /// selective repeat a NAK that the next ones would have merged with.
+    pub fn rx_woken(&mut self) {
+        self.rx_idle = false;
+        for g in &mut self.groups {
+            g.idle = false;
+        }
+    }
 }
 
 impl AsRawFd for Port {

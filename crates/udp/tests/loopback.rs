@@ -228,6 +228,30 @@ fn a_receive_after_an_empty_one_takes_one_then_a_batch() {
     assert_eq!(b.stats().recvmmsg_calls, calls + 2);
 }
 
+/// A thread woken from `epoll_wait` for the socket receives a batch at
+/// once, even after an empty receive: what arrived while it woke is
+/// seen together (the engine thread's pass; `Port::rx_woken`).
+#[test]
+fn a_receive_after_a_wake_up_takes_the_batch() {
+    let mut b = port_v4(50);
+    let src: SocketAddr = "127.0.0.51:4791".parse().unwrap();
+    let dst = b.local_addr();
+    let plain = UdpSocket::bind(src).unwrap();
+    let mut got = Vec::new();
+    assert_eq!(b.recv(|_, d| got.push(d.to_vec())).unwrap(), 0);
+    let good: Vec<Vec<u8>> = (0..3)
+        .map(|i| datagram_v4(&send_only(0x01_0000, i, 40), src, dst, 0))
+        .collect();
+    for d in &good {
+        plain.send_to(d, dst).unwrap();
+    }
+    b.rx_woken();
+    let calls = b.stats().recvmmsg_calls;
+    assert_eq!(b.recv(|_, d| got.push(d.to_vec())).unwrap(), 3);
+    assert_eq!(got, good);
+    assert_eq!(b.stats().recvmmsg_calls, calls + 1);
+}
+
 fn v4gid(last: u8) -> [u8; 16] {
     std::net::Ipv4Addr::new(127, 0, 0, last)
         .to_ipv6_mapped()

@@ -1939,6 +1939,9 @@ impl Engine {
         if self.timer_fired.swap(false, Ordering::SeqCst) {
             st.armed = None;
         }
+        // Woken from `epoll_wait`: the socket's first receive is a batch
+        // (`Port::rx_woken`).
+        st.port.rx_woken();
         let drained = self.drain(st);
         // The rings' bell re-armed by whoever served them (the engine
         // thread, or the owner serving its backlog while the engine thread

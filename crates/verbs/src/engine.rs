@@ -45,7 +45,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -90,6 +90,48 @@ const WATCHDOG: u64 = 1_000_000;
 /// µs; qperf's blocking UDP ping-pong: 34 µs one way). The poller runs at
 /// `SCHED_IDLE`, so this is spent only on a core nothing else wants.
 const LINGER: u64 = 50_000;
+
+/// Wake-ups of the engine thread in a row, each serving packets, with no
+/// application call into the device between them, that make a process a
+/// passive target ([`IdlePoll::Passive`]). Counted, not timed: a ping-pong
+/// whose application calls once a round trip (`ib_write_lat` posts each
+/// reply) wakes the engine thread at most twice a round trip — for the
+/// peer's message and, when it lands separately, the ACK behind it, both
+/// before the application (whose core the engine thread took) can call —
+/// so it never makes three quiet wake-ups in a row (measured: strictly
+/// alternating quiet and active wake-ups over `ib_write_lat -s 8 -n 2000`).
+/// A READ's target, whose application makes no call at all, is passive
+/// from its third request on.
+const PASSIVE_WAKES: u32 = 3;
+
+/// When the idle poller (`Engine::idle_poll`) is rung.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdlePoll {
+    /// `SOFTRDMA_IDLE_POLL=0`: never; no poller thread.
+    Never,
+    /// The default: after [`PASSIVE_WAKES`] wake-ups in a row that served
+    /// packets with no application call into the device between them — a
+    /// passive target (a READ's or atomic's, or a `*_bw` server's) whose
+    /// threads sleep or spin on memory. A round ends at the application's
+    /// next call. An application that calls in
+    /// between (`ib_write_lat`'s, which posts each reply) has a thread that
+    /// wants a core; on a host whose cores its threads fill, ringing the
+    /// poller made the engine thread's own wake-ups wait longer for a core
+    /// (DESIGN.md, "The idle poller").
+    Passive,
+    /// `SOFTRDMA_IDLE_POLL=1`: after every wake-up that served packets.
+    Always,
+}
+
+impl IdlePoll {
+    fn from_env() -> IdlePoll {
+        match std::env::var("SOFTRDMA_IDLE_POLL").as_deref() {
+            Ok("0") => IdlePoll::Never,
+            Ok("1") => IdlePoll::Always,
+            _ => IdlePoll::Passive,
+        }
+    }
+}
 
 /// How the engine thread watches the socket when it does.
 const SOCK_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLET) as u32;
@@ -1454,14 +1496,17 @@ pub(crate) struct Engine {
     lingering: AtomicBool,
     linger_until: AtomicU64,
     origin: Instant,
-    /// `SOFTRDMA_IDLE_POLL=1` at start: without it no poller thread exists
-    /// and the engine never rings one. Opt-in because where both cores
-    /// belong to spinning applications the poller costs more than it saves
-    /// — `ib_write_lat -a -n 20` took about twice as long with it, and one
-    /// such run failed with a retry-exceeded completion (see DESIGN.md,
-    /// "The idle poller") — until it can tell a free core from a busy one
-    /// before it is woken.
-    idle_poll_on: bool,
+    /// When the idle poller runs (`SOFTRDMA_IDLE_POLL` at start, see
+    /// [`IdlePoll`]).
+    idle_poll: IdlePoll,
+    /// `app_calls` before the engine thread last served packets: unchanged
+    /// at the next wake-up means the application made no call since.
+    calls_at_wake: AtomicU64,
+    /// Wake-ups in a row that served packets with no application call
+    /// between them (see [`PASSIVE_WAKES`]).
+    quiet_wakes: AtomicU32,
+    /// `app_calls` when the poller was last rung.
+    ring_calls: AtomicU64,
     poller: Mutex<Option<JoinHandle<()>>>,
     /// The idle poller serves the socket, so it is out of the engine
     /// thread's epoll set (as while an application polls); `beats` counts
@@ -1470,7 +1515,7 @@ pub(crate) struct Engine {
     /// Threads blocked in `CompChannel::get_event` watching the socket
     /// themselves (`Engine::sleep_on_socket`); while any is, the engine
     /// thread is not woken for packets.
-    sleepers: std::sync::atomic::AtomicU32,
+    sleepers: AtomicU32,
     /// When the poller was last rung: if it starts later than [`LINGER`]
     /// after, no core was free for it, and it sits the round out.
     rang_at: AtomicU64,
@@ -1628,10 +1673,13 @@ impl Engine {
             lingering: AtomicBool::new(false),
             linger_until: AtomicU64::new(0),
             origin,
-            idle_poll_on: std::env::var("SOFTRDMA_IDLE_POLL").as_deref() == Ok("1"),
+            idle_poll: IdlePoll::from_env(),
+            calls_at_wake: AtomicU64::new(0),
+            quiet_wakes: AtomicU32::new(0),
+            ring_calls: AtomicU64::new(0),
             poller: Mutex::new(None),
             poller_masked: AtomicBool::new(false),
-            sleepers: std::sync::atomic::AtomicU32::new(0),
+            sleepers: AtomicU32::new(0),
             rang_at: AtomicU64::new(0),
             beats: AtomicU64::new(0),
             seen_beats: AtomicU64::new(0),
@@ -1655,7 +1703,7 @@ impl Engine {
             .name("softrdma-engine".into())
             .spawn(move || me.run())?;
         *e.thread.lock().unwrap() = Some(h);
-        if e.idle_poll_on {
+        if e.idle_poll != IdlePoll::Never {
             let me = e.clone();
             let h = std::thread::Builder::new()
                 .name("softrdma-idle".into())
@@ -1942,6 +1990,11 @@ impl Engine {
         // Woken from `epoll_wait`: the socket's first receive is a batch
         // (`Port::rx_woken`).
         st.port.rx_woken();
+        // The application's calls before these packets are served: one it
+        // makes in answer to them (a spinning `ib_write_lat` posts its
+        // reply the moment the WRITE lands, maybe before this thread gets
+        // past the drain) counts as activity at the next wake-up.
+        let calls = self.app_calls.load(Ordering::Relaxed);
         let drained = self.drain(st);
         // The rings' bell re-armed by whoever served them (the engine
         // thread, or the owner serving its backlog while the engine thread
@@ -1952,9 +2005,28 @@ impl Engine {
                 self.drain(st);
             }
         }
-        if drained && self.idle_poll_on && !self.masked.load(Ordering::Relaxed) {
+        // No application call over the last few wake-ups that served
+        // packets: the process is a passive target (its threads sleep, or
+        // spin on memory without calling), with no thread of its own
+        // competing for a core — the case the poller is for.
+        let passive = drained && {
+            let quiet = if calls == self.calls_at_wake.swap(calls, Ordering::Relaxed) {
+                self.quiet_wakes.load(Ordering::Relaxed).saturating_add(1)
+            } else {
+                0
+            };
+            self.quiet_wakes.store(quiet, Ordering::Relaxed);
+            quiet >= PASSIVE_WAKES
+        };
+        let ring = match self.idle_poll {
+            IdlePoll::Never => false,
+            IdlePoll::Passive => passive,
+            IdlePoll::Always => drained,
+        };
+        if ring && !self.masked.load(Ordering::Relaxed) {
             // Packets the engine thread had to be woken for: nobody polls.
             // Have the next ones polled on an idle core, if there is one.
+            self.ring_calls.store(calls, Ordering::Release);
             self.linger_until
                 .store(self.since_origin() + LINGER, Ordering::Release);
             if !self.lingering.swap(true, Ordering::AcqRel) {
@@ -2065,6 +2137,9 @@ impl Engine {
                 // Take the socket from the engine thread's wake-ups only
                 // once this thread runs: it is running now, on a core nobody
                 // else wanted.
+                // The application's calls as of the ring: one made since
+                // ends the round.
+                let calls = self.ring_calls.load(Ordering::Acquire);
                 self.poller_masked.store(true, Ordering::SeqCst);
                 self.set_sock_events();
                 self.start_watchdog();
@@ -2072,6 +2147,11 @@ impl Engine {
                     && self.poller_masked.load(Ordering::Relaxed)
                     && !self.masked.load(Ordering::Relaxed)
                     && self.since_origin() < self.linger_until.load(Ordering::Acquire)
+                    // A process that calls into the device has a thread
+                    // of its own that wants a core: the poller is for a
+                    // passive one (see `IdlePoll::Passive`).
+                    && (self.idle_poll == IdlePoll::Always
+                        || self.app_calls.load(Ordering::Relaxed) == calls)
                 {
                     let mut pfd = libc::pollfd {
                         fd: self.sock_fd,
@@ -2106,9 +2186,13 @@ impl Engine {
                 self.lingering.store(false, Ordering::SeqCst);
                 // The engine may have extended the deadline after the check
                 // above and seen `lingering` still set: look once more. Not
-                // after starving: the next packet the engine thread serves
-                // starts a new round.
+                // after starving, nor once the application called: the next
+                // packet the engine thread serves starts a new round (if
+                // the process is passive again by then).
+                let called = self.idle_poll != IdlePoll::Always
+                    && self.app_calls.load(Ordering::Relaxed) != calls;
                 let again = !starved
+                    && !called
                     && !self.masked.load(Ordering::Relaxed)
                     && self.since_origin() < self.linger_until.load(Ordering::Acquire);
                 if !again || self.lingering.swap(true, Ordering::AcqRel) {

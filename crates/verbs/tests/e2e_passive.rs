@@ -37,6 +37,18 @@ impl Rng {
     }
 }
 
+/// CPU time of this process so far, all threads.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes one rusage into the zeroed value we pass.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut ru), 0);
+        ru
+    };
+    let t = |v: libc::timeval| Duration::new(v.tv_sec as u64, v.tv_usec as u32 * 1000);
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
 /// What the initiator expects back from an operation in flight.
 enum Expect {
     Write,
@@ -83,6 +95,19 @@ fn passive_target_makes_no_verbs_calls() {
                 &read_mr(&tgt, 0, TGT_LEN),
                 &shadow,
                 "target memory vs the initiator's shadow",
+            );
+            // The traffic is over, and the target has still made no call:
+            // the device goes quiet. Over UDP the engine handed this
+            // passive target's requests to the idle poller; it must stop
+            // once they stop, and nothing else may
+            // tick (an idle device uses no CPU). A thread left spinning
+            // would take most of the second measured here.
+            let before = cpu_time();
+            std::thread::sleep(Duration::from_secs(1));
+            let used = cpu_time() - before;
+            assert!(
+                used < Duration::from_millis(50),
+                "the idle target used {used:?} of CPU in one second"
             );
             let mut none = [blank(); 1];
             assert_eq!(

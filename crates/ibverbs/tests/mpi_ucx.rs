@@ -70,12 +70,18 @@ fn mpicc(src: &Path) -> PathBuf {
     exe
 }
 
-/// This test's scratch directory.
+/// This test binary's scratch directory, made once (a fresh name, not this
+/// process's id: a pid can be reused by a later run on a busy machine).
 fn scratch() -> PathBuf {
-    let dir =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mpi_ucx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        tempfile::Builder::new()
+            .prefix("mpi_ucx-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .expect("a scratch directory under CARGO_TARGET_TMPDIR")
+    })
+    .path()
+    .to_path_buf()
 }
 
 /// What a job printed, and the UCX debug logs of its ranks.

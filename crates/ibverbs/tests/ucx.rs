@@ -122,9 +122,8 @@ fn run(tls: &str, test: &str) {
     );
     // UCX's debug log to a file: on stdout it could outgrow the pipe,
     // which is read only once the client has exited.
-    let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("ucx-{}-{port}.log", std::process::id()));
-    let _ = std::fs::remove_file(&log);
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a scratch directory");
+    let log = dir.path().join("ucx.log");
     client
         .env("UCX_LOG_LEVEL", "debug")
         .env("UCX_LOG_FILE", &log);

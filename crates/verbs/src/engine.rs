@@ -107,17 +107,24 @@ const PASSIVE_WAKES: u32 = 3;
 /// When the idle poller (`Engine::idle_poll`) is rung.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum IdlePoll {
-    /// `SOFTRDMA_IDLE_POLL=0`: never; no poller thread.
+    /// The default (`SOFTRDMA_IDLE_POLL` unset or `0`): never; no poller
+    /// thread. Not yet the default for passive processes: a passive target
+    /// polled as packets land answers a selective-repeat resend before the
+    /// probe right behind it arrives, and the probe costs a NAK of its own
+    /// (crates/cli/tests/sr_wire.rs: 1.29× the fault-free packets against
+    /// 1.27×, a hair under issue 13's 1.3×) — a protocol cost of any fast
+    /// receiver, to be mended in the protocol first (DESIGN.md, "The idle
+    /// poller").
     Never,
-    /// The default: after [`PASSIVE_WAKES`] wake-ups in a row that served
+    /// `SOFTRDMA_IDLE_POLL=passive`: after [`PASSIVE_WAKES`] wake-ups in a row that served
     /// packets with no application call into the device between them — a
     /// passive target (a READ's or atomic's, or a `*_bw` server's) whose
     /// threads sleep or spin on memory. A round ends at the application's
-    /// next call. An application that calls in
-    /// between (`ib_write_lat`'s, which posts each reply) has a thread that
-    /// wants a core; on a host whose cores its threads fill, ringing the
-    /// poller made the engine thread's own wake-ups wait longer for a core
-    /// (DESIGN.md, "The idle poller").
+    /// next call. An application that calls in between (`ib_write_lat`'s,
+    /// which posts each reply) has a thread that wants a core; on a host
+    /// whose cores its threads fill, ringing the poller made the engine
+    /// thread's own wake-ups wait longer for a core (DESIGN.md, "The idle
+    /// poller").
     Passive,
     /// `SOFTRDMA_IDLE_POLL=1`: after every wake-up that served packets.
     Always,
@@ -126,9 +133,9 @@ enum IdlePoll {
 impl IdlePoll {
     fn from_env() -> IdlePoll {
         match std::env::var("SOFTRDMA_IDLE_POLL").as_deref() {
-            Ok("0") => IdlePoll::Never,
+            Ok("passive") => IdlePoll::Passive,
             Ok("1") => IdlePoll::Always,
-            _ => IdlePoll::Passive,
+            _ => IdlePoll::Never,
         }
     }
 }
@@ -550,7 +557,9 @@ impl State {
                 // too: the engine thread drains an edge-triggered socket
                 // while passes receive, and must not stop at a bad one
                 // with good ones queued behind it.
-                Ok(n) => p.rx = n > 0 || port.taken() > 0,
+                // (`taken` counts entries: at least one for every good
+                // datagram delivered.)
+                Ok(_) => p.rx = port.taken() > 0,
                 Err(e) => eprintln!("softrdma: receive failed: {e}"),
             }
             // Multicast groups' sockets (none unless a QP is attached):

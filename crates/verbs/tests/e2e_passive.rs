@@ -77,6 +77,11 @@ fn passive_target_makes_no_verbs_calls() {
     two_processes(
         "passive_target_makes_no_verbs_calls",
         |mut oob| {
+            // The idle poller for passive processes (opt-in), so that the
+            // idle check below covers it too. The child runs this one test
+            // on one thread (`--test-threads=1`): nothing reads the
+            // environment while it changes.
+            std::env::set_var("SOFTRDMA_IDLE_POLL", "passive");
             let ctx = open(V4);
             let pd = ctx.alloc_pd();
             let cq = ctx.create_cq(4, None).unwrap();
@@ -99,9 +104,9 @@ fn passive_target_makes_no_verbs_calls() {
             // The traffic is over, and the target has still made no call:
             // the device goes quiet. Over UDP the engine handed this
             // passive target's requests to the idle poller; it must stop
-            // once they stop, and nothing else may
-            // tick (an idle device uses no CPU). A thread left spinning
-            // would take most of the second measured here.
+            // once they stop, and nothing else may tick (an idle device
+            // uses no CPU). A thread left spinning would take most of the
+            // second measured here.
             let before = cpu_time();
             std::thread::sleep(Duration::from_secs(1));
             let used = cpu_time() - before;

@@ -26,6 +26,9 @@ pub struct Seg {
 pub struct Segs {
     segs: [Seg; MAX_SEGS],
     n: u8,
+    /// Total bytes of `segs[..n]` (a packet's are at most one MTU):
+    /// [`Transmit::wire_len`] is read several times per packet.
+    bytes: u32,
 }
 
 impl Default for Segs {
@@ -33,6 +36,7 @@ impl Default for Segs {
         Segs {
             segs: [Seg::default(); MAX_SEGS],
             n: 0,
+            bytes: 0,
         }
     }
 }
@@ -46,6 +50,7 @@ impl Segs {
         if s.len == 0 {
             return;
         }
+        self.bytes += s.len;
         if let Some(last) = self.segs[..self.n as usize].last_mut() {
             if last.addr + last.len as u64 == s.addr {
                 last.len += s.len;
@@ -58,11 +63,12 @@ impl Segs {
 
     pub(crate) fn clear(&mut self) {
         self.n = 0;
+        self.bytes = 0;
     }
 
     /// Total bytes.
     pub fn len(&self) -> usize {
-        self.as_slice().iter().map(|s| s.len as usize).sum()
+        self.bytes as usize
     }
 
     pub fn is_empty(&self) -> bool {

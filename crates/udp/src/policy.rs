@@ -28,6 +28,11 @@
 //!
 //! The table is bounded: when it holds [`TABLE_CAP`] senders and a new one
 //! arrives it is cleared, which only means peers are learned again.
+//!
+//! The sender of the previous datagram is kept out of the map, so a stream
+//! from one sender (a GSO train, a QP's burst) costs no hashing: the keyed
+//! hash of an 18-byte key, twice per datagram, was ~3 % of the CPU of a
+//! 64 KiB `write_bw` over loopback.
 
 use softrdma_wire::icrc::HiddenCheck;
 use std::collections::HashMap;
@@ -67,7 +72,10 @@ pub(crate) enum Decision {
 
 /// Per-sender learning state.
 pub(crate) struct SenderTable {
+    /// Every sender but `last`'s.
     map: HashMap<SenderKey, Sender>,
+    /// The sender of the previous datagram, and its state.
+    last: Option<(SenderKey, Sender)>,
     pub(crate) learned: u64,
     pub(crate) demoted: u64,
 }
@@ -76,6 +84,7 @@ impl SenderTable {
     pub(crate) fn new() -> SenderTable {
         SenderTable {
             map: HashMap::with_capacity(TABLE_CAP),
+            last: None,
             learned: 0,
             demoted: 0,
         }
@@ -83,7 +92,30 @@ impl SenderTable {
 
     /// Whether recovery beyond the GSO range is off for this sender.
     pub(crate) fn is_peer(&self, key: &SenderKey) -> bool {
-        self.map.get(key).is_some_and(|s| s.peer)
+        match &self.last {
+            Some((k, s)) if k == key => s.peer,
+            _ => self.map.get(key).is_some_and(|s| s.peer),
+        }
+    }
+
+    /// The state of `key`'s sender, made the last one.
+    fn sender(&mut self, key: SenderKey) -> &mut Sender {
+        if self.last.as_ref().is_none_or(|(k, _)| *k != key) {
+            if let Some((k, s)) = self.last.take() {
+                self.map.insert(k, s);
+            }
+            let s = match self.map.remove(&key) {
+                Some(s) => s,
+                None => {
+                    if self.map.len() >= TABLE_CAP {
+                        self.map.clear();
+                    }
+                    Sender::default()
+                }
+            };
+            self.last = Some((key, s));
+        }
+        &mut self.last.as_mut().expect("just set").1
     }
 
     /// Apply the policy to the outcome of a check run with recovery allowed.
@@ -91,17 +123,15 @@ impl SenderTable {
         if check == HiddenCheck::Corrupt {
             return Decision::Reject;
         }
-        if !self.map.contains_key(&key) && self.map.len() >= TABLE_CAP {
-            self.map.clear();
-        }
-        let s = self.map.entry(key).or_default();
-        match check {
+        let s = self.sender(key);
+        let (mut learned, mut demoted) = (0, 0);
+        let d = match check {
             HiddenCheck::Exact => {
                 s.mismatches = 0;
                 s.exact_streak = s.exact_streak.saturating_add(1);
                 if !s.peer && s.exact_streak >= PEER_AFTER_EXACT {
                     s.peer = true;
-                    self.learned += 1;
+                    learned = 1;
                 }
                 Decision::Accept {
                     ident: 0,
@@ -123,7 +153,7 @@ impl SenderTable {
                     s.mismatches += 1;
                     if s.mismatches >= DEMOTE_AFTER {
                         *s = Sender::default();
-                        self.demoted += 1;
+                        demoted = 1;
                     }
                     Decision::Reject
                 } else {
@@ -132,7 +162,10 @@ impl SenderTable {
                 }
             }
             HiddenCheck::Corrupt => Decision::Reject,
-        }
+        };
+        self.learned += learned;
+        self.demoted += demoted;
+        d
     }
 }
 
@@ -213,13 +246,29 @@ mod tests {
     }
 
     #[test]
+    fn interleaved_senders_keep_their_own_state() {
+        const B: SenderKey = ([2; 16], 4791);
+        let mut t = SenderTable::new();
+        for _ in 0..PEER_AFTER_EXACT {
+            t.decide(A, HiddenCheck::Exact);
+            t.decide(B, REC);
+        }
+        assert!(t.is_peer(&A));
+        assert!(!t.is_peer(&B));
+        assert_eq!(t.decide(A, REC), Decision::Reject);
+        assert!(matches!(t.decide(B, REC), Decision::Accept { .. }));
+        assert!(t.is_peer(&A), "A's state survived B becoming the last");
+        assert_eq!(t.learned, 1);
+    }
+
+    #[test]
     fn bounded() {
         let mut t = SenderTable::new();
         for i in 0..(TABLE_CAP as u32 + 10) {
             let mut g = [0u8; 16];
             g[..4].copy_from_slice(&i.to_be_bytes());
             t.decide((g, 1), HiddenCheck::Exact);
-            assert!(t.map.len() <= TABLE_CAP);
+            assert!(t.map.len() < TABLE_CAP);
         }
         assert_eq!(t.decide(A, HiddenCheck::Corrupt), Decision::Reject);
     }

@@ -164,6 +164,100 @@ fn server_and_client_as_separate_commands() {
     }
 }
 
+/// Bidirectional runs (`-b`, perftest's duplex mode) as two commands: both
+/// sides post at once, each verifies what the other wrote, read or sent
+/// into it, and both print the same row: the sum of the two directions'
+/// reports, exchanged as perftest exchanges them. Over UDP and over shared
+/// memory, for every bandwidth test (send_bw with `-a` too, whose sizes
+/// each end in a handshake).
+#[test]
+fn bidirectional_runs_verify_both_directions() {
+    for transport in ["udp", "shm"] {
+        for (test, extra) in [
+            ("write_bw", &["-s", "4000", "-n", "200"][..]),
+            ("read_bw", &["-s", "4000", "-n", "200"][..]),
+            ("atomic_bw", &["-n", "200"][..]),
+            ("send_bw", &["-s", "4000", "-n", "200"][..]),
+            ("send_bw", &["-a", "-n", "10"][..]),
+        ] {
+            let port = free_port();
+            let mut common = vec![test, "-b", "-p", &port, "--check", "--transport", transport];
+            common.extend(extra);
+            let server = spawn(&common);
+            let mut ca = common.clone();
+            ca.push("127.0.0.1");
+            let c = finish(spawn(&ca), &format!("{test} -b client"));
+            let s = finish(server, &format!("{test} -b server"));
+            let mut rows = Vec::new();
+            for (who, o) in [("server", &s), ("client", &c)] {
+                let out = String::from_utf8_lossy(&o.stdout).into_owned();
+                assert!(
+                    o.status.success() && out.contains(" --check: every byte verified"),
+                    "{test} -b {extra:?} over {transport}, {who}: {}\n{out}\n{}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                let table: Vec<String> = out
+                    .lines()
+                    .skip_while(|l| !l.starts_with(" #bytes"))
+                    .skip(1)
+                    .take_while(|l| !l.starts_with("---"))
+                    .map(str::to_string)
+                    .collect();
+                assert!(!table.is_empty(), "{test} -b {who}: no rows\n{out}");
+                rows.push(table);
+            }
+            assert_eq!(
+                rows[0], rows[1],
+                "{test} -b {extra:?} over {transport}: both sides print the sum"
+            );
+        }
+    }
+    let o = finish(spawn(&["write_lat", "-b", "--loopback"]), "write_lat -b");
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("bandwidth tests only"),
+        "a latency test refuses -b by name: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// `--check` fails for bytes that never arrived: the memory a test's data
+/// lands in starts out different from what is sent there. A client that
+/// writes 8 bytes per message to a server that checks 4,000 leaves the rest
+/// of each slot as it was, and the server must say so.
+#[test]
+fn check_catches_bytes_that_never_arrived() {
+    let port = free_port();
+    let server = spawn(&["write_bw", "-p", &port, "-s", "4000", "-n", "50", "--check"]);
+    let client = spawn(&[
+        "write_bw",
+        "-p",
+        &port,
+        "-s",
+        "8",
+        "-n",
+        "50",
+        "--check",
+        "127.0.0.1",
+    ]);
+    let c = finish(client, "write_bw client");
+    let s = finish(server, "write_bw server");
+    assert!(
+        c.status.success(),
+        "the client: {}",
+        String::from_utf8_lossy(&c.stderr)
+    );
+    let out = String::from_utf8_lossy(&s.stdout);
+    let err = String::from_utf8_lossy(&s.stderr);
+    assert!(
+        !s.status.success()
+            && out.contains(" --check: DATA MISMATCH")
+            && err.contains("written target of QP 0 differs at byte 8"),
+        "the server: {}\n{out}\n{err}",
+        s.status
+    );
+}
+
 /// `SOFTRDMA_TRANSPORT` picks the transport: `auto` (the default) and
 /// `shm` carry the one-sided test through shared memory between the two
 /// processes of this host, `udp` over UDP, each verified byte for byte and

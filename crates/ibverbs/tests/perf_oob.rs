@@ -10,6 +10,9 @@
 //! * ib_send_lat's client receives all `-n` messages before it moves on;
 //!   ours left the last one in the queue, and under `-a` the next size's
 //!   receives overflowed the queue.
+//! * `-b` (duplex): both sides post, a handshake starts each size (send_bw
+//!   under `-a` ends each with another), the bandwidth reports are
+//!   exchanged and both print their sum.
 
 mod common;
 
@@ -86,4 +89,47 @@ fn send_lat_sweep_with_our_client() {
         .filter(|l| l.split_whitespace().all(|w| w.parse::<f64>().is_ok()))
         .count();
     assert_eq!(rows, 23, "one row per size, 2 B to 8 MiB\n{}", c.text());
+}
+
+/// The table rows of a perftest-style output (the lines under the header).
+fn table(out: &str) -> Vec<String> {
+    out.lines()
+        .skip_while(|l| !l.starts_with(" #bytes"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("---"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Duplex runs against the real binaries, in both roles: the sequences
+/// match (both exit 0) and both sides print the same summed rows.
+#[test]
+fn bidirectional_runs_in_both_roles() {
+    for (bin, test, args) in [
+        ("ib_write_bw", "write_bw", &["-b", "-n", "100"][..]),
+        ("ib_read_bw", "read_bw", &["-b", "-n", "100"][..]),
+        ("ib_atomic_bw", "atomic_bw", &["-b", "-n", "100"][..]),
+        ("ib_send_bw", "send_bw", &["-b", "-n", "100"][..]),
+        ("ib_write_bw", "write_bw", &["-b", "-a", "-n", "5"][..]),
+        ("ib_send_bw", "send_bw", &["-b", "-a", "-n", "5"][..]),
+    ] {
+        let sizes = if args.contains(&"-a") { 23 } else { 1 };
+        for ours_serve in [true, false] {
+            let port = common::next_port();
+            let (ours, theirs) = (
+                softrdma_perf(port, &[&[test], args].concat()),
+                perftest(bin, port, args),
+            );
+            let what = format!("{bin} {args:?}, softrdma perf serving: {ours_serve}");
+            let (s, c) = if ours_serve {
+                common::pair(ours, theirs, port, TIMEOUT)
+            } else {
+                common::pair(theirs, ours, port, TIMEOUT)
+            };
+            common::assert_pair_ok(&what, &s, &c);
+            let (ts, tc) = (table(&s.stdout), table(&c.stdout));
+            assert_eq!(ts.len(), sizes, "{what}: one row per size\n{}", s.text());
+            assert_eq!(ts, tc, "{what}: both sides print the sum");
+        }
+    }
 }

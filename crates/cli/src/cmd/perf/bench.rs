@@ -187,6 +187,14 @@ fn recv_slots(r: &Res, len: u64) -> (u64, u64) {
 
 /// The client side of the bandwidth tests (and of send_bw).
 pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
+    bw_both(r, p, size, None)
+}
+
+/// The posting loop of every bandwidth test; with `rx`, the receiving half
+/// of a bidirectional send test runs in the same loop (perftest's
+/// `run_iter_bi`), and the loop ends when both halves are done. The result
+/// is what this side sent.
+pub fn bw_both(r: &Res, p: &Params, size: u64, mut rx: Option<&mut RecvSide<'_>>) -> R<BwResult> {
     let n = r.qps.len();
     let iters = p.iters;
     // UD sends cycle through slots laid out as the receiver's (which also
@@ -247,6 +255,9 @@ pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
     let mut ready: std::collections::VecDeque<usize> = (0..n).collect();
     let mut queued = vec![true; n];
     let mut finished = 0usize;
+    // When this side's last send completed (a bidirectional run goes on
+    // until the peer's have all arrived).
+    let mut sent_at: Option<Instant> = None;
     loop {
         // Post while there is room.
         let mut progress = false;
@@ -319,6 +330,9 @@ pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
             completed_total += k;
             if p.duration.is_none() && done[i] >= iters && k > 0 {
                 finished += 1;
+                if finished == n {
+                    sent_at = Some(Instant::now());
+                }
             }
             if !queued[i] {
                 queued[i] = true;
@@ -327,6 +341,9 @@ pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
             if !p.no_peak && k > 0 {
                 tcompleted.push((completed_total, ns(Instant::now())));
             }
+        }
+        if let Some(rx) = rx.as_deref_mut() {
+            progress |= rx.pump()? > 0;
         }
         if got > 0 || progress {
             dog.progress();
@@ -344,11 +361,11 @@ pub fn bw_client(r: &Res, p: &Params, size: u64) -> R<BwResult> {
             if now >= d {
                 break; // what is still in flight is flushed when the QPs go
             }
-        } else if finished == n {
+        } else if finished == n && rx.as_deref().is_none_or(RecvSide::done) {
             break;
         }
     }
-    let end = Instant::now();
+    let end = sent_at.unwrap_or_else(Instant::now);
     let (t, count) = match (sample, sample_end) {
         (Some((a, ca)), Some((b, cb))) => ((b - a).as_secs_f64(), cb - ca),
         _ => {
@@ -431,22 +448,11 @@ pub fn post_receives(r: &Res, p: &Params, size: u64, count: u32) -> R<()> {
 /// The send_bw server: receive iters per QP, reposting as it goes. Returns
 /// the receive-side rate and whether every message checked out.
 pub fn send_bw_server(r: &Res, p: &Params, size: u64) -> R<(BwResult, bool)> {
-    let n = r.qps.len();
-    let cq = r.rcq.as_ref().expect("send tests have a receive CQ");
-    let mut recvd = vec![0u64; n];
-    let mut posted = vec![p.rx_depth as u64; n];
-    let ud = if p.conn == QpType::Ud { 40 } else { 0 };
-    let (slots, step) = recv_slots(r, size + ud as u64);
-    let mut wcs = [Completion::default(); 16];
-    let mut first: Option<Instant> = None;
-    let mut ok = true;
+    let mut rx = RecvSide::new(r, p, size);
     let mut dog = Watchdog::new();
     let deadline = p.duration.map(|d| Instant::now() + Duration::from_secs(d));
-    let mut total = 0u64;
-    let mut msg = vec![0u8; size as usize];
     loop {
-        let got = poll(r, cq, p, &mut wcs)?;
-        if got == 0 {
+        if rx.pump()? == 0 {
             dog.check()?;
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
@@ -454,59 +460,133 @@ pub fn send_bw_server(r: &Res, p: &Params, size: u64) -> R<(BwResult, bool)> {
             continue;
         }
         dog.progress();
-        first.get_or_insert_with(Instant::now);
-        for c in &wcs[..got] {
+        if rx.done() {
+            break;
+        }
+    }
+    Ok(rx.result())
+}
+
+/// The receiving half of a send test: takes each message off the receive
+/// CQ, checks it (`--check`) and posts the receive again while more are to
+/// come. The server's whole loop, and half of a bidirectional one.
+pub struct RecvSide<'a> {
+    r: &'a Res,
+    p: &'a Params,
+    size: u64,
+    recvd: Vec<u64>,
+    posted: Vec<u64>,
+    ud: u32,
+    slots: u64,
+    step: u64,
+    wcs: [Completion; 16],
+    first: Option<Instant>,
+    ok: bool,
+    total: u64,
+    msg: Vec<u8>,
+}
+
+impl<'a> RecvSide<'a> {
+    /// After [`post_receives`] posted `p.rx_depth` receives per QP.
+    pub fn new(r: &'a Res, p: &'a Params, size: u64) -> RecvSide<'a> {
+        let n = r.qps.len();
+        let ud = if p.conn == QpType::Ud { 40 } else { 0 };
+        let (slots, step) = recv_slots(r, size + ud as u64);
+        RecvSide {
+            r,
+            p,
+            size,
+            recvd: vec![0; n],
+            posted: vec![p.rx_depth as u64; n],
+            ud,
+            slots,
+            step,
+            wcs: [Completion::default(); 16],
+            first: None,
+            ok: true,
+            total: 0,
+            msg: vec![0u8; size as usize],
+        }
+    }
+
+    /// One poll of the receive CQ: the messages it took.
+    pub fn pump(&mut self) -> R<usize> {
+        let (r, p, size, ud) = (self.r, self.p, self.size, self.ud);
+        let (slots, step, n) = (self.slots, self.step, r.qps.len());
+        let cq = r.rcq.as_ref().expect("send tests have a receive CQ");
+        let got = poll(r, cq, p, &mut self.wcs)?;
+        if got > 0 {
+            self.first.get_or_insert_with(Instant::now);
+        }
+        for c in &self.wcs[..got] {
             check_wc(c, "server")?;
             let i = (c.wr_id & 0xffff_ffff) as usize;
             let k = c.wr_id >> 32;
             let off = r.target_off(i) + ((k % slots) * step) as usize;
             if p.check {
                 let want_len = size as u32 + ud;
-                r.mr.read(off + ud as usize, &mut msg);
+                r.mr.read(off + ud as usize, &mut self.msg);
                 // The sender's slot of the same index (see `bw_client`).
                 let sent = ((k % slots) * step) as usize;
                 let good = c.byte_len == want_len
-                    && msg
+                    && self
+                        .msg
                         .iter()
                         .enumerate()
                         .all(|(o, &b)| b == pattern(i, sent + o));
                 if !good {
                     eprintln!(
                         " --check: message {} on QP {i} differs (byte_len {}; {})",
-                        recvd[i],
+                        self.recvd[i],
                         c.byte_len,
-                        whose(&msg, i, n, slots, step, k % slots)
+                        whose(&self.msg, i, n, slots, step, k % slots)
                     );
                 }
-                ok &= good;
+                self.ok &= good;
             }
-            recvd[i] += 1;
-            total += 1;
-            if p.duration.is_some() || posted[i] < p.iters {
+            self.recvd[i] += 1;
+            self.total += 1;
+            if p.duration.is_some() || self.posted[i] < p.iters {
                 let sge = [r.mr.sge(off, size as u32 + ud)];
-                let nk = posted[i];
+                let nk = self.posted[i];
                 r.qps[i].post_recv(&RecvWr {
                     wr_id: i as u64 | ((nk % slots) << 32),
                     sgl: &sge,
                 })?;
-                posted[i] += 1;
+                self.posted[i] += 1;
             }
         }
-        if p.duration.is_none() && recvd.iter().all(|&c| c >= p.iters) {
-            break;
-        }
+        Ok(got)
     }
-    let t = first.map_or(1e-9, |f| f.elapsed().as_secs_f64()).max(1e-9);
-    Ok((
-        BwResult {
-            size,
-            iters: if p.duration.is_some() { total } else { p.iters },
-            peak: 0.0,
-            avg: size as f64 * total as f64 / t,
-            msg_rate: total as f64 / t,
-        },
-        ok,
-    ))
+
+    /// Every QP has its `-n` messages (never, in duration mode).
+    pub fn done(&self) -> bool {
+        self.p.duration.is_none() && self.recvd.iter().all(|&c| c >= self.p.iters)
+    }
+
+    /// What arrived, from the first message on, and whether all of it was
+    /// as sent.
+    pub fn result(&self) -> (BwResult, bool) {
+        let t = self
+            .first
+            .map_or(1e-9, |f| f.elapsed().as_secs_f64())
+            .max(1e-9);
+        let total = self.total;
+        (
+            BwResult {
+                size: self.size,
+                iters: if self.p.duration.is_some() {
+                    total
+                } else {
+                    self.p.iters
+                },
+                peak: 0.0,
+                avg: self.size as f64 * total as f64 / t,
+                msg_rate: total as f64 / t,
+            },
+            self.ok,
+        )
+    }
 }
 
 /// What a received message that failed `--check` holds instead: the

@@ -135,6 +135,10 @@ pub struct Args {
     /// Run sizes 2 B to 8 MiB.
     #[arg(short = 'a', long = "all")]
     pub all: bool,
+    /// Measure bidirectional bandwidth: both sides post at once and each
+    /// reports the sum of the two directions (perftest's -b).
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidir: bool,
     /// Number of QPs (bandwidth tests).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: usize,
@@ -265,6 +269,9 @@ pub struct Params {
     /// `-a`: perftest's RUN_ALL method, which changes the handshakes of
     /// send_bw (one after every size).
     pub all: bool,
+    /// `-b`: both sides post and measure; the row is the two directions'
+    /// sum (perftest's duplex mode).
+    pub bidir: bool,
     pub buf_size: u64,
     pub iters: u64,
     pub duration: Option<u64>,
@@ -316,6 +323,16 @@ impl Params {
         }
         if a.qps == 0 || a.qps > 16384 {
             return Err(fail(" Number of QPs must be 1..16384"));
+        }
+        if a.bidir && !t.is_bw() {
+            return Err(fail(
+                " Bidirectional mode (-b) is supported for bandwidth tests only: latency tests go both ways already",
+            ));
+        }
+        if a.bidir && a.events && verb == Verb::Send {
+            return Err(fail(
+                " Bidirectional send_bw (-b) polls both completion queues in one loop: -e is not supported with it",
+            ));
         }
         if a.duration.is_some() && !t.is_bw() {
             return Err(fail(
@@ -410,6 +427,7 @@ impl Params {
             conn,
             sizes,
             all: a.all,
+            bidir: a.bidir,
             buf_size,
             iters,
             duration: a.duration,
@@ -550,7 +568,13 @@ fn loopback(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.tsv && a.test.is_bw() {
         // CPU time of both processes (all threads) per GB of payload moved.
         let p = Params::from_args(a)?;
-        let bytes: u64 = p.sizes.iter().map(|s| s * p.iters * p.qps as u64).sum();
+        let ways = if p.bidir { 2 } else { 1 };
+        let bytes: u64 = p
+            .sizes
+            .iter()
+            .map(|s| s * p.iters * p.qps as u64)
+            .sum::<u64>()
+            * ways;
         let cpu = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
         outln!(
             "self.{}.{}.cpu_s_per_gb\t{}\t{:.3}\ts/GB",
@@ -645,6 +669,9 @@ fn server_args(a: &Args, port: u16) -> Vec<String> {
     }
     if a.all {
         v.push("-a".into());
+    }
+    if a.bidir {
+        v.push("-b".into());
     }
     if a.events {
         v.push("-e".into());

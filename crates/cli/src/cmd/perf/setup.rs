@@ -199,9 +199,17 @@ pub fn run_test(
     let n = p.qps;
     if p.test != Test::WriteLat {
         if p.check {
+            // Where data comes from holds the pattern, where it lands the
+            // pattern's complement (every byte differs), so a check of the
+            // landing side fails for a byte that never arrived: the local
+            // slices are read by WRITEs and SENDs and written by READs,
+            // the target slices the other way round (and atomics count up
+            // from zero there).
             for i in 0..2 * n {
+                let source = (i < n) != (verb == Verb::Read);
                 for o in 0..slice {
-                    buf[base + i * slice + o] = pattern(i % n, o);
+                    let v = pattern(i % n, o);
+                    buf[base + i * slice + o] = if source { v } else { !v };
                 }
             }
             if verb == Verb::Atomic {
@@ -463,7 +471,8 @@ pub fn run_test(
     if is_v4_mapped(&r.mine[0].gid) != is_v4_mapped(&r.theirs[0].gid) {
         return Err("\n Found Incompatibility issue with GID types.\n Please Try to use a different IP version.\n".into());
     }
-    let rts = !p.test.is_bw() || client;
+    // A bandwidth test's server only answers, unless it posts too (-b).
+    let rts = !p.test.is_bw() || client || p.bidir;
     for i in 0..n {
         if !p.rdma_cm || p.conn == QpType::Ud {
             connect(&r, i, rts, p)?;
@@ -513,6 +522,44 @@ pub fn run_test(
     let mut ok = true;
     let mut tsv = Vec::new();
     match p.test {
+        Test::WriteBw | Test::ReadBw | Test::AtomicBw if p.bidir => {
+            // perftest's duplex run: a handshake starts each size on both
+            // sides at once (and under -a another ends it); the two reports
+            // are exchanged and each side prints their sum.
+            say(report::bw_header(p.gbits));
+            let unit = if p.gbits { 125_000_000.0 } else { 1_048_576.0 };
+            for &size in &p.sizes {
+                chan.handshake(&mine[0])?;
+                let me = bench::bw_client(&r, p, size)?;
+                if p.all {
+                    chan.handshake(&mine[0])?;
+                }
+                let rem = chan.xchg_bw_report([
+                    me.size as f64,
+                    me.iters as f64,
+                    me.peak / unit,
+                    me.avg / unit,
+                    me.msg_rate / 1e6,
+                ])?;
+                let both = report::BwResult {
+                    peak: me.peak + rem[2] * unit,
+                    avg: me.avg + rem[3] * unit,
+                    msg_rate: me.msg_rate + rem[4] * 1e6,
+                    ..me
+                };
+                say(&report::bw_row(&both, p.gbits));
+                tsv.push(bw_tsv(p, transport, &both));
+            }
+            say(RESULT_LINE);
+            if p.check {
+                ok &= match verb {
+                    Verb::Write => bench::check_write_target(&r, p),
+                    Verb::Read => bench::check_read(&r, p),
+                    _ => bench::check_atomic_target(&r, p),
+                };
+            }
+            chan.close(&mine[0])?;
+        }
         Test::WriteBw | Test::ReadBw | Test::AtomicBw => {
             say(report::bw_header(p.gbits));
             if client {
@@ -559,6 +606,41 @@ pub fn run_test(
             if !client {
                 say(RESULT_LINE);
             }
+        }
+        Test::SendBw if p.bidir => {
+            // perftest's duplex send_bw: both sides post their receives,
+            // a handshake starts the size, and each sends and receives in
+            // one loop (run_iter_bi); the reports are exchanged and summed,
+            // and under -a a handshake ends each size.
+            say(report::bw_header(p.gbits));
+            let unit = if p.gbits { 125_000_000.0 } else { 1_048_576.0 };
+            for &size in &p.sizes {
+                bench::post_receives(&r, p, size, p.rx_depth)?;
+                chan.handshake(&mine[0])?;
+                let mut rx = bench::RecvSide::new(&r, p, size);
+                let me = bench::bw_both(&r, p, size, Some(&mut rx))?;
+                ok &= rx.result().1;
+                let rem = chan.xchg_bw_report([
+                    me.size as f64,
+                    me.iters as f64,
+                    me.peak / unit,
+                    me.avg / unit,
+                    me.msg_rate / 1e6,
+                ])?;
+                let both = report::BwResult {
+                    peak: me.peak + rem[2] * unit,
+                    avg: me.avg + rem[3] * unit,
+                    msg_rate: me.msg_rate + rem[4] * 1e6,
+                    ..me
+                };
+                say(&report::bw_row(&both, p.gbits));
+                tsv.push(bw_tsv(p, transport, &both));
+                if p.all {
+                    chan.handshake(&mine[0])?;
+                }
+            }
+            say(RESULT_LINE);
+            chan.close(&mine[0])?;
         }
         Test::SendBw => {
             say(report::bw_header(p.gbits));

@@ -28,11 +28,12 @@ use std::os::fd::RawFd;
 const SO_ATTACH_FILTER: libc::c_int = 26;
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 
-/// UDP payload length of a steering probe.
-pub(crate) const PROBE_LEN: usize = 20;
+/// UDP payload length of a steering probe (its format is wire's, so that
+/// `softrdma decode` knows a probe it sees in a loopback capture).
+pub(crate) const PROBE_LEN: usize = softrdma_wire::dissect::STEERING_PROBE_LEN;
 /// First byte of a probe: a BTH opcode in the manufacturer-specific range,
 /// which no RoCE peer sends to us with the secret behind it.
-pub(crate) const PROBE_OPCODE: u8 = 0xff;
+pub(crate) const PROBE_OPCODE: u8 = softrdma_wire::dissect::STEERING_PROBE_OPCODE;
 /// The group program's answer for "no socket": past any array, so the
 /// kernel falls back to its hash and the member it picks drops the datagram
 /// as not its slot.
@@ -76,6 +77,7 @@ pub(crate) fn probe(secret: [u8; 8], index: u16) -> [u8; PROBE_LEN] {
     p[0] = PROBE_OPCODE;
     p[4..12].copy_from_slice(&secret);
     p[12..14].copy_from_slice(&index.to_be_bytes());
+    debug_assert!(softrdma_wire::dissect::is_steering_probe(&p));
     p
 }
 

@@ -31,7 +31,8 @@ impl IcrcCheck {
 /// What one frame turned out to be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Dissection {
-    /// Not a UDP datagram to port 4791.
+    /// Not a UDP datagram to port 4791, or softrdma's own port-sharing
+    /// probe ([`is_steering_probe`]).
     NotRoce,
     /// A RoCEv2 datagram whose layers could not all be read.
     Malformed {
@@ -95,10 +96,29 @@ fn addrs(f: &UdpFrame<'_>) -> (SocketAddr, SocketAddr) {
     )
 }
 
-/// Dissect one Ethernet frame.
+/// First byte of a softrdma port-sharing probe: a BTH opcode in the
+/// manufacturer-specific range, which no RoCE peer sends.
+pub const STEERING_PROBE_OPCODE: u8 = 0xff;
+/// UDP payload length of a softrdma port-sharing probe: the opcode, three
+/// zero bytes, the group's 8-byte secret, the target socket index (2
+/// bytes), 6 zero bytes.
+pub const STEERING_PROBE_LEN: usize = 20;
+
+/// Whether a UDP payload to port 4791 is one of softrdma's own probes: the
+/// datagrams by which processes sharing an address's port 4791 learn which
+/// socket of their reuseport group the kernel picks for an index. They are
+/// not RoCEv2 packets; a capture on a loopback device sees them.
+pub fn is_steering_probe(payload: &[u8]) -> bool {
+    payload.len() == STEERING_PROBE_LEN
+        && payload[0] == STEERING_PROBE_OPCODE
+        && payload[1..4] == [0, 0, 0]
+}
+
+/// Dissect one Ethernet frame as one packet. A frame that holds several
+/// (a UDP GSO train captured before segmentation): [`dissect_all`].
 pub fn dissect(frame: &[u8]) -> Dissection {
     let f = match parse_ethernet_udp(frame) {
-        Ok(Some(f)) if f.is_rocev2() => f,
+        Ok(Some(f)) if f.is_rocev2() && !is_steering_probe(f.payload) => f,
         Ok(_) => return Dissection::NotRoce,
         // Below UDP we cannot tell whether it was meant to be RoCE; a frame
         // cut short before its UDP header is reported, not silently skipped.
@@ -107,11 +127,23 @@ pub fn dissect(frame: &[u8]) -> Dissection {
         }
     };
     let (src, dst) = addrs(&f);
+    packet(src, dst, f.ip_header, f.udp_header, f.payload)
+}
+
+/// One RoCEv2 packet: `payload` is its UDP payload, the headers those its
+/// ICRC is computed over.
+fn packet(
+    src: SocketAddr,
+    dst: SocketAddr,
+    ip_header: &[u8],
+    udp_header: &[u8],
+    payload: &[u8],
+) -> Dissection {
     let malformed = |error| Dissection::Malformed {
         addrs: Some((src, dst)),
         error,
     };
-    let pkt = match Packet::new_checked(f.payload) {
+    let pkt = match Packet::new_checked(payload) {
         Ok(p) => p,
         Err(e) => return malformed(e),
     };
@@ -119,8 +151,8 @@ pub fn dissect(frame: &[u8]) -> Dissection {
         Ok(r) => r,
         Err(e) => return malformed(e),
     };
-    let n = f.payload.len();
-    let computed = icrc::compute(f.ip_header, f.udp_header, &f.payload[..n - len::ICRC]);
+    let n = payload.len();
+    let computed = icrc::compute(ip_header, udp_header, &payload[..n - len::ICRC]);
     let mad =
         (repr.bth.dest_qp == GSI_QP && repr.ext.deth.is_some()).then(|| Mad::parse(pkt.payload()));
     Dissection::Roce {
@@ -133,6 +165,83 @@ pub fn dissect(frame: &[u8]) -> Dissection {
         },
         mad,
     }
+}
+
+/// Every RoCEv2 packet of one Ethernet frame, in order.
+///
+/// A sender using UDP segmentation offload hands the kernel one datagram
+/// for a train of equal-sized packets (the last may be shorter); on a
+/// loopback device nothing segments it, and a capture there (or before a
+/// NIC's offload) holds the whole train as one frame, whose ICRC fails read
+/// as one packet. Such a frame is cut where its second packet begins: the
+/// first segment length at which the bytes that follow start with a BTH
+/// for the same QP at the next PSN and the first segment's ICRC holds,
+/// computed as segmentation leaves the headers (the IP and UDP lengths of
+/// each segment, and the IPv4 identification counting up by one per
+/// segment). Each packet then gets its own ICRC verdict. Any other frame
+/// is the one packet [`dissect`] reads.
+pub fn dissect_all(frame: &[u8]) -> Vec<Dissection> {
+    let whole = dissect(frame);
+    match &whole {
+        Dissection::Roce { icrc, .. } if !icrc.ok() => split_train(frame).unwrap_or(vec![whole]),
+        _ => vec![whole],
+    }
+}
+
+/// The packets of a GSO train (see [`dissect_all`]), if `frame` is one.
+fn split_train(frame: &[u8]) -> Option<Vec<Dissection>> {
+    let f = parse_ethernet_udp(frame).ok()??;
+    let p = f.payload;
+    let first = PacketRepr::parse(&Packet::new_checked(p).ok()?).ok()?;
+    let (qp, next) = (first.bth.dest_qp, first.bth.psn.add(1));
+    let shortest = len::BTH + len::ICRC;
+    let (src, dst) = addrs(&f);
+    let mut ip = f.ip_header.to_vec();
+    let mut udp = [0u8; 8];
+    udp.copy_from_slice(f.udp_header);
+    let v4 = ip.first().is_some_and(|b| b >> 4 == 4);
+    let id0 = if v4 {
+        u16::from_be_bytes([ip[4], ip[5]])
+    } else {
+        0
+    };
+    // The headers segment `k` of length `n` leaves with.
+    let mut headers = |k: usize, n: usize| -> (Vec<u8>, [u8; 8]) {
+        let ulen = (8 + n) as u16;
+        if v4 {
+            let total = (ip.len() + 8 + n) as u16;
+            ip[2..4].copy_from_slice(&total.to_be_bytes());
+            ip[4..6].copy_from_slice(&id0.wrapping_add(k as u16).to_be_bytes());
+        } else if ip.len() >= 6 {
+            ip[4..6].copy_from_slice(&ulen.to_be_bytes());
+        }
+        udp[4..6].copy_from_slice(&ulen.to_be_bytes());
+        (ip.clone(), udp)
+    };
+    // Packets are whole 4-byte words (the pad rounds the payload up).
+    let mut seg = shortest;
+    while seg + shortest <= p.len() {
+        let b = &p[seg..];
+        let qp_at = u32::from_be_bytes([0, b[5], b[6], b[7]]);
+        let psn_at = u32::from_be_bytes([0, b[9], b[10], b[11]]);
+        if qp_at == qp && psn_at == next.value() {
+            let (ih, uh) = headers(0, seg);
+            let c = icrc::compute(&ih, &uh, &p[..seg - len::ICRC]);
+            if icrc::carried(&p[..seg]) == Some(c) {
+                let out = p
+                    .chunks(seg)
+                    .enumerate()
+                    .map(|(k, part)| {
+                        let (ih, uh) = headers(k, part.len());
+                        packet(src, dst, &ih, &uh, part)
+                    })
+                    .collect();
+                return Some(out);
+            }
+        }
+        seg += 4;
+    }
+    None
 }
 
 /// The name of a management class (IBA table 134 and the kernel's

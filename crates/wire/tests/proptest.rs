@@ -12,7 +12,9 @@ use std::net::{IpAddr, SocketAddr};
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
 
-use softrdma_wire::dissect::{dissect, to_json, Dissection, Line};
+use softrdma_wire::dissect::{
+    dissect, dissect_all, is_steering_probe, to_json, Dissection, Line, STEERING_PROBE_LEN,
+};
 use softrdma_wire::ext::*;
 use softrdma_wire::frame::{self, parse_ethernet_udp};
 use softrdma_wire::icrc::{self, HiddenCheck};
@@ -316,6 +318,131 @@ fn exercise_packet(bytes: &[u8]) {
     }
 }
 
+/// A UDP GSO train as a capture on a loopback device holds it: `n`
+/// packets of one WRITE to QP `qp` from PSN `psn`, all with `m` payload
+/// bytes but the last (`last` bytes), each with the ICRC of the datagram
+/// segmentation makes of it (its own IP and UDP lengths, the IPv4 ID
+/// counting up from the train's), in one frame. Returns the frame and the
+/// packets.
+fn gso_train(
+    path: &Path,
+    qp: u32,
+    psn: u32,
+    n: usize,
+    m: usize,
+    last: usize,
+) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let path = Path {
+        df: true,
+        ..path.clone()
+    };
+    let mut packets = Vec::new();
+    let mut train = Vec::new();
+    for k in 0..n {
+        let size = if k + 1 == n { last } else { m };
+        let repr = PacketRepr {
+            bth: BthRepr {
+                opcode: if k + 1 == n {
+                    Opcode::RC_RDMA_WRITE_LAST
+                } else {
+                    Opcode::RC_RDMA_WRITE_MIDDLE
+                },
+                dest_qp: qp,
+                psn: Psn::new(psn).add(k as u32),
+                ..BthRepr::default()
+            },
+            ext: ExtRepr::default(),
+            payload_len: size,
+        };
+        let payload: Vec<u8> = (0..size).map(|i| (i * 7 + k) as u8).collect();
+        let seg = Path {
+            ident: path.ident.wrapping_add(k as u16),
+            ..path.clone()
+        };
+        let buf = emit(&repr, &payload, &seg);
+        train.extend_from_slice(&buf);
+        packets.push(buf);
+    }
+    let mut fr = Vec::new();
+    frame::build_frame(path.src, path.dst, path.ident, &train, &mut fr);
+    (fr, packets)
+}
+
+proptest! {
+    /// A GSO train in one frame (`softrdma decode` of a loopback capture):
+    /// read as one packet its ICRC fails; `dissect_all` finds each packet,
+    /// in order, each with its own good ICRC. A corrupted packet after the
+    /// first leaves the others good and only its own ICRC bad.
+    #[test]
+    fn a_gso_train_dissects_into_its_packets(
+        path in arb_path(),
+        qp in u24(),
+        psn in u24(),
+        n in 2usize..8,
+        m in prop::sample::select(vec![8usize, 256, 1024, 4096]),
+        short in 0usize..=4096,
+        bad in any::<Index>(),
+    ) {
+        let last = short.min(m);
+        let (fr, packets) = gso_train(&path, qp, psn, n, m, last);
+        match dissect(&fr) {
+            Dissection::Roce { icrc, .. } => prop_assert!(!icrc.ok()),
+            other => prop_assert!(false, "{:?}", other),
+        }
+        let all = dissect_all(&fr);
+        prop_assert_eq!(all.len(), n);
+        for (k, d) in all.iter().enumerate() {
+            match d {
+                Dissection::Roce { repr, icrc, .. } => {
+                    prop_assert!(icrc.ok(), "packet {}: {:?}", k, icrc);
+                    prop_assert_eq!(repr.bth.psn, Psn::new(psn).add(k as u32));
+                    prop_assert_eq!(repr.payload_len, if k + 1 == n { last } else { m });
+                }
+                other => prop_assert!(false, "packet {}: {:?}", k, other),
+            }
+        }
+        // Corrupt one payload byte of a packet after the first.
+        let j = 1 + bad.index(n - 1);
+        let size = if j + 1 == n { last } else { m };
+        if size > 0 {
+            let at = fr.len() - packets[j..].iter().map(Vec::len).sum::<usize>() + len::BTH;
+            let mut fr = fr.clone();
+            fr[at] ^= 0x10;
+            let all = dissect_all(&fr);
+            prop_assert_eq!(all.len(), n);
+            for (k, d) in all.iter().enumerate() {
+                match d {
+                    Dissection::Roce { icrc, .. } => prop_assert_eq!(icrc.ok(), k != j, "packet {}", k),
+                    other => prop_assert!(false, "packet {}: {:?}", k, other),
+                }
+            }
+        }
+    }
+}
+
+/// softrdma's own port-sharing probe to port 4791 is no RoCEv2 packet:
+/// the dissector says so instead of calling it malformed.
+#[test]
+fn a_steering_probe_is_not_roce() {
+    let mut probe = [0u8; STEERING_PROBE_LEN];
+    probe[0] = 0xff;
+    probe[4..12].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+    probe[13] = 3;
+    assert!(is_steering_probe(&probe));
+    let mut fr = Vec::new();
+    let (src, dst) = (
+        "127.0.0.1:40000".parse().unwrap(),
+        "127.0.0.1:4791".parse().unwrap(),
+    );
+    frame::build_frame(src, dst, 0, &probe, &mut fr);
+    assert_eq!(dissect(&fr), Dissection::NotRoce);
+    assert_eq!(dissect_all(&fr), vec![Dissection::NotRoce]);
+    // One byte longer, it is a malformed RoCEv2 packet again.
+    let mut fr = Vec::new();
+    frame::build_frame(src, dst, 0, &[&probe[..], &[0]].concat(), &mut fr);
+    assert!(matches!(dissect(&fr), Dissection::Malformed { .. }));
+}
+
 /// Dissect and print a frame both ways; none of it may panic.
 fn exercise_frame(bytes: &[u8]) {
     if let Ok(Some(f)) = parse_ethernet_udp(bytes) {
@@ -326,6 +453,9 @@ fn exercise_frame(bytes: &[u8]) {
     let d = dissect(bytes);
     let _ = Line(&d).to_string();
     let _ = to_json(1, &d);
+    for d in dissect_all(bytes) {
+        let _ = Line(&d).to_string();
+    }
 }
 
 /// A buffer that starts like a packet: a known opcode, transport version 0.

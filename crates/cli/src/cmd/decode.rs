@@ -6,7 +6,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use softrdma_wire::dissect::{dissect, to_json, Dissection, Line};
+use softrdma_wire::dissect::{dissect_all, to_json, Dissection, Line};
 use softrdma_wire::pcap::PcapFile;
 
 #[derive(clap::Args)]
@@ -53,24 +53,44 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 break;
             }
         };
-        let d = dissect(rec.data);
-        match &d {
-            Dissection::NotRoce => {
-                c.skipped += 1;
-                continue;
-            }
-            Dissection::Malformed { .. } => c.malformed += 1,
-            Dissection::Roce { icrc, .. } => {
-                c.roce += 1;
-                if !icrc.ok() {
-                    c.icrc_bad += 1;
+        // A frame may hold a UDP GSO train (a capture on a loopback
+        // device): its packets are numbered frame.1, frame.2, ...
+        let all = dissect_all(rec.data);
+        let train = all.len() > 1;
+        for (k, d) in all.iter().enumerate() {
+            match d {
+                Dissection::NotRoce => {
+                    c.skipped += 1;
+                    continue;
+                }
+                Dissection::Malformed { .. } => c.malformed += 1,
+                Dissection::Roce { icrc, .. } => {
+                    c.roce += 1;
+                    if !icrc.ok() {
+                        c.icrc_bad += 1;
+                    }
                 }
             }
-        }
-        if a.json {
-            writeln!(out, "{}", to_json(rec.number, &d))?;
-        } else {
-            writeln!(out, "{:>6} {}", rec.number, Line(&d))?;
+            if a.json {
+                let mut j = to_json(rec.number, d);
+                if train {
+                    let at = j.find(',').unwrap_or(j.len() - 1);
+                    j.insert_str(
+                        at,
+                        &format!(",\"segment\":{},\"segments\":{}", k + 1, all.len()),
+                    );
+                }
+                writeln!(out, "{j}")?;
+            } else if train {
+                writeln!(
+                    out,
+                    "{:>6} {}",
+                    format!("{}.{}", rec.number, k + 1),
+                    Line(d)
+                )?;
+            } else {
+                writeln!(out, "{:>6} {}", rec.number, Line(d))?;
+            }
         }
     }
     if a.json {

@@ -1038,6 +1038,7 @@ impl Endpoint {
                 continue;
             }
             let before = Before::of(qp, &self.shared.stats);
+            self.shared.stats.requests_rx += 1;
             qp.handle_request(meta, pkt, repr, &mut self.shared, mem);
             self.sched
                 .sync(s, qp, now, Some((before, &mut self.shared.stats)));
@@ -1556,6 +1557,7 @@ impl Endpoint {
             qp.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
         ) {
+            self.shared.stats.requests_rx += 1;
             qp.handle_request(meta, &pkt, &repr, &mut self.shared, mem);
             if meta.traffic_class & 3 == 3 && qp.qp_type != QpType::Ud {
                 // ECN-CE: the notification point owes the sender a CNP.

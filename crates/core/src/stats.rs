@@ -7,6 +7,9 @@ pub struct Stats {
     pub tx_bytes: u64,
     pub rx_packets: u64,
     pub rx_bytes: u64,
+    /// Request packets handed to a responder (of any QP state that takes
+    /// them): this endpoint is a target of someone's traffic.
+    pub requests_rx: u64,
     /// Packets sent again by go-back-N.
     pub retransmits: u64,
     /// Retransmission timer expiries.

@@ -203,6 +203,9 @@ pub(crate) struct State {
     armed: Option<Nanos>,
     /// A pass left its responses for the application's next call.
     tx_deferred: bool,
+    /// The core's count of request packets received when a poll last
+    /// decided whether to hand the socket back (`Cq::poll_device`).
+    pub requests_seen: u64,
     /// Packets the IO layer refused (a destination of the wrong address
     /// family, say): dropped and counted; the device keeps serving.
     pub tx_refused: u64,
@@ -1630,6 +1633,7 @@ impl Engine {
                 origin,
                 armed: None,
                 tx_deferred: false,
+                requests_seen: 0,
                 tx_refused: 0,
                 shm: shm.clone(),
                 ring_drops: 0,

@@ -252,6 +252,11 @@ impl Qp {
         self.rq.len()
     }
 
+    /// Send work requests posted and not yet completed (or flushed).
+    pub fn sends_outstanding(&self) -> u64 {
+        self.sq.head - self.sq.tail
+    }
+
     /// No send or receive work request is queued.
     pub(crate) fn queues_empty(&self) -> bool {
         self.sq.head == self.sq.tail && self.rq.len() == 0

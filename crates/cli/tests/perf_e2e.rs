@@ -221,6 +221,22 @@ fn bidirectional_runs_verify_both_directions() {
     );
 }
 
+/// `-N` cancels the peak, as perftest's: the peak column reads 0.00 while
+/// the average is measured.
+#[test]
+fn no_peak_leaves_the_peak_column_empty() {
+    let out = checked(&["write_bw", "-N", "-s", "4096", "-n", "300"]);
+    let f: Vec<&str> = row(&out, 4096).split_whitespace().collect();
+    assert_eq!(f[2], "0.00", "peak in {f:?}");
+    assert!(f[3].parse::<f64>().unwrap() > 0.0, "average in {f:?}");
+    let out = checked(&["write_bw", "-s", "4096", "-n", "300"]);
+    let f: Vec<&str> = row(&out, 4096).split_whitespace().collect();
+    assert!(
+        f[2].parse::<f64>().unwrap() > 0.0,
+        "without -N a peak: {f:?}"
+    );
+}
+
 /// `--check` fails for bytes that never arrived: the memory a test's data
 /// lands in starts out different from what is sent there. A client that
 /// writes 8 bytes per message to a server that checks 4,000 leaves the rest

@@ -139,6 +139,10 @@ pub struct Args {
     /// reports the sum of the two directions (perftest's -b).
     #[arg(short = 'b', long = "bidirectional")]
     pub bidir: bool,
+    /// Cancel the peak-bandwidth calculation (bandwidth tests; perftest
+    /// skips it anyway above 20,000 iterations and in duration mode).
+    #[arg(short = 'N', long = "noPeak")]
+    pub no_peak: bool,
     /// Number of QPs (bandwidth tests).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: usize,
@@ -324,6 +328,9 @@ impl Params {
         if a.qps == 0 || a.qps > 16384 {
             return Err(fail(" Number of QPs must be 1..16384"));
         }
+        if a.no_peak && !t.is_bw() {
+            return Err(fail(" -N (no peak) applies to bandwidth tests only"));
+        }
         if a.bidir && !t.is_bw() {
             return Err(fail(
                 " Bidirectional mode (-b) is supported for bandwidth tests only: latency tests go both ways already",
@@ -444,7 +451,7 @@ impl Params {
             gbits: a.report_gbits,
             check: a.check,
             rdma_cm: a.rdma_cm,
-            no_peak: a.duration.is_some() || (t.is_bw() && iters > 20000),
+            no_peak: a.no_peak || a.duration.is_some() || (t.is_bw() && iters > 20000),
             gid_index,
         })
     }
@@ -672,6 +679,9 @@ fn server_args(a: &Args, port: u16) -> Vec<String> {
     }
     if a.bidir {
         v.push("-b".into());
+    }
+    if a.no_peak {
+        v.push("-N".into());
     }
     if a.events {
         v.push("-e".into());

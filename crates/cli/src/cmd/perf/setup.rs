@@ -527,26 +527,14 @@ pub fn run_test(
             // sides at once (and under -a another ends it); the two reports
             // are exchanged and each side prints their sum.
             say(report::bw_header(p.gbits));
-            let unit = if p.gbits { 125_000_000.0 } else { 1_048_576.0 };
+            let unit = bw_unit(p);
             for &size in &p.sizes {
                 chan.handshake(&mine[0])?;
                 let me = bench::bw_client(&r, p, size)?;
                 if p.all {
                     chan.handshake(&mine[0])?;
                 }
-                let rem = chan.xchg_bw_report([
-                    me.size as f64,
-                    me.iters as f64,
-                    me.peak / unit,
-                    me.avg / unit,
-                    me.msg_rate / 1e6,
-                ])?;
-                let both = report::BwResult {
-                    peak: me.peak + rem[2] * unit,
-                    avg: me.avg + rem[3] * unit,
-                    msg_rate: me.msg_rate + rem[4] * 1e6,
-                    ..me
-                };
+                let both = both_ways(&mut chan, &me, unit)?;
                 say(&report::bw_row(&both, p.gbits));
                 tsv.push(bw_tsv(p, transport, &both));
             }
@@ -571,7 +559,7 @@ pub fn run_test(
                 }
                 say(RESULT_LINE);
                 chan.handshake(&mine[0])?;
-                let unit = if p.gbits { 125_000_000.0 } else { 1_048_576.0 };
+                let unit = bw_unit(p);
                 let _ = chan.xchg_bw_report([
                     last.size as f64,
                     last.iters as f64,
@@ -585,7 +573,7 @@ pub fn run_test(
             } else {
                 chan.handshake(&mine[0])?; // the client runs meanwhile
                 let rep = chan.xchg_bw_report([0.0; 5])?;
-                let unit = if p.gbits { 125_000_000.0 } else { 1_048_576.0 };
+                let unit = bw_unit(p);
                 let row = report::BwResult {
                     size: rep[0] as u64,
                     iters: rep[1] as u64,
@@ -613,26 +601,14 @@ pub fn run_test(
             // one loop (run_iter_bi); the reports are exchanged and summed,
             // and under -a a handshake ends each size.
             say(report::bw_header(p.gbits));
-            let unit = if p.gbits { 125_000_000.0 } else { 1_048_576.0 };
+            let unit = bw_unit(p);
             for &size in &p.sizes {
                 bench::post_receives(&r, p, size, p.rx_depth)?;
                 chan.handshake(&mine[0])?;
                 let mut rx = bench::RecvSide::new(&r, p, size);
                 let me = bench::bw_both(&r, p, size, Some(&mut rx))?;
                 ok &= rx.result().1;
-                let rem = chan.xchg_bw_report([
-                    me.size as f64,
-                    me.iters as f64,
-                    me.peak / unit,
-                    me.avg / unit,
-                    me.msg_rate / 1e6,
-                ])?;
-                let both = report::BwResult {
-                    peak: me.peak + rem[2] * unit,
-                    avg: me.avg + rem[3] * unit,
-                    msg_rate: me.msg_rate + rem[4] * 1e6,
-                    ..me
-                };
+                let both = both_ways(&mut chan, &me, unit)?;
                 say(&report::bw_row(&both, p.gbits));
                 tsv.push(bw_tsv(p, transport, &both));
                 if p.all {
@@ -733,6 +709,39 @@ pub fn run_test(
         ok,
         stats,
         transport,
+    })
+}
+
+/// Bytes per second in a reported bandwidth unit: MB/s (2^20 B/s) as
+/// perftest prints it, or Gb/s with `--report_gbits`.
+fn bw_unit(p: &Params) -> f64 {
+    if p.gbits {
+        125_000_000.0
+    } else {
+        1_048_576.0
+    }
+}
+
+/// A duplex run's row: this side's report and the peer's, exchanged as
+/// perftest's `xchg_bw_reports` does, summed as its
+/// `print_full_bw_report` sums them.
+fn both_ways(
+    chan: &mut Channel,
+    me: &report::BwResult,
+    unit: f64,
+) -> Result<report::BwResult, Box<dyn std::error::Error>> {
+    let rem = chan.xchg_bw_report([
+        me.size as f64,
+        me.iters as f64,
+        me.peak / unit,
+        me.avg / unit,
+        me.msg_rate / 1e6,
+    ])?;
+    Ok(report::BwResult {
+        peak: me.peak + rem[2] * unit,
+        avg: me.avg + rem[3] * unit,
+        msg_rate: me.msg_rate + rem[4] * 1e6,
+        ..*me
     })
 }
 

@@ -784,8 +784,17 @@ fn json_cm(o: &mut String, msg: &CmMsg) {
 
 /// One JSON object (a JSON-lines record) for a dissected frame.
 pub fn to_json(number: usize, d: &Dissection) -> String {
+    to_json_at(number, None, d)
+}
+
+/// [`to_json`] for packet `k` (from 1) of the `n` a frame holds
+/// ([`dissect_all`]): the record also carries `"segment":k,"segments":n`.
+pub fn to_json_at(number: usize, segment: Option<(usize, usize)>, d: &Dissection) -> String {
     let mut o = String::with_capacity(256);
     let _ = write!(o, "{{\"frame\":{number}");
+    if let Some((k, n)) = segment {
+        let _ = write!(o, ",\"segment\":{k},\"segments\":{n}");
+    }
     let push_addrs = |o: &mut String, s: &SocketAddr, d: &SocketAddr| {
         o.push_str(",\"src\":");
         json_str(o, &s.ip().to_string());

@@ -6,7 +6,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use softrdma_wire::dissect::{dissect_all, to_json, Dissection, Line};
+use softrdma_wire::dissect::{dissect_all, to_json_at, Dissection, Line};
 use softrdma_wire::pcap::PcapFile;
 
 #[derive(clap::Args)]
@@ -72,15 +72,8 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 }
             }
             if a.json {
-                let mut j = to_json(rec.number, d);
-                if train {
-                    let at = j.find(',').unwrap_or(j.len() - 1);
-                    j.insert_str(
-                        at,
-                        &format!(",\"segment\":{},\"segments\":{}", k + 1, all.len()),
-                    );
-                }
-                writeln!(out, "{j}")?;
+                let at = train.then_some((k + 1, all.len()));
+                writeln!(out, "{}", to_json_at(rec.number, at, d))?;
             } else if train {
                 writeln!(
                     out,

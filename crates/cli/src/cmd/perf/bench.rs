@@ -564,6 +564,11 @@ impl<'a> RecvSide<'a> {
         self.p.duration.is_none() && self.recvd.iter().all(|&c| c >= self.p.iters)
     }
 
+    /// Whether every message so far was as sent (`--check`).
+    pub fn verified(&self) -> bool {
+        self.ok
+    }
+
     /// What arrived, from the first message on, and whether all of it was
     /// as sent.
     pub fn result(&self) -> (BwResult, bool) {

@@ -595,33 +595,21 @@ pub fn run_test(
                 say(RESULT_LINE);
             }
         }
-        Test::SendBw if p.bidir => {
-            // perftest's duplex send_bw: both sides post their receives,
-            // a handshake starts the size, and each sends and receives in
-            // one loop (run_iter_bi); the reports are exchanged and summed,
-            // and under -a a handshake ends each size.
-            say(report::bw_header(p.gbits));
-            let unit = bw_unit(p);
-            for &size in &p.sizes {
-                bench::post_receives(&r, p, size, p.rx_depth)?;
-                chan.handshake(&mine[0])?;
-                let mut rx = bench::RecvSide::new(&r, p, size);
-                let me = bench::bw_both(&r, p, size, Some(&mut rx))?;
-                ok &= rx.result().1;
-                let both = both_ways(&mut chan, &me, unit)?;
-                say(&report::bw_row(&both, p.gbits));
-                tsv.push(bw_tsv(p, transport, &both));
-                if p.all {
-                    chan.handshake(&mine[0])?;
-                }
-            }
-            say(RESULT_LINE);
-            chan.close(&mine[0])?;
-        }
         Test::SendBw => {
             say(report::bw_header(p.gbits));
             for &size in &p.sizes {
-                let res = if client {
+                let res = if p.bidir {
+                    // perftest's duplex send_bw: both sides post their
+                    // receives, a handshake starts the size, each sends and
+                    // receives in one loop (run_iter_bi), and the reports
+                    // are exchanged and summed.
+                    bench::post_receives(&r, p, size, p.rx_depth)?;
+                    chan.handshake(&mine[0])?;
+                    let mut rx = bench::RecvSide::new(&r, p, size);
+                    let me = bench::bw_both(&r, p, size, Some(&mut rx))?;
+                    ok &= rx.verified();
+                    both_ways(&mut chan, &me, bw_unit(p))?
+                } else if client {
                     chan.handshake(&mine[0])?;
                     bench::bw_client(&r, p, size)?
                 } else {

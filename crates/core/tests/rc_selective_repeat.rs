@@ -248,3 +248,103 @@ fn a_lost_resend_is_found_one_measured_round_trip_later() {
     let a = sim.node(0).ep.stats();
     assert_eq!((a.retransmits, a.resend_timeouts, a.timeouts), (2, 1, 0));
 }
+
+/// A request held ahead of the expected PSN inside the PSN range a READ
+/// then takes (nothing a requester sends belongs there: a forged or broken
+/// peer) is given back when the READ moves the expected PSN past it. It is
+/// never executed WINDOW (256) PSNs later in place of the request that
+/// shares its slot, which would write old bytes and move the expected PSN
+/// back, wedging the connection.
+#[test]
+fn a_request_held_inside_a_reads_psn_range_is_dropped_not_run_later() {
+    use softrdma_wire::bth::{BthRepr, DEFAULT_PKEY, SOFTRDMA_SR};
+    use softrdma_wire::ext::RethRepr;
+    use softrdma_wire::packet::ExtRepr;
+    use softrdma_wire::{Opcode, PacketRepr};
+
+    fn req(qb: &QpEnd, op: Opcode, psn: u32, ack: bool, reth: RethRepr, len: usize) -> PacketRepr {
+        PacketRepr {
+            bth: BthRepr {
+                opcode: op,
+                solicited: false,
+                migreq: false,
+                pad: ((4 - len % 4) % 4) as u8,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qp: qb.qpn,
+                ack_req: ack,
+                psn: Psn::new(psn),
+            },
+            ext: ExtRepr {
+                reth: Some(reth),
+                ..Default::default()
+            },
+            payload_len: len,
+        }
+    }
+    fn send(b: &mut Host, repr: &PacketRepr, payload: &[u8]) -> Vec<String> {
+        let mut bytes = forge(0, 1, repr, payload);
+        bytes[4] |= SOFTRDMA_SR; // the capability bit, masked by the ICRC
+        b.deliver(0, 0, &bytes);
+        describe_all(1, &b.take(0, usize::MAX))
+    }
+
+    let (mut sim, _qa, qb) = pair(1, 8 << 20, &sr());
+    let b = sim.node_mut(1);
+    let w = |va: u64| RethRepr {
+        va,
+        rkey: qb.rkey,
+        dma_len: 8,
+    };
+    // B expects PSN 100. A 4 KiB READ at 101 (its response: 101..=104) is
+    // held, and so is a WRITE at 102, inside the READ's range.
+    let rd = RethRepr {
+        va: region(1),
+        rkey: qb.rkey,
+        dma_len: 4096,
+    };
+    send(
+        b,
+        &req(&qb, Opcode::RC_RDMA_READ_REQUEST, 101, false, rd, 0),
+        &[],
+    );
+    send(
+        b,
+        &req(&qb, Opcode::RC_RDMA_WRITE_ONLY, 102, true, w(region(2)), 8),
+        b"STALE!!!",
+    );
+    // 100 fills the gap: it and the READ run; the expected PSN is 105 and
+    // nothing is held any more (no gap to NAK).
+    let r = send(
+        b,
+        &req(&qb, Opcode::RC_RDMA_WRITE_ONLY, 100, true, w(region(3)), 8),
+        b"firstpkt",
+    );
+    assert!(
+        r.iter().all(|l| !l.contains("NAK")),
+        "no gap remains after the READ: {r:?}"
+    );
+    assert_eq!(b.mem.slice(region(2), 8), [0u8; 8]);
+    // In-order WRITEs 105..=357, then 358, whose slot the stale 102 had.
+    for psn in 105..=358 {
+        let va = if psn == 358 { region(5) } else { region(4) };
+        let r = send(
+            b,
+            &req(&qb, Opcode::RC_RDMA_WRITE_ONLY, psn, psn >= 357, w(va), 8),
+            if psn == 358 { b"real-358" } else { b"legit..." },
+        );
+        if psn >= 357 {
+            assert_eq!(
+                r,
+                [format!("B ACKNOWLEDGE {psn} [ACK msn={}] sr", psn - 102)]
+            );
+        }
+    }
+    assert_eq!(
+        b.mem.slice(region(2), 8),
+        [0u8; 8],
+        "the stale WRITE never ran"
+    );
+    assert_eq!(b.mem.slice(region(5), 8), *b"real-358");
+}

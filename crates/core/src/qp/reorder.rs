@@ -94,10 +94,16 @@ const EMPTY: u32 = u32::MAX;
 /// can carry, rounded up.
 const MAX_HELD_LEN: usize = 4096 + 128;
 
-/// One QP's held packets: slot of the pool for PSN `p` at `p % WINDOW`.
+/// One QP's held packets: slot of the pool for PSN `p` at `p % WINDOW`,
+/// with the PSN it holds. The PSN is kept because the expected PSN can
+/// move past a held packet without taking it — a READ's request advances
+/// it by the READ's response packets at once, and a requester has no
+/// business sending a request inside that range — and such a stale entry
+/// must never be taken for the packet `WINDOW` PSNs later that shares its
+/// index (it would execute an old request and move the expected PSN back).
 #[derive(Debug)]
 pub(crate) struct Staging {
-    slots: Box<[u32]>,
+    slots: Box<[(u32, Psn)]>,
     /// Packets held.
     pub count: u32,
 }
@@ -116,13 +122,24 @@ pub(crate) enum Hold {
 impl Staging {
     pub fn new() -> Staging {
         Staging {
-            slots: vec![EMPTY; WINDOW as usize].into_boxed_slice(),
+            slots: vec![(EMPTY, Psn::new(0)); WINDOW as usize].into_boxed_slice(),
             count: 0,
         }
     }
 
     fn idx(psn: Psn) -> usize {
+        // WINDOW divides 2^24, so PSN wrap-around keeps the mapping.
+        const _: () = assert!((1u32 << 24).is_multiple_of(WINDOW));
         (psn.value() % WINDOW) as usize
+    }
+
+    /// Empty index `i`, giving its buffer back to the pool.
+    fn free(&mut self, pool: &mut ReorderPool, i: usize) {
+        let (s, _) = std::mem::replace(&mut self.slots[i], (EMPTY, Psn::new(0)));
+        if s != EMPTY {
+            pool.release(s);
+            self.count -= 1;
+        }
     }
 
     /// Hold packet `bytes` with PSN `psn`, `epsn` being the next expected.
@@ -132,12 +149,15 @@ impl Staging {
             return Hold::Dropped;
         }
         let i = Self::idx(psn);
-        if self.slots[i] != EMPTY {
-            return Hold::Already;
+        match self.slots[i] {
+            (EMPTY, _) => {}
+            (_, held) if held == psn => return Hold::Already,
+            // Left behind by a jump of the expected PSN (see `Staging`).
+            _ => self.free(pool, i),
         }
         match pool.hold(bytes) {
             Some(s) => {
-                self.slots[i] = s;
+                self.slots[i] = (s, psn);
                 self.count += 1;
                 Hold::Kept
             }
@@ -145,15 +165,38 @@ impl Staging {
         }
     }
 
-    /// The pool slot holding `psn`, removed from the table.
-    pub fn take(&mut self, psn: Psn) -> Option<u32> {
+    /// The pool slot holding `psn`, removed from the table. A stale entry
+    /// at its index (another PSN) is given back to the pool.
+    pub fn take(&mut self, pool: &mut ReorderPool, psn: Psn) -> Option<u32> {
         let i = Self::idx(psn);
-        let s = std::mem::replace(&mut self.slots[i], EMPTY);
-        if s == EMPTY {
-            return None;
+        match self.slots[i] {
+            (EMPTY, _) => None,
+            (s, held) if held == psn => {
+                self.slots[i] = (EMPTY, Psn::new(0));
+                self.count -= 1;
+                Some(s)
+            }
+            _ => {
+                self.free(pool, i);
+                None
+            }
         }
-        self.count -= 1;
-        Some(s)
+    }
+
+    /// The expected PSN moved from `from` past `n` PSNs at once (a READ's
+    /// request takes the PSNs of its response packets): give back whatever
+    /// is held for them. Nothing a requester sends belongs there.
+    pub fn skip(&mut self, pool: &mut ReorderPool, from: Psn, n: u32) {
+        if self.count == 0 {
+            return;
+        }
+        for k in 0..n.min(WINDOW) {
+            let psn = from.add(k);
+            let i = Self::idx(psn);
+            if self.slots[i].0 != EMPTY && self.slots[i].1 == psn {
+                self.free(pool, i);
+            }
+        }
     }
 
     /// Give every held packet back to the pool.
@@ -161,13 +204,9 @@ impl Staging {
         if self.count == 0 {
             return;
         }
-        for s in self.slots.iter_mut() {
-            if *s != EMPTY {
-                pool.release(*s);
-                *s = EMPTY;
-            }
+        for i in 0..self.slots.len() {
+            self.free(pool, i);
         }
-        self.count = 0;
     }
 }
 
@@ -188,10 +227,10 @@ mod tests {
         // The pool is full.
         assert_eq!(st.hold(&mut pool, e, e.add(4), b"c"), Hold::Dropped);
         assert_eq!(st.count, 2);
-        let s = st.take(e.add(1)).unwrap();
+        let s = st.take(&mut pool, e.add(1)).unwrap();
         assert_eq!(pool.take(s), b"a");
         pool.put_back(s, b"a".to_vec());
-        assert_eq!(st.take(e.add(2)), None);
+        assert_eq!(st.take(&mut pool, e.add(2)), None);
         st.clear(&mut pool);
         assert_eq!((st.count, pool.in_use()), (0, 0));
         assert_eq!(pool.bufs.len(), 2, "buffers are kept for reuse");

@@ -423,7 +423,8 @@ impl Qp {
     ) {
         loop {
             let epsn = self.resp.epsn;
-            let Some(slot) = self.resp.held.as_mut().and_then(|h| h.take(epsn)) else {
+            let Some(slot) = (self.resp.held.as_mut()).and_then(|h| h.take(&mut ctx.reorder, epsn))
+            else {
                 break;
             };
             let buf = ctx.reorder.take(slot);
@@ -773,6 +774,11 @@ impl Qp {
                 replay: false,
             });
             self.resp.epsn = psn.add(npkts);
+            // The READ's response takes PSNs psn+1.. too: nothing held
+            // for them is a request (see `Staging`).
+            if let Some(h) = self.resp.held.as_mut() {
+                h.skip(&mut ctx.reorder, psn.next(), npkts - 1);
+            }
             return Ok(true);
         }
         if info.has(Flags::ATOMIC) {

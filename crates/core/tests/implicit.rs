@@ -260,3 +260,25 @@ fn a_translation_makes_an_implicit_region_an_ordinary_one() {
     assert!(!m.checked);
     assert_eq!((m.iova, m.len), (at(0), 4096));
 }
+
+/// A WRITE with immediate into a hole of an implicit region takes a
+/// receive for its immediate before the placement fails: the receive is
+/// not lost. The responder's QP goes to ERR and flushes it first.
+#[test]
+fn a_write_with_immediate_into_a_hole_does_not_lose_its_receive() {
+    let (mut sim, qa, qb, _t) = setup();
+    sim.node_mut(1).post_recv(&qb, 60, at(5), 4096);
+    sim.node_mut(1).post_recv(&qb, 61, at(5), 4096);
+    let op = SendOp::WriteWithImm {
+        remote_addr: END,
+        rkey: qb.rkey,
+        imm: 7,
+    };
+    sim.node_mut(0).post(&qa, 1, op, at(0), 64, SIG).unwrap();
+    sim.run_until_idle(SEC).unwrap();
+    assert_eq!(sim.node(1).ep.qp(qb.qpn).unwrap().state, QpState::Err);
+    assert_eq!(
+        statuses(&sim.node_mut(1).poll_cq(qb.rcq)),
+        [(60, WcStatus::WrFlushErr), (61, WcStatus::WrFlushErr)]
+    );
+}

@@ -370,3 +370,45 @@ fn fatal_nak_queued_behind_a_read_stream_leaves_after_all_of_it() {
         sim.node(1).mem.slice(region(0) + 8192, 4000)
     );
 }
+
+/// A receive a message in progress took ends too when the QP goes to ERR
+/// before the message's last packet: it is the oldest of the QP's
+/// receives, so it is flushed first, then the rest of the receive queue.
+#[test]
+fn a_receive_taken_by_a_message_in_progress_is_flushed_first() {
+    fn req(qb: &QpEnd, op: Opcode, psn: u32, len: usize) -> PacketRepr {
+        PacketRepr {
+            bth: BthRepr {
+                opcode: op,
+                solicited: false,
+                migreq: false,
+                pad: 0,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qp: qb.qpn,
+                ack_req: false,
+                psn: Psn::new(psn),
+            },
+            ext: ExtRepr::default(),
+            payload_len: len,
+        }
+    }
+    let (mut sim, _qa, qb) = pair(1, 1 << 20, &Opts::default());
+    let b = sim.node_mut(1);
+    b.post_recv(&qb, 70, region(0), 4096);
+    b.post_recv(&qb, 71, region(0), 4096);
+    let first = req(&qb, Opcode::RC_SEND_FIRST, 100, 1024);
+    b.deliver(0, 0, &forge(0, 1, &first, &[1; 1024]));
+    // A MIDDLE shorter than the first packet: an invalid request, QP to ERR.
+    let middle = req(&qb, Opcode::RC_SEND_MIDDLE, 101, 8);
+    b.deliver(0, 0, &forge(0, 1, &middle, &[2; 8]));
+    let out = describe_all(1, &b.take(0, usize::MAX));
+    assert!(out.iter().any(|l| l.contains("NAK")), "{out:?}");
+    b.sync();
+    assert_eq!(b.ep.qp(qb.qpn).unwrap().state, QpState::Err);
+    assert_eq!(
+        statuses(&b.poll_cq(qb.rcq)),
+        [(70, WcStatus::WrFlushErr), (71, WcStatus::WrFlushErr)]
+    );
+}

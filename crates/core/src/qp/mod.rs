@@ -233,6 +233,15 @@ impl Qp {
             ctx.complete(self.send_cq, c, false);
         }
         self.sq.send = self.sq.tail;
+        // A receive a message in progress took (from the RQ or the SRQ),
+        // or one a dropped UC message left aside, is the oldest of the
+        // QP's receives: it ends first. It goes to the CQ the message's
+        // completion would have gone to (an XRC target: its SRQ's).
+        let rx_cq = self.rx_cq();
+        for wr_id in self.resp.take_held_recvs().into_iter().flatten() {
+            let c = Completion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+            ctx.complete(rx_cq, c, false);
+        }
         let mut sges = [crate::mr::Span::default(); crate::MAX_SGE];
         if self.srq.is_none() {
             while let Some(w) = self.rq.pop(&mut sges) {

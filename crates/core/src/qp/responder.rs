@@ -148,6 +148,17 @@ impl Responder {
             && self.held.as_ref().is_none_or(|h| h.count == 0)
     }
 
+    /// Let go of the receive WQEs a message in progress (`cur`) and a UC
+    /// drop (`spare`) hold, oldest first, as (`wr_id`) for the caller to
+    /// complete: the QP is leaving service, and every WR must end.
+    pub fn take_held_recvs(&mut self) -> [Option<u64>; 2] {
+        let cur = match std::mem::take(&mut self.cur) {
+            Cur::Send { wr_id, .. } => Some(wr_id),
+            _ => None,
+        };
+        [cur, self.spare.take().map(|(wr_id, _, _)| wr_id)]
+    }
+
     pub fn new(resources: usize) -> Responder {
         let out_cap = resources + 8;
         Responder {
@@ -299,7 +310,7 @@ impl Qp {
 
     /// The CQ receive completions go to: the QP's, or for an XRC target
     /// that of the SRQ the current request names.
-    fn rx_cq(&self) -> CqId {
+    pub(crate) fn rx_cq(&self) -> CqId {
         self.resp.xrc.map_or(self.recv_cq, |t| t.cq)
     }
 
@@ -700,14 +711,19 @@ impl Qp {
                     return Err(invalid);
                 }
                 if at.store_u64(mem, word).is_err() {
+                    self.resp.spare = imm_wqe;
                     return Err(gone());
                 }
             } else if n > 0 && place(at, mem, data, ends).is_err() {
                 // An implicit region's page is not there (or not
                 // writable): the remote access error of a range outside
                 // a region; bytes of this packet before the hole may have
-                // landed, as a faulting DMA leaves them.
+                // landed, as a faulting DMA leaves them. A receive taken
+                // for the immediate is left aside, as a dropped message
+                // leaves it: UC's next message uses it, RC's ERR flushes
+                // it.
                 self.resp.cur = Cur::Idle;
+                self.resp.spare = imm_wqe;
                 return Err(gone());
             }
             self.resp.cur = Cur::Write {

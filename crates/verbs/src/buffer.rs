@@ -304,12 +304,49 @@ thread_local! {
     /// Set while this thread runs a closure that borrows region bytes
     /// under the device's state lock (`Mr::with_bytes*`).
     static IN_VIEW: Cell<bool> = const { Cell::new(false) };
+    /// Set while this thread takes completions without the engine's lock
+    /// (`Cq::poll_with`'s and `Cq::poll_lanes`'s callbacks run then): the
+    /// completions handed to the callback are held for it, by the CQ
+    /// lane's flag or the stash's mutex, which the engine's lock would
+    /// wait for.
+    static IN_POLL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Panic if this thread is inside a poll's callback (see `IN_POLL`):
+/// taking the engine's lock, or polling again, would wait forever for what
+/// this very thread holds.
+pub(crate) fn assert_not_in_poll() {
+    if IN_POLL.with(Cell::get) {
+        panic!(
+            "softrdma: a verbs call inside the callback of Cq::poll_with/poll_lanes would \
+             deadlock; collect what you need and act on it after the poll returns"
+        );
+    }
+}
+
+/// Marks this thread as inside a poll's callback until dropped (however
+/// the callback ends).
+pub(crate) struct PollFlag;
+
+impl PollFlag {
+    pub(crate) fn set() -> PollFlag {
+        assert_not_in_poll();
+        IN_POLL.with(|f| f.set(true));
+        PollFlag
+    }
+}
+
+impl Drop for PollFlag {
+    fn drop(&mut self) {
+        IN_POLL.with(|f| f.set(false));
+    }
 }
 
 /// Panic if this thread is inside `Mr::with_bytes*`: taking the state lock
 /// again would deadlock (it is not re-entrant, and must not be: the call
 /// could make the engine write into the bytes being borrowed).
 pub(crate) fn assert_not_in_view() {
+    assert_not_in_poll();
     if IN_VIEW.with(Cell::get) {
         panic!(
             "softrdma: a verbs call inside Mr::with_bytes/with_bytes_mut would deadlock; \

@@ -1742,6 +1742,7 @@ impl Engine {
     /// Own the state if nobody does; for polls, which never wait: whoever
     /// owns it is making the progress they would make.
     pub fn try_lock(&self) -> Option<Guard<'_>> {
+        crate::buffer::assert_not_in_poll();
         let g = match self.state.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),

@@ -1656,6 +1656,12 @@ impl Cq {
     /// the store; the C ABI converts each straight into an `ibv_wc`).
     /// `buf` serves the engine's way, which moves completions out of the
     /// core; its length is the most handed over.
+    ///
+    /// # Panics
+    /// If `f` calls into the device (a poll, a post, anything that takes
+    /// its lock): completions may be handed to `f` while held for it,
+    /// which such a call would wait for forever. Collect what you need in
+    /// `f` and act after the call returns.
     pub fn poll_with(
         &self,
         buf: &mut [Completion],
@@ -1669,6 +1675,8 @@ impl Cq {
             return Ok(0);
         }
         let n = self.poll_device(buf)?;
+        // The same rule for every completion, wherever it came from.
+        let _in_poll = crate::buffer::PollFlag::set();
         for c in &buf[..n] {
             f(c);
         }
@@ -1681,7 +1689,8 @@ impl Cq {
     ///
     /// Public for a caller with a fast path of its own (the C ABI's
     /// `ibv_poll_cq`), which polls the engine's way ([`Cq::poll_with`])
-    /// when this finds nothing.
+    /// when this finds nothing. `f` must not call into the device (see
+    /// [`Cq::poll_with`]).
     pub fn poll_lanes(&self, max: usize, f: &mut impl FnMut(&Completion)) -> usize {
         self.poll_lanes_quiet(max, f).0
     }
@@ -1689,6 +1698,7 @@ impl Cq {
     /// [`Cq::poll_lanes`], and whether it found the CQ empty without the
     /// lock (see `CqLane::poll_quiet`).
     fn poll_lanes_quiet(&self, max: usize, f: &mut impl FnMut(&Completion)) -> (usize, bool) {
+        let _in_poll = crate::buffer::PollFlag::set();
         if self.stashed.load(std::sync::atomic::Ordering::Acquire) {
             let mut q = self.stash.lock().unwrap_or_else(|p| p.into_inner());
             if !q.is_empty() {

@@ -1142,3 +1142,76 @@ fn concurrent_senders_fill_each_receive_once() {
         },
     );
 }
+
+/// A verbs call inside `Cq::poll_with`'s callback is refused with a panic
+/// that says why, wherever the completion came from. Handed a lane post's
+/// completion (held for it by the CQ lane's flag), such a call used to
+/// wait forever for the flag its own thread held, and every thread of the
+/// device with it; handed one the engine's way, it went through — one
+/// rule now, so a program cannot work by the luck of the path. The device
+/// goes on working after the panic.
+#[test]
+fn a_verbs_call_inside_a_poll_callback_is_refused_not_a_hang() {
+    two_processes(
+        "a_verbs_call_inside_a_poll_callback_is_refused_not_a_hang",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let src = mr_with(&pd, 4096, 5, AccessFlags::LOCAL_WRITE);
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 96);
+            let tgt = oob.recv_region();
+            let write = |id: u64| {
+                let sge = [src.sge(0, 8)];
+                let op = SendOp::Write {
+                    remote_addr: tgt.at(0),
+                    rkey: tgt.rkey,
+                };
+                qp.post_send(&wr(id, op, &sge, SendFlags::SIGNALED))
+                    .unwrap();
+            };
+            // The first opens the lane; the second completes through it,
+            // into the CQ lane's queue (open, and the CQ's oldest, after
+            // an empty poll).
+            write(0);
+            wait_cq(&cq, 1, "the opening WRITE");
+            let mut empty = [Completion::default(); 1];
+            assert_eq!(cq.poll(&mut empty).unwrap(), 0);
+            let lane0 = ctx.shm_stats().lane;
+            write(1);
+            assert_eq!(ctx.shm_stats().lane - lane0, 1, "a lane post");
+            let mut buf = [Completion::default(); 4];
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                cq.poll_with(&mut buf, &mut |_| {
+                    let mut again = [Completion::default(); 1];
+                    let _ = cq.poll(&mut again);
+                })
+            }));
+            let msg = r.expect_err("the nested poll is refused");
+            let msg = msg
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| msg.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            assert!(msg.contains("would deadlock"), "{msg}");
+            // Still a working device: a post the engine's way and its
+            // completion, then one through the lane.
+            write(2);
+            let got = wait_cq(&cq, 1, "after the refused call");
+            assert_eq!(got[0].wr_id, 2);
+            assert_eq!(got[0].status, WcStatus::Success);
+            oob.signal("done");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let tgt = pd.alloc_mr(4096, ALL_REMOTE).unwrap();
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 96);
+            oob.send_region(&Region::of(&tgt));
+            oob.expect("done");
+        },
+    );
+}

@@ -248,7 +248,12 @@ impl Host {
                 Ordering::Relaxed,
             );
         }
+        // A peer may write `taken` (it maps the segment): an honest one
+        // only ever adds one per receive, far from where numbers could
+        // wrap; a value up there is not a count, and starting from it
+        // would make the owner's arithmetic overflow. Start again at 0.
         let first = a.taken.load(Ordering::Relaxed);
+        let first = if first > u64::MAX / 2 { 0 } else { first };
         a.open.store(1, Ordering::SeqCst);
         first
     }
@@ -1160,8 +1165,12 @@ impl Peer {
                     break 'look false;
                 }
                 let off = c.off;
+                // The word's address in the arena must be aligned, not just
+                // its offset in the region: the entry's arena offset is the
+                // owner's to write, and an atomic across a cache line is a
+                // split lock (and a misaligned `&AtomicU64`).
                 if !matches!(op, SendOp::Write { .. } | SendOp::Read { .. })
-                    && (rel % 8 != 0 || len != 8)
+                    && ((off + rel) % 8 != 0 || len != 8)
                 {
                     break 'look false;
                 }
@@ -1247,7 +1256,9 @@ impl Peer {
             let t = a.taken.load(Ordering::Relaxed);
             let slot = &a.slots[t as usize % seg::RECV_SLOTS];
             // Receive `t` published (and so its slot's result taken).
-            if slot.posted.load(Ordering::Acquire) != t + 1 {
+            // Wrapping: `taken` is the owner's to write, and no value of
+            // it may panic this process.
+            if slot.posted.load(Ordering::Acquire) != t.wrapping_add(1) {
                 break 'fill None;
             }
             let n = slot.nsge.load(Ordering::Relaxed) as usize;
@@ -1298,8 +1309,8 @@ impl Peer {
             slot.byte_len.store(len as u32, Ordering::Relaxed);
             slot.imm.store(imm.unwrap_or(0), Ordering::Relaxed);
             slot.flags.store(imm.is_some() as u32, Ordering::Relaxed);
-            slot.done.store(t + 1, Ordering::Release);
-            a.taken.store(t + 1, Ordering::Release);
+            slot.done.store(t.wrapping_add(1), Ordering::Release);
+            a.taken.store(t.wrapping_add(1), Ordering::Release);
             Some(t)
         };
         w.store(0, Ordering::Release);
@@ -1485,6 +1496,85 @@ mod tests {
             addr: IpAddr::V4(Ipv4Addr::new(127, 83, 71, 29)),
             slot,
         }
+    }
+
+    /// An atomic lands on an aligned word of the arena or not at all: the
+    /// region entry's arena offset is the owner's to write, and an entry
+    /// whose offset is off by one byte (a broken or hostile owner) must
+    /// not make the requester run `lock cmpxchg` across a misaligned
+    /// address (a split lock, and a misaligned `&AtomicU64`).
+    #[test]
+    fn an_atomic_on_a_misaligned_arena_word_is_refused() {
+        let owner = Host::open(key(3)).expect("the owner's segment");
+        let user = Host::open(key(4)).expect("the user's segment");
+        let peer = user.connect(key(3)).expect("joined");
+        let n = seg::PAGE as usize;
+        // SAFETY: a fresh private anonymous mapping, ours.
+        let buf = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(buf, libc::MAP_FAILED);
+        let buf = buf as u64;
+        let share = owner.share(buf, n as u64).expect("moved into the arena");
+        let rkey = 0x5eed_0002;
+        let access = AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_WRITE;
+        assert!(owner.publish_mr(rkey, PdId(1), access, buf, buf, &share));
+        let gid = [7u8; 16];
+        owner.publish_qp(
+            5,
+            Some(PublishedQp {
+                ready: true,
+                pd: PdId(1),
+                access,
+                dest_qpn: 9,
+                dest_gid: gid,
+                rd_atomic: 4,
+            }),
+        );
+        let qps = Qps {
+            local: 9,
+            local_gid: gid,
+            remote: 5,
+        };
+        let mut result = [0u8; 8];
+        let spans = [(result.as_mut_ptr() as u64, 8u32)];
+        let add = SendOp::FetchAdd {
+            remote_addr: buf + 8,
+            rkey,
+            add: 1,
+        };
+        // SAFETY: `result` is ours and writable for the call.
+        let ok = unsafe { peer.one_sided(qps, &add, OffloadLocal::Host(&spans)) };
+        assert!(ok, "an honest entry: the atomic is carried out");
+        // SAFETY: `buf + 8` is inside our own mapping (moved, still ours).
+        assert_eq!(unsafe { *((buf + 8) as *const u64) }, 1);
+        // The owner's entry, moved one byte off its word boundary.
+        let e = owner
+            .inner
+            .map
+            .mr_probes(rkey)
+            .find(|e| e.rkey.load(Ordering::Relaxed) == rkey)
+            .expect("the entry");
+        seg::write_locked(&e.seq, || {
+            e.off.fetch_add(1, Ordering::Relaxed);
+        });
+        // SAFETY: as above.
+        let ok = unsafe { peer.one_sided(qps, &add, OffloadLocal::Host(&spans)) };
+        assert!(
+            !ok,
+            "a misaligned arena word: refused (the packet path says why)"
+        );
+        owner.withdraw_mr(rkey);
+        owner.unshare(share);
+        // SAFETY: our mapping, no longer used.
+        unsafe { libc::munmap(buf as *mut libc::c_void, n) };
     }
 
     #[test]

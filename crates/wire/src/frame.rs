@@ -432,7 +432,7 @@ pub fn build_frame(
         (V4(s), V4(d)) => {
             let mut r = Ipv4Repr {
                 tos: 0,
-                total_len: ulen + Ipv4Repr::LEN as u16,
+                total_len: ulen.saturating_add(Ipv4Repr::LEN as u16),
                 ident: ipv4_ident,
                 flags_frag: Ipv4Repr::DF,
                 ttl: 64,

@@ -144,7 +144,9 @@ pub fn ipv4_header(src: [u8; 4], dst: [u8; 4], ident: u16, df: bool, udp_len: u1
     let mut h = [0u8; 20];
     crate::frame::Ipv4Repr {
         tos: 0,
-        total_len: udp_len + 20,
+        // Saturating: a length past the IPv4 limit (which no datagram
+        // has) must not panic; its ICRC is then simply wrong.
+        total_len: udp_len.saturating_add(20),
         ident,
         flags_frag: if df { crate::frame::Ipv4Repr::DF } else { 0 },
         ttl: 0,
@@ -211,6 +213,12 @@ pub fn verify_ipv4_hidden(
         return HiddenCheck::Corrupt;
     };
     let n = udp_payload.len();
+    // An IPv4 datagram carries at most 65,507 bytes of UDP payload: a
+    // longer one never came from an IPv4 socket (and its lengths would
+    // not fit the headers the ICRC covers).
+    if n > 65_507 {
+        return HiddenCheck::Corrupt;
+    }
     let roce = &udp_payload[..n - 4];
     let udp_len = (n + 8) as u16;
     let udp = udp_header(src.1, dst.1, udp_len);
@@ -299,5 +307,17 @@ mod tests {
     fn lrh_state_is_crc_of_eight_ff() {
         assert_eq!(crc32fast::hash(&[0xff; 8]), LRH_STATE);
         assert_eq!(!LRH_STATE, 0xdebb_20e3);
+    }
+
+    /// A payload longer than any IPv4 datagram's is corrupt, not a panic
+    /// (its UDP length plus the IP header overflowed a u16 in debug).
+    #[test]
+    fn a_payload_past_the_ipv4_limit_is_corrupt() {
+        let d = vec![0u8; 65_510];
+        let src = ([10, 0, 0, 1], 4791);
+        let dst = ([10, 0, 0, 2], 4791);
+        assert_eq!(verify_ipv4_hidden(src, dst, &d, true), HiddenCheck::Corrupt);
+        let h = ipv4_header(src.0, dst.0, 0, true, u16::MAX);
+        assert_eq!(u16::from_be_bytes([h[2], h[3]]), u16::MAX);
     }
 }

@@ -323,3 +323,74 @@ fn replays_do_not_count_against_max_dest_rd_atomic() {
     );
     assert_eq!(word(sim.node(0), region(0)), 40);
 }
+
+/// A duplicate READ is answered only within the PSNs its original's
+/// response took: one whose length would run past them (into the PSNs of
+/// later requests, or around the PSN space: up to 2^24 packets for one
+/// forged request) is not answered. A retry from the middle of the
+/// original, for what is left of it, is.
+#[test]
+fn a_duplicate_read_longer_than_its_original_is_not_answered() {
+    use softrdma_wire::bth::{BthRepr, DEFAULT_PKEY};
+    use softrdma_wire::ext::RethRepr;
+    use softrdma_wire::packet::ExtRepr;
+    use softrdma_wire::Psn;
+
+    let o = Opts::default();
+    let (mut sim, qa, qb, _t) = setup(&o);
+    let src = region(0) + 4096;
+    pattern(sim.node_mut(1), src, 3000, 1);
+    let op = SendOp::Read {
+        remote_addr: src,
+        rkey: qb.rkey,
+    };
+    sim.node_mut(0)
+        .post(&qa, 1, op, region(0), 3000, SIG)
+        .unwrap();
+    sim.run_until_idle(10 * SEC).unwrap();
+    assert_eq!(
+        statuses(&sim.node_mut(0).poll_cq(qa.scq)),
+        [(1, WcStatus::Success)]
+    );
+    // The READ took PSNs 100..=102 (1024-byte MTU). Duplicates of it:
+    let dup = |psn: u32, va: u64, len: u32| PacketRepr {
+        bth: BthRepr {
+            opcode: Opcode::RC_RDMA_READ_REQUEST,
+            solicited: false,
+            migreq: false,
+            pad: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qp: qb.qpn,
+            ack_req: true,
+            psn: Psn::new(psn),
+        },
+        ext: ExtRepr {
+            reth: Some(RethRepr {
+                va,
+                rkey: qb.rkey,
+                dma_len: len,
+            }),
+            ..Default::default()
+        },
+        payload_len: 0,
+    };
+    let b = sim.node_mut(1);
+    let mut ask = |r: &PacketRepr| {
+        b.deliver(0, 0, &forge(0, 1, r, &[]));
+        describe_all(1, &b.take(0, usize::MAX))
+    };
+    // From PSN 101, for the original's last 1976 bytes: replayed.
+    assert_eq!(
+        ask(&dup(101, src + 1024, 1976)),
+        [
+            "B READ_RESPONSE_FIRST 101 [ACK msn=1]",
+            "B READ_RESPONSE_LAST 102 [ACK msn=1]"
+        ]
+    );
+    // From PSN 101 for 1 MiB (1024 packets, PSNs 101..1124): not answered.
+    assert_eq!(ask(&dup(101, src, 1 << 20)), Vec::<String>::new());
+    // From PSN 100 for 3 packets: replayed.
+    assert_eq!(ask(&dup(100, src, 3000)).len(), 3);
+}

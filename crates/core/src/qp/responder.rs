@@ -932,14 +932,21 @@ impl Qp {
         let msn = self.resp.msn;
         if info.has(Flags::READ) {
             let Some(reth) = repr.ext.reth else { return };
-            let found =
-                self.resp.res.iter().flatten().any(
-                    |r| matches!(*r, Res::Read { first, npkts } if psn.in_window(first, npkts)),
-                );
-            if !found {
+            // The PSNs the original READ's response has left from `psn` on:
+            // a replay never answers past them (into PSNs of later requests).
+            let left = self.resp.res.iter().flatten().find_map(|r| match *r {
+                Res::Read { first, npkts } if psn.in_window(first, npkts) => {
+                    Some(npkts - first.distance_to(psn))
+                }
+                _ => None,
+            });
+            let Some(left) = left else {
+                return;
+            };
+            let len = reth.dma_len as u64;
+            if len.div_ceil(self.mtu() as u64) > left as u64 {
                 return;
             }
-            let len = reth.dma_len as u64;
             let Ok((target, off)) = ctx.mrs.resolve_remote(
                 self.qpn,
                 self.rx_pd(),

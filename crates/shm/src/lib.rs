@@ -299,6 +299,16 @@ impl Host {
         self.recv_hold(qpn, None)
     }
 
+    /// The index in our segment of `peer`'s ring and in-flight words (the
+    /// `from` [`Host::drain`] gives its packets), once it has joined.
+    pub fn index_of(&self, peer: &Arc<Peer>) -> Option<u32> {
+        lock(&self.inner.rx)
+            .rings
+            .iter()
+            .find(|e| e.waker.as_ref().is_some_and(|w| Arc::ptr_eq(w, peer)))
+            .map(|e| e.idx)
+    }
+
     /// [`Host::recv_close`], waiting only for the in-flight words of the
     /// peer at index `from` (the ring a packet came in by: the sender's
     /// words share its index) if known, else for every peer's.

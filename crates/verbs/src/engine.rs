@@ -1301,7 +1301,15 @@ impl State {
             self.recv.refused.insert(qpn);
             return;
         }
-        cq.recv_open(&host, qpn, (src, dgid), (depth, max_sge), kept, room);
+        let sender = host.index_of(&d.peer);
+        cq.recv_open(
+            &host,
+            qpn,
+            ((src, dgid), sender),
+            (depth, max_sge),
+            kept,
+            room,
+        );
         if !self.cq_lanes_live.iter().any(|l| Arc::ptr_eq(l, &cq)) {
             self.cq_lanes_live.push(cq.clone());
         }

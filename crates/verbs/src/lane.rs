@@ -604,6 +604,10 @@ pub(crate) struct RecvQ {
     max_sge: usize,
     /// Regions its receives lay in, the last two (see [`RecvRegion`]).
     regions: [Option<RecvRegion>; 2],
+    /// The index in our segment of the peer whose sends fill the lane
+    /// (`Host::index_of`), if known: whose in-flight words a packet's
+    /// receive waits for.
+    sender: Option<u32>,
 }
 
 /// A receive lane refused a receive: the QP's receive queue is full.
@@ -725,7 +729,7 @@ impl CqLane {
         &self,
         host: &Arc<softrdma_shm::Host>,
         qpn: u32,
-        src: (u32, [u8; 16]),
+        (src, sender): ((u32, [u8; 16]), Option<u32>),
         (depth, max_sge): (usize, usize),
         kept: Vec<Kept>,
         room: usize,
@@ -746,6 +750,7 @@ impl CqLane {
             given: Given::None,
             max_sge,
             regions: [None; 2],
+            sender,
         });
         self.recvs.store(h.recvs.len(), Ordering::Relaxed);
         h.core_room = room;
@@ -857,7 +862,13 @@ impl CqLane {
         let mut h = self.inner.hold();
         let k = h.find(qpn)?;
         let host = h.host.clone().expect("a receive lane has its host");
-        host.recv_hold(qpn, from);
+        // Only the lane's sender fills it: a packet from that peer needs
+        // only its words checked (its ring and words share the index); one
+        // from anyone else (a stale retransmission of an earlier
+        // connection, say) says nothing of where the sender is, so every
+        // peer's words are waited for.
+        let wait = from.filter(|f| h.recvs[k].sender == Some(*f));
+        host.recv_hold(qpn, wait);
         h.take_filled(k, usize::MAX, &mut |c| done.push(*c));
         let r = &mut h.recvs[k];
         // All filled ones were taken: the next is number `polled`.

@@ -71,10 +71,12 @@ struct Flagged<T> {
 }
 
 // SAFETY: `value` is reached only through a `Holding`, which exists only
-// while its thread holds `held` (taken with Acquire, let go with Release):
-// never by two threads at once, and each holder sees the last holder's
-// writes. `T: Send` makes handing it from thread to thread sound.
-unsafe impl<T: Send> Sync for Flagged<T> {}
+// while its thread holds `held` (taken with Acquire, let go with Release),
+// and each holder sees the last holder's writes. `T: Send` makes handing
+// it from thread to thread sound; `T: Sync` because a `Holding` is itself
+// `Sync` (it is a reference to this), so a `&Holding` shared between
+// threads would hand each a `&T` at once.
+unsafe impl<T: Send + Sync> Sync for Flagged<T> {}
 
 /// `held`, taken; let go on drop (also if the holder unwinds).
 struct Holding<'a, T>(&'a Flagged<T>);

@@ -27,7 +27,9 @@
 //!   the count.
 //!
 //! The table is bounded: when it holds [`TABLE_CAP`] senders and a new one
-//! arrives it is cleared, which only means peers are learned again.
+//! arrives, one sender not yet learned as a peer makes room (any sender if
+//! all are peers, which then only has to be learned again): a stream of
+//! datagrams from new source ports cannot make the learned peers strangers.
 //!
 //! The sender of the previous datagram is kept out of the map, so a stream
 //! from one sender (a GSO train, a QP's burst) costs no hashing: the keyed
@@ -108,7 +110,18 @@ impl SenderTable {
                 Some(s) => s,
                 None => {
                     if self.map.len() >= TABLE_CAP {
-                        self.map.clear();
+                        // Make room by one: a sender not yet learned as a
+                        // peer if there is one (found at once when many
+                        // are: strangers are what fill the table), else
+                        // any. Clearing the whole table let a stream of
+                        // datagrams from new source ports make every
+                        // learned peer a stranger again.
+                        let victim = (self.map.iter().find(|(_, s)| !s.peer))
+                            .or_else(|| self.map.iter().next())
+                            .map(|(k, _)| *k);
+                        if let Some(k) = victim {
+                            self.map.remove(&k);
+                        }
                     }
                     Sender::default()
                 }
@@ -271,5 +284,24 @@ mod tests {
             assert!(t.map.len() < TABLE_CAP);
         }
         assert_eq!(t.decide(A, HiddenCheck::Corrupt), Decision::Reject);
+    }
+
+    /// A flood of new senders, twice the table's size, leaves a learned
+    /// peer learned: its recovered IDs are still refused.
+    #[test]
+    fn a_flood_of_strangers_does_not_unlearn_a_peer() {
+        let mut t = SenderTable::new();
+        for _ in 0..PEER_AFTER_EXACT {
+            t.decide(A, HiddenCheck::Exact);
+        }
+        assert!(t.is_peer(&A));
+        for i in 0..(2 * TABLE_CAP as u32) {
+            let mut g = [9u8; 16];
+            g[..4].copy_from_slice(&i.to_be_bytes());
+            t.decide((g, 7), HiddenCheck::Exact);
+            assert!(t.map.len() < TABLE_CAP);
+        }
+        assert!(t.is_peer(&A), "the peer was forgotten");
+        assert_eq!(t.decide(A, REC), Decision::Reject);
     }
 }

@@ -387,6 +387,15 @@ pub fn check(seg: RawFd, bell: RawFd) -> io::Result<()> {
             "the peer's segment is not of a softrdma segment's size",
         ));
     }
+    // A shmem memfd, as ours are: a hugetlb one passes the checks above
+    // but faults SIGBUS on first touch when the huge-page pool is empty,
+    // which would kill this process at its first access to the peer.
+    // SAFETY: statfs is plain data; fstatfs fills it.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a writable statfs.
+    if unsafe { libc::fstatfs(seg, &mut fs) } != 0 || fs.f_type != libc::TMPFS_MAGIC {
+        return Err(bad("the peer's segment is not a shared-memory (tmpfs) file"));
+    }
     // SAFETY: plain system call.
     let seals = unsafe { libc::fcntl(seg, libc::F_GET_SEALS) };
     if seals < 0 || seals & SEALS != SEALS {

@@ -394,7 +394,9 @@ pub fn check(seg: RawFd, bell: RawFd) -> io::Result<()> {
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid descriptor and a writable statfs.
     if unsafe { libc::fstatfs(seg, &mut fs) } != 0 || fs.f_type != libc::TMPFS_MAGIC {
-        return Err(bad("the peer's segment is not a shared-memory (tmpfs) file"));
+        return Err(bad(
+            "the peer's segment is not a shared-memory (tmpfs) file",
+        ));
     }
     // SAFETY: plain system call.
     let seals = unsafe { libc::fcntl(seg, libc::F_GET_SEALS) };

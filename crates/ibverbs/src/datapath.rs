@@ -234,7 +234,19 @@ pub unsafe extern "C" fn post_send(
     let mut cur = wr;
     let r = errno_ret("ibv_post_send", || {
         let q = Qp::lend(qp)?;
+        let mut n = 0u32;
         while !cur.is_null() {
+            if q.max_send_wr > 0 && n >= q.max_send_wr {
+                return Err(Fail::new(
+                    libc::ENOMEM,
+                    format!(
+                        "the chain is longer than the send queue (max_send_wr {}): \
+                         does its last request's next point back into it?",
+                        q.max_send_wr
+                    ),
+                ));
+            }
+            n += 1;
             // SAFETY: the application's chain of readable requests.
             let w = unsafe { &*cur };
             post_one_send(&q, w)?;

@@ -1021,6 +1021,11 @@ pub struct Qp {
     /// The granted `max_inline_data` (fixed at creation), for
     /// `ibv_wr_set_inline_data`'s check without a query per call.
     pub max_inline_data: u32,
+    /// The granted `max_send_wr` (fixed at creation): the most requests
+    /// one `ibv_post_send` chain or `ibv_wr_*` batch may carry, as a
+    /// provider's send queue holds no more (a chain that loops back on
+    /// itself ends there with ENOMEM instead of posting forever).
+    pub max_send_wr: u32,
     /// The work requests built since `ibv_wr_start`.
     pub batch: Mutex<crate::qpex::Batch>,
     /// An XRC target QP: the application's `ibv_xrcd*` it was created
@@ -1039,6 +1044,7 @@ impl Qp {
             sq_sig_all,
             extended: false,
             max_inline_data: 0,
+            max_send_wr: 0,
             batch: Mutex::new(Default::default()),
             xrcd: 0,
         }

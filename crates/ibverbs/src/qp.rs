@@ -159,6 +159,7 @@ fn create_qp(
     let mut q = Qp::new(c, qp, t, init.sq_sig_all != 0);
     q.extended = extended;
     q.max_inline_data = actual.max_inline_data;
+    q.max_send_wr = actual.max_send_wr;
     let ptr = Qp::into_c(q);
     ctx.qps
         .lock()

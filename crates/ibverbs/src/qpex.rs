@@ -83,6 +83,17 @@ impl Batch {
         }
     }
 
+    /// Forget the SGEs the request begun last set before, if they are the
+    /// batch's last (a setter called again replaces them): calling a
+    /// setter over and over does not grow the batch.
+    fn drop_last_sges(&mut self) {
+        if let Some(p) = self.wrs.last() {
+            if p.sge.1 > 0 && p.sge.0 + p.sge.1 == self.sges.len() {
+                self.sges.truncate(p.sge.0);
+            }
+        }
+    }
+
     /// The request begun last, for a setter.
     fn last(&mut self, what: &str) -> Option<&mut Pending> {
         if !self.open {
@@ -129,6 +140,20 @@ fn begin(name: &'static str, qp: *mut ibv_qp_ex, opcode: u32, fill: impl FnOnce(
             sge: (b.sges.len(), 0),
             ..Default::default()
         };
+        // A provider's send queue holds no more than max_send_wr requests;
+        // a batch is bounded the same way (mlx5 fails the build with
+        // ENOMEM too), so an application that never completes one cannot
+        // grow it without end.
+        if b.wrs.len() >= q.max_send_wr as usize {
+            b.fail(Fail::new(
+                libc::ENOMEM,
+                format!(
+                    "{name}: the batch holds max_send_wr ({}) requests already",
+                    q.max_send_wr
+                ),
+            ));
+            return;
+        }
         fill(&mut p);
         b.wrs.push(p);
     })
@@ -400,6 +425,7 @@ unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u3
 
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     with_batch("ibv_wr_set_sge", qp, |_, b| {
+        b.drop_last_sges();
         let start = b.sges.len();
         if let Some(p) = b.last("ibv_wr_set_sge") {
             p.sge = (start, 1);
@@ -411,6 +437,7 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length
 
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     with_batch("ibv_wr_set_sge_list", qp, |_, b| {
+        b.drop_last_sges();
         let start = b.sges.len();
         if b.last("ibv_wr_set_sge_list").is_none() {
             return;

@@ -265,6 +265,10 @@ static LIVE: LazyLock<Mutex<Live>> = LazyLock::new(Default::default);
 struct Live {
     channels: HashMap<usize, ()>,
     ids: HashMap<usize, ()>,
+    /// Events handed out and not yet acknowledged: `rdma_ack_cm_event`
+    /// frees only these (an event acknowledged twice, or a pointer that
+    /// was never an event, is refused instead of freed).
+    events: std::collections::HashSet<usize>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1409,6 +1413,7 @@ fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
             (*p).c.param.ud.private_data_len = 0;
         }
     }
+    lock(&LIVE).events.insert(p as usize);
     *lock(&UNACKED.0).entry(id_ptr).or_insert(0) += 1;
     softrdma_verbs::cm::log(&format!(
         "event {} for id {:#x} handed out",
@@ -1422,8 +1427,13 @@ fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
 pub unsafe extern "C" fn softrdma_rdma_ack_cm_event(ev: *mut rdma_cm_event) -> c_int {
     minus_one("rdma_ack_cm_event", || {
         crate::non_null!(ev);
-        // SAFETY: an event this library handed out (the caller's contract:
-        // acknowledged once).
+        if !lock(&LIVE).events.remove(&(ev as usize)) {
+            return Err(Fail::inval(
+                "not an event rdma_get_cm_event handed out, or acknowledged already",
+            ));
+        }
+        // SAFETY: an event this library boxed and handed out (in `events`
+        // until now, when this call took it out: no other call frees it).
         let b = unsafe { Box::from_raw(ev.cast::<Event>()) };
         let (m, cv) = &*UNACKED;
         let mut g = lock(m);
@@ -2024,6 +2034,32 @@ mod tests {
         let mut ev = std::ptr::null_mut();
         // SAFETY: a stale pointer, which the call must refuse.
         assert_eq!(unsafe { softrdma_rdma_get_cm_event(ch, &mut ev) }, -1);
+    }
+
+    /// `rdma_ack_cm_event` frees only events it handed out, once: a
+    /// second acknowledgement, or a pointer that never was an event, is
+    /// refused (EINVAL) instead of freed (a double free aborted the
+    /// process; found in review).
+    #[test]
+    fn only_live_events_are_acknowledged() {
+        let mut not_an_event = [0u64; 64];
+        // SAFETY: the exported call, given a pointer it must refuse without
+        // touching what it points to.
+        let r = unsafe { softrdma_rdma_ack_cm_event(not_an_event.as_mut_ptr().cast()) };
+        assert_eq!(r, -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EINVAL)
+        );
+        assert_eq!(not_an_event, [0u64; 64]);
+        // An event handed out is acknowledged once.
+        let ev = Box::into_raw(Box::new(std::mem::MaybeUninit::<Event>::zeroed()));
+        lock(&LIVE).events.insert(ev as usize);
+        // SAFETY: registered as handed out just above; zeroed is a valid
+        // Event (plain C data and a null `counted`), freed once below.
+        assert_eq!(unsafe { softrdma_rdma_ack_cm_event(ev.cast()) }, 0);
+        // SAFETY: the same pointer again, which the call must refuse.
+        assert_eq!(unsafe { softrdma_rdma_ack_cm_event(ev.cast()) }, -1);
     }
 
     /// The layout of the structures above, compared with what the C

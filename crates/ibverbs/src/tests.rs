@@ -317,6 +317,49 @@ fn rc_send_with_immediate_and_rdma_write_through_the_ops_table() {
         assert_eq!((wc.wr_id, wc.status, wc.opcode), (10, 0, 1));
         assert_eq!(&b.buf[100..104], b"RDMA");
 
+        // A chain that loops back on itself ends once it is longer than
+        // the send queue: ENOMEM, naming the request it stopped at (it
+        // used to post forever where WRITEs complete at post).
+        let mut looped = ibv_send_wr::zeroed();
+        looped.wr_id = 11;
+        looped.sg_list = swr.sg_list;
+        looped.num_sge = 1;
+        looped.opcode = IBV_WR_RDMA_WRITE;
+        looped.wr.rdma = swr.wr.rdma;
+        looped.next = &mut looped;
+        bad = null_mut();
+        assert_eq!(
+            ((*ctx).ops.post_send.unwrap())(a.qp, &mut looped, &mut bad),
+            libc::ENOMEM
+        );
+        assert_eq!(bad, &mut looped as *mut _);
+        // Once the posted ones completed, the QP takes more.
+        let mut sig = ibv_send_wr::zeroed();
+        sig.wr_id = 12;
+        sig.sg_list = swr.sg_list;
+        sig.num_sge = 1;
+        sig.opcode = IBV_WR_RDMA_WRITE;
+        sig.send_flags = 2;
+        sig.wr.rdma = swr.wr.rdma;
+        let mut done = false;
+        for _ in 0..10_000 {
+            if ((*ctx).ops.post_send.unwrap())(a.qp, &mut sig, &mut bad) == 0 {
+                done = true;
+                break;
+            }
+            let mut wc = ibv_wc::default();
+            ((*ctx).ops.poll_cq.unwrap())(a.cq, 1, &mut wc);
+            std::thread::yield_now();
+        }
+        assert!(done, "the QP took no post after the looped chain");
+        loop {
+            let wc = poll_one(a.cq);
+            if wc.wr_id == 12 {
+                assert_eq!(wc.status, 0);
+                break;
+            }
+        }
+
         // A bad opcode is refused and named in *bad_wr.
         swr.opcode = 8; // BIND_MW
         bad = null_mut();

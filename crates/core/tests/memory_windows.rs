@@ -483,3 +483,71 @@ fn a_bind_naming_the_window_by_an_old_rkey_fails() {
         "the failed bind changed nothing"
     );
 }
+
+/// IBV_SEND_FENCE on a BIND_MW (or LOCAL_INV) posted after an RDMA READ:
+/// the bind must wait for the READ to complete (IBA 10.8.3.3; rxe checks
+/// rxe_wqe_is_fenced before rxe_do_local_ops), and so must every WQE
+/// behind it. (The bind ran at once and the SEND behind it left while the
+/// READ was still outstanding; found in review.)
+#[test]
+fn a_fenced_bind_waits_for_an_earlier_read_and_so_does_what_follows() {
+    let o = Opts::default();
+    let (mut sim, qa, qb) = pair(1, 1 << 20, &o);
+    let t = trace(&mut sim, &[0, 1]);
+    // A window on A, over a region with MW_BIND.
+    let a = sim.node_mut(0);
+    let acc = o.access.union(AccessFlags::MW_BIND);
+    let (lkey, _) =
+        a.ep.reg_mr(qa.pd, region(0) + 65536, region(0) + 65536, 65536, acc)
+            .unwrap();
+    let (_, mw) = a.ep.alloc_mw(qa.pd, MwType::Type2).unwrap();
+    // The READ's response is lost once: the READ stays outstanding a timeout.
+    sim.node_mut(1).drop_next(1, |r| {
+        r.bth.opcode == softrdma_wire::Opcode::RC_RDMA_READ_RESPONSE_ONLY
+    });
+    let a = sim.node_mut(0);
+    let read = SendOp::Read {
+        remote_addr: region(0),
+        rkey: qb.rkey,
+    };
+    a.post(&qa, 1, read, region(0) + 4096, 64, SIG).unwrap();
+    let bind = SendWr {
+        wr_id: 2,
+        op: SendOp::BindMw(MwBind {
+            mw_rkey: mw,
+            new_rkey: 7,
+            mr_lkey: lkey,
+            addr: region(0) + 65536,
+            len: 4096,
+            access: AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_READ),
+        }),
+        sgl: &[],
+        flags: SIG | SendFlags::FENCE,
+        ud: None,
+    };
+    a.sync();
+    a.ep.post_send(qa.qpn, &bind, &a.mem).unwrap();
+    sim.node_mut(1).post_recv(&qb, 70, region(0) + 8192, 64);
+    sim.node_mut(0)
+        .post(&qa, 3, SendOp::Send, region(0), 8, SIG)
+        .unwrap();
+    sim.run_until_idle(10 * SEC).unwrap();
+    let l = lines(&t);
+    let read_done = l
+        .iter()
+        .rposition(|s| s.starts_with("B READ_RESPONSE_ONLY"))
+        .unwrap();
+    let send = l.iter().position(|s| s.starts_with("A SEND_ONLY")).unwrap();
+    assert!(
+        send > read_done,
+        "the SEND behind a fenced bind left before the READ completed:\n{l:#?}"
+    );
+    assert_eq!(
+        statuses(&sim.node_mut(0).poll_cq(qa.scq)),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+}

@@ -169,6 +169,9 @@ impl Qp {
             if !w.op.is_local() || w.state != SendState::Posted {
                 return;
             }
+            if w.flags.contains(crate::wr::SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
+                return;
+            }
             let status = match w.op {
                 SendOp::BindMw(b) => match ctx.mrs.bind_mw(self.qpn, self.pd, &b) {
                     Ok(_) => WcStatus::Success,
@@ -214,7 +217,9 @@ impl Qp {
             // Binds and invalidates send nothing but are the requester's
             // work; a finished WQE at the tail still has to complete.
             SendState::Posted if wqe.op.is_local() => {
-                return if self.state == QpState::Rts {
+                let fenced = wqe.flags.contains(crate::wr::SendFlags::FENCE)
+                    && self.req.rd_atomic_inflight > 0;
+                return if self.state == QpState::Rts && !fenced {
                     Err(Stop::Local)
                 } else {
                     Err(Stop::Idle)

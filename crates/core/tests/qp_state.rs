@@ -258,3 +258,52 @@ fn sqd_starts_no_new_work_until_rts() {
         [(1, WcStatus::Success)]
     );
 }
+
+/// IBV_EVENT_QP_LAST_WQE_REACHED is raised once, when an SRQ QP enters ERR.
+/// A later post_send to the QP in ERR (flushed at once) does not raise it
+/// again (it did, once the previous one was polled; found in review).
+#[test]
+fn last_wqe_reached_is_raised_once_not_per_post_in_err() {
+    use softrdma_core::qp::attr::{AttrMask, QpAttr};
+    use softrdma_core::qp::state::QpState;
+    use softrdma_core::Event;
+    let o = Opts::default();
+    let mut sim = softrdma_netsim::Sim::new(1);
+    sim.add_node(Host::new(0, 1 << 20, 1));
+    sim.add_node(Host::new(1, 1 << 20, 2));
+    let a = make_qp(sim.node_mut(0), &o);
+    let h = sim.node_mut(1);
+    let pd = h.ep.alloc_pd();
+    let keys =
+        h.ep.reg_mr(pd, MEM_BASE, MEM_BASE, 1 << 20, o.access)
+            .unwrap();
+    let srq = h.ep.create_srq(pd, 16, 2).unwrap();
+    let b = make_qp_in(h, &o, pd, keys, Some(srq));
+    connect(sim.node_mut(0), &a, &b, o.psn_a, o.psn_b, &o);
+    connect(sim.node_mut(1), &b, &a, o.psn_b, o.psn_a, &o);
+    let h = sim.node_mut(1);
+    let attr = QpAttr {
+        qp_state: QpState::Err,
+        ..Default::default()
+    };
+    h.ep.modify_qp(b.qpn, &attr, AttrMask::STATE).unwrap();
+    assert_eq!(h.ep.poll_event(), Some(Event::QpLastWqeReached(b.qpn)));
+    h.post(
+        &b,
+        9,
+        softrdma_core::wr::SendOp::Send,
+        region(0),
+        8,
+        softrdma_core::wr::SendFlags::SIGNALED,
+    )
+    .unwrap();
+    assert_eq!(
+        statuses(&h.poll_cq(b.scq)),
+        [(9, softrdma_core::wc::WcStatus::WrFlushErr)]
+    );
+    assert_eq!(
+        h.ep.poll_event(),
+        None,
+        "a second LAST_WQE_REACHED for the same QP"
+    );
+}

@@ -191,7 +191,7 @@ impl Qp {
                     }
                 }
             }
-            QpState::Err if prev != QpState::Err => self.flush(ctx),
+            QpState::Err if prev != QpState::Err => self.flush_entering_err(ctx),
             _ => {}
         }
     }
@@ -222,7 +222,17 @@ impl Qp {
         self.state = QpState::Err;
         self.attr.qp_state = QpState::Err;
         ctx.state_changed(self.qpn);
+        self.flush_entering_err(ctx);
+    }
+
+    /// [`Qp::flush`] as the QP enters ERR: a QP on an SRQ is told its last
+    /// WQE was reached then, once (not again at each post a QP in ERR
+    /// flushes).
+    fn flush_entering_err(&mut self, ctx: &mut Ctx<'_>) {
         self.flush(ctx);
+        if self.srq.is_some() {
+            ctx.push_event(crate::Event::QpLastWqeReached(self.qpn));
+        }
     }
 
     pub(crate) fn flush(&mut self, ctx: &mut Ctx<'_>) {
@@ -248,8 +258,6 @@ impl Qp {
                 let c = Completion::new(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
                 ctx.complete(self.recv_cq, c, false);
             }
-        } else {
-            ctx.push_event(crate::Event::QpLastWqeReached(self.qpn));
         }
         self.resp.clear_output();
         self.resp.release_held(ctx);

@@ -1204,6 +1204,11 @@ impl Endpoint {
         if length > MAX_MSG_SIZE {
             return Err(Error::InvalidArgument("message longer than 2 GiB"));
         }
+        if length.div_ceil(qp.mtu() as u64) >= crate::MAX_MSG_PSNS {
+            return Err(Error::InvalidArgument(
+                "a message of 2^23 packets or more at this path MTU (half the PSN space)",
+            ));
+        }
         if qp.qp_type == QpType::Ud && length > qp.mtu() as u64 {
             return Err(Error::InvalidArgument(
                 "UD message longer than the path MTU",

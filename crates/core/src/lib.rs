@@ -60,3 +60,8 @@ pub const MAX_SGE: usize = 32;
 pub const MAX_INLINE: usize = 256;
 /// Largest message (IBA allows 2^31).
 pub const MAX_MSG_SIZE: u64 = 1 << 31;
+/// A message takes fewer packets than this (half the 24-bit PSN space):
+/// PSNs compare in half-ring arithmetic, so a message of 2^23 packets —
+/// `MAX_MSG_SIZE` at a 256-byte path MTU — would end at a PSN that is not
+/// "after" its first. Refused at post, and NAKed as an invalid request.
+pub const MAX_MSG_PSNS: u64 = 1 << 23;

@@ -412,3 +412,45 @@ fn a_receive_taken_by_a_message_in_progress_is_flushed_first() {
         [(70, WcStatus::WrFlushErr), (71, WcStatus::WrFlushErr)]
     );
 }
+
+/// A message of 2^23 packets or more — `MAX_MSG_SIZE` at a 256-byte path
+/// MTU — is refused at post: half the PSN space, its last PSN would not be
+/// "after" its first, so a READ's responses were all taken for ghosts (and
+/// the responder's expected PSN jumped half the ring). One packet fewer is
+/// posted. Found in review.
+#[test]
+fn a_message_of_half_the_psn_space_is_refused_at_post() {
+    use softrdma_core::qp::attr::Mtu;
+    let o = Opts {
+        mtu: Mtu::B256,
+        ..Default::default()
+    };
+    let (mut sim, qa, qb) = pair(1, 1 << 20, &o);
+    let a = sim.node_mut(0);
+    let (lkey, _) =
+        a.ep.reg_mr(qa.pd, region(0), region(0), 1 << 31, o.access)
+            .unwrap();
+    let qa2 = QpEnd { lkey, ..qa };
+    let read = SendOp::Read {
+        remote_addr: region(0),
+        rkey: qb.rkey,
+    };
+    let r = a.post(&qa2, 1, read, region(0), 1 << 31, SendFlags::SIGNALED);
+    assert!(
+        matches!(r, Err(softrdma_core::Error::InvalidArgument(m)) if m.contains("2^23")),
+        "{r:?}"
+    );
+    let r = a.post(
+        &qa2,
+        2,
+        read,
+        region(0),
+        (1 << 31) - 256,
+        SendFlags::SIGNALED,
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(
+        describe_all(0, &a.take(0, usize::MAX)),
+        ["A READ_REQUEST 100 ackreq"]
+    );
+}

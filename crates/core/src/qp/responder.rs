@@ -763,6 +763,11 @@ impl Qp {
                 // IBA's largest message; rxe's check_length NAKs it too.
                 return Err(invalid);
             }
+            // Half the PSN space or more in one response: its PSNs could
+            // not be told from those before it (see `MAX_MSG_PSNS`).
+            if len.div_ceil(mtu as u64) >= crate::MAX_MSG_PSNS {
+                return Err(invalid);
+            }
             let (target, off) = ctx
                 .mrs
                 .resolve_remote(

@@ -805,7 +805,11 @@ impl Users {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
     pub fn sub(&self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        // Saturating: a count is never taken below zero (it would read as
+        // four billion users and keep the object forever).
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
     pub fn busy(&self) -> bool {
         self.0.load(Ordering::Relaxed) > 0
@@ -823,6 +827,8 @@ pub struct Pd {
     /// whose resources everything created on it are, and its thread
     /// domain. Both count it as a user until it is deallocated.
     pub parent: Option<(Arc<Pd>, Option<Arc<Td>>)>,
+    /// Made by `ibv_import_pd`: only such a PD is `ibv_unimport_pd`'s.
+    pub imported: bool,
 }
 handle!(Pd, ibv_pd);
 
@@ -833,6 +839,7 @@ impl Pd {
             sv,
             users: Users::default(),
             parent: None,
+            imported: false,
         }
     }
 }

@@ -197,13 +197,28 @@ pub unsafe extern "C" fn ibv_import_pd(context: *mut ibv_context, pd_handle: u32
             handle: pd_handle,
         };
         ctx.users.add();
-        Ok(Pd::into_c(Pd::new(c, orig.sv.clone())))
+        let mut p = Pd::new(c, orig.sv.clone());
+        p.imported = true;
+        Ok(Pd::into_c(p))
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
     void_ret("ibv_unimport_pd", || {
+        let live = Pd::from_c(pd)?;
+        if !live.imported {
+            return Err(Fail::inval(
+                "not a PD ibv_import_pd made (deallocate it with ibv_dealloc_pd)",
+            ));
+        }
+        if live.users.busy() {
+            return Err(Fail::new(
+                libc::EBUSY,
+                "the imported PD still has memory regions, QPs, SRQs or AHs",
+            ));
+        }
+        drop(live);
         let p = Pd::take(pd)?;
         if let Ok(ctx) = context_of_pd(&p) {
             ctx.users.sub();

@@ -481,6 +481,28 @@ fn closing_a_context_with_live_resources_keeps_it_for_them() {
     }
 }
 
+/// `ibv_unimport_pd` takes only a PD `ibv_import_pd` made: an allocated
+/// one is refused and stays usable (it was freed, its slot reused by the
+/// next PD, and its MRs' deregistration then counted against that one).
+/// Found in review.
+#[test]
+fn unimport_refuses_a_pd_it_did_not_import() {
+    // SAFETY: as a C program would call them (one that confuses the two).
+    unsafe {
+        let ctx = open_first();
+        let pd = ibv_alloc_pd(ctx);
+        assert!(!pd.is_null());
+        crate::import::ibv_unimport_pd(pd);
+        let mut buf = vec![0u8; 4096];
+        let mr = ibv_reg_mr(pd, buf.as_mut_ptr().cast(), 4096, 1);
+        assert!(!mr.is_null(), "the PD is still live");
+        assert_eq!(ibv_dealloc_pd(pd), libc::EBUSY);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
 mod cq;
 mod handles;
 mod mr;

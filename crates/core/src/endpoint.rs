@@ -40,6 +40,9 @@ pub enum Event {
     QpFatal(u32),
     /// A QP attached to an SRQ entered ERR (`IBV_EVENT_QP_LAST_WQE_REACHED`).
     QpLastWqeReached(u32),
+    /// A QP moved to SQD with `en_sqd_async_notify` has no request in
+    /// flight any more (`IBV_EVENT_SQ_DRAINED`, once per entry to SQD).
+    SqDrained(u32),
 }
 
 /// How an endpoint is set up.
@@ -1554,6 +1557,7 @@ impl Endpoint {
         if info.has(Flags::RESPONSE) {
             if matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
                 qp.handle_response(now, &pkt, &repr, &mut self.shared, mem);
+                qp.note_drained(&mut self.shared);
             } else {
                 self.shared.stats.dropped_no_qp += 1;
                 return;

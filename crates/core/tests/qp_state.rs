@@ -307,3 +307,50 @@ fn last_wqe_reached_is_raised_once_not_per_post_in_err() {
         "a second LAST_WQE_REACHED for the same QP"
     );
 }
+
+/// RTS→SQD with EN_SQD_ASYNC_NOTIFY: the QP reads back as draining while
+/// its WRITE is in flight, and once the WRITE is acknowledged the drain
+/// ends and IBV_EVENT_SQ_DRAINED is raised, once (as rxe raises
+/// IB_EVENT_SQ_DRAINED). The request posted behind it waits for RTS. (The
+/// attribute was accepted and dropped, and no event came: an application
+/// waiting for it waited forever. Found in review.)
+#[test]
+fn sqd_with_async_notify_is_told_when_drained() {
+    use softrdma_core::qp::attr::{AttrMask, QpAttr};
+    use softrdma_core::qp::state::QpState;
+    use softrdma_core::wr::{SendFlags, SendOp};
+    use softrdma_core::Event;
+    let o = Opts::default();
+    let (mut sim, qa, qb) = pair(1, 1 << 20, &o);
+    let a = sim.node_mut(0);
+    let w = SendOp::Write {
+        remote_addr: region(0),
+        rkey: qb.rkey,
+    };
+    a.post(&qa, 1, w, region(0), 3000, SendFlags::SIGNALED)
+        .unwrap();
+    a.post(&qa, 2, w, region(0), 8, SendFlags::SIGNALED)
+        .unwrap();
+    let _ = a.take(0, 1); // the first packet is on its way; the rest waits
+    let attr = QpAttr {
+        qp_state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..Default::default()
+    };
+    let mask = AttrMask::STATE | AttrMask::EN_SQD_ASYNC_NOTIFY;
+    a.ep.modify_qp(qa.qpn, &attr, mask).unwrap();
+    let q = a.ep.qp(qa.qpn).unwrap();
+    assert!(q.attr.en_sqd_async_notify);
+    assert!(q.attr.sq_draining, "a WRITE is in flight: draining");
+    assert_eq!(a.ep.poll_event(), None);
+    sim.run_until_idle(10 * SEC).unwrap();
+    let a = sim.node_mut(0);
+    assert_eq!(a.ep.poll_event(), Some(Event::SqDrained(qa.qpn)));
+    assert_eq!(a.ep.poll_event(), None, "raised once");
+    assert!(!a.ep.qp(qa.qpn).unwrap().attr.sq_draining);
+    assert_eq!(
+        statuses(&a.poll_cq(qa.scq)),
+        [(1, softrdma_core::wc::WcStatus::Success)],
+        "the second WRITE waits in SQD"
+    );
+}

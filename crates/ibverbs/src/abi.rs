@@ -118,6 +118,7 @@ pub const IBV_EVENT_CQ_ERR: u32 = 0;
 pub const IBV_EVENT_QP_FATAL: u32 = 1;
 pub const IBV_EVENT_QP_REQ_ERR: u32 = 2;
 pub const IBV_EVENT_QP_ACCESS_ERR: u32 = 3;
+pub const IBV_EVENT_SQ_DRAINED: u32 = 5;
 pub const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 16;
 
 // ---- device and context ----

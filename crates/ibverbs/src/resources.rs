@@ -940,11 +940,13 @@ pub unsafe extern "C" fn ibv_get_async_event(
                     sv::AsyncEvent::QpFatal(q)
                     | sv::AsyncEvent::QpReqErr(q)
                     | sv::AsyncEvent::QpAccessErr(q)
-                    | sv::AsyncEvent::QpLastWqeReached(q) => {
+                    | sv::AsyncEvent::QpLastWqeReached(q)
+                    | sv::AsyncEvent::SqDrained(q) => {
                         let t = match e {
                             sv::AsyncEvent::QpFatal(_) => IBV_EVENT_QP_FATAL,
                             sv::AsyncEvent::QpReqErr(_) => IBV_EVENT_QP_REQ_ERR,
                             sv::AsyncEvent::QpAccessErr(_) => IBV_EVENT_QP_ACCESS_ERR,
+                            sv::AsyncEvent::SqDrained(_) => IBV_EVENT_SQ_DRAINED,
                             _ => IBV_EVENT_QP_LAST_WQE_REACHED,
                         };
                         let qps = ctx.qps.lock().unwrap_or_else(|p| p.into_inner());

@@ -160,6 +160,9 @@ pub enum AsyncEvent {
     QpLastWqeReached(u32),
     /// `IBV_EVENT_CQ_ERR`: the CQ (its number) overflowed.
     CqErr(u32),
+    /// `IBV_EVENT_SQ_DRAINED`: a QP moved to SQD with
+    /// `en_sqd_async_notify` has no request in flight any more.
+    SqDrained(u32),
 }
 
 /// A thread sleeping on the socket (see [`Engine::sleep_on_socket`]); the
@@ -1442,6 +1445,7 @@ impl State {
                 Event::QpAccessErr(q) => self.raise(AsyncEvent::QpAccessErr(q), async_fd),
                 Event::QpFatal(q) => self.raise(AsyncEvent::QpFatal(q), async_fd),
                 Event::QpLastWqeReached(q) => self.raise(AsyncEvent::QpLastWqeReached(q), async_fd),
+                Event::SqDrained(q) => self.raise(AsyncEvent::SqDrained(q), async_fd),
             }
         }
     }

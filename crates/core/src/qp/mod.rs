@@ -97,6 +97,27 @@ impl Qp {
         }
     }
 
+    /// SQD: once no request is in flight (the oldest one, if any, not yet
+    /// started — the requester starts none in SQD), the drain is over:
+    /// `sq_draining` turns false and, if the modify to SQD asked
+    /// (`en_sqd_async_notify`), `IBV_EVENT_SQ_DRAINED` is raised, once.
+    pub(crate) fn note_drained(&mut self, ctx: &mut Ctx<'_>) {
+        if self.state != QpState::Sqd || !self.attr.sq_draining {
+            return;
+        }
+        let busy = self
+            .sq
+            .get(self.sq.tail)
+            .is_some_and(|w| w.state != queue::SendState::Posted);
+        if busy {
+            return;
+        }
+        self.attr.sq_draining = false;
+        if self.attr.en_sqd_async_notify {
+            ctx.push_event(crate::Event::SqDrained(self.qpn));
+        }
+    }
+
     /// Nothing is in the send queue: every request posted so far has been
     /// completed (for RC: acknowledged, so executed by the responder).
     pub fn send_queue_empty(&self) -> bool {
@@ -160,9 +181,19 @@ impl Qp {
         if m(AttrMask::DEST_QPN) {
             self.attr.dest_qp_num = a.dest_qp_num;
         }
+        if m(AttrMask::EN_SQD_ASYNC_NOTIFY) {
+            self.attr.en_sqd_async_notify = a.en_sqd_async_notify;
+        }
         let prev = self.state;
         self.state = next;
         self.attr.qp_state = next;
+        // SQD drains what is in flight (`sq_draining` until then); leaving
+        // it ends the drain.
+        self.attr.sq_draining =
+            next == QpState::Sqd && (prev != QpState::Sqd || self.attr.sq_draining);
+        if next == QpState::Sqd && prev != QpState::Sqd {
+            self.note_drained(ctx);
+        }
         if prev != QpState::Rts
             && next == QpState::Rts
             // Selective repeat is offered on RC only; XRC goes back N.

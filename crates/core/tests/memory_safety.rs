@@ -19,10 +19,6 @@ use softrdma_core::wc::{WcOpcode, WcStatus};
 use softrdma_core::wr::{SendFlags, SendOp};
 use softrdma_core::Event;
 use softrdma_netsim::Sim;
-use softrdma_wire::bth::{BthRepr, DEFAULT_PKEY};
-use softrdma_wire::ext::RethRepr;
-use softrdma_wire::packet::{ExtRepr, PacketRepr};
-use softrdma_wire::{Opcode, Psn};
 use support::*;
 
 const SIG: SendFlags = SendFlags::SIGNALED;
@@ -306,29 +302,6 @@ fn atomic_whose_host_address_is_misaligned_is_an_invalid_request() {
         sim.node_mut(1).ep.poll_event(),
         Some(Event::QpReqErr(qb.qpn))
     );
-}
-
-/// A READ request from A to B as A's QP would send it.
-fn read_request(qb: &QpEnd, psn: u32, va: u64, rkey: u32, dma_len: u32) -> PacketRepr {
-    PacketRepr {
-        bth: BthRepr {
-            opcode: Opcode::RC_RDMA_READ_REQUEST,
-            solicited: false,
-            migreq: false,
-            pad: 0,
-            pkey: DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp: qb.qpn,
-            ack_req: true,
-            psn: Psn::new(psn),
-        },
-        ext: ExtRepr {
-            reth: Some(RethRepr { va, rkey, dma_len }),
-            ..Default::default()
-        },
-        payload_len: 0,
-    }
 }
 
 #[test]

@@ -331,11 +331,6 @@ fn replays_do_not_count_against_max_dest_rd_atomic() {
 /// original, for what is left of it, is.
 #[test]
 fn a_duplicate_read_longer_than_its_original_is_not_answered() {
-    use softrdma_wire::bth::{BthRepr, DEFAULT_PKEY};
-    use softrdma_wire::ext::RethRepr;
-    use softrdma_wire::packet::ExtRepr;
-    use softrdma_wire::Psn;
-
     let o = Opts::default();
     let (mut sim, qa, qb, _t) = setup(&o);
     let src = region(0) + 4096;
@@ -353,29 +348,7 @@ fn a_duplicate_read_longer_than_its_original_is_not_answered() {
         [(1, WcStatus::Success)]
     );
     // The READ took PSNs 100..=102 (1024-byte MTU). Duplicates of it:
-    let dup = |psn: u32, va: u64, len: u32| PacketRepr {
-        bth: BthRepr {
-            opcode: Opcode::RC_RDMA_READ_REQUEST,
-            solicited: false,
-            migreq: false,
-            pad: 0,
-            pkey: DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp: qb.qpn,
-            ack_req: true,
-            psn: Psn::new(psn),
-        },
-        ext: ExtRepr {
-            reth: Some(RethRepr {
-                va,
-                rkey: qb.rkey,
-                dma_len: len,
-            }),
-            ..Default::default()
-        },
-        payload_len: 0,
-    };
+    let dup = |psn: u32, va: u64, len: u32| read_request(&qb, psn, va, qb.rkey, len);
     let b = sim.node_mut(1);
     let mut ask = |r: &PacketRepr| {
         b.deliver(0, 0, &forge(0, 1, r, &[]));

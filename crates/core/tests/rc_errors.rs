@@ -376,24 +376,7 @@ fn fatal_nak_queued_behind_a_read_stream_leaves_after_all_of_it() {
 /// receives, so it is flushed first, then the rest of the receive queue.
 #[test]
 fn a_receive_taken_by_a_message_in_progress_is_flushed_first() {
-    fn req(qb: &QpEnd, op: Opcode, psn: u32, len: usize) -> PacketRepr {
-        PacketRepr {
-            bth: BthRepr {
-                opcode: op,
-                solicited: false,
-                migreq: false,
-                pad: 0,
-                pkey: DEFAULT_PKEY,
-                fecn: false,
-                becn: false,
-                dest_qp: qb.qpn,
-                ack_req: false,
-                psn: Psn::new(psn),
-            },
-            ext: ExtRepr::default(),
-            payload_len: len,
-        }
-    }
+    let req = |qb: &QpEnd, op, psn, len| request(qb, op, psn, false, ExtRepr::default(), len);
     let (mut sim, _qa, qb) = pair(1, 1 << 20, &Opts::default());
     let b = sim.node_mut(1);
     b.post_recv(&qb, 70, region(0), 4096);

@@ -257,31 +257,17 @@ fn a_lost_resend_is_found_one_measured_round_trip_later() {
 /// back, wedging the connection.
 #[test]
 fn a_request_held_inside_a_reads_psn_range_is_dropped_not_run_later() {
-    use softrdma_wire::bth::{BthRepr, DEFAULT_PKEY, SOFTRDMA_SR};
+    use softrdma_wire::bth::SOFTRDMA_SR;
     use softrdma_wire::ext::RethRepr;
     use softrdma_wire::packet::ExtRepr;
     use softrdma_wire::{Opcode, PacketRepr};
 
     fn req(qb: &QpEnd, op: Opcode, psn: u32, ack: bool, reth: RethRepr, len: usize) -> PacketRepr {
-        PacketRepr {
-            bth: BthRepr {
-                opcode: op,
-                solicited: false,
-                migreq: false,
-                pad: ((4 - len % 4) % 4) as u8,
-                pkey: DEFAULT_PKEY,
-                fecn: false,
-                becn: false,
-                dest_qp: qb.qpn,
-                ack_req: ack,
-                psn: Psn::new(psn),
-            },
-            ext: ExtRepr {
-                reth: Some(reth),
-                ..Default::default()
-            },
-            payload_len: len,
-        }
+        let ext = ExtRepr {
+            reth: Some(reth),
+            ..Default::default()
+        };
+        request(qb, op, psn, ack, ext, len)
     }
     fn send(b: &mut Host, repr: &PacketRepr, payload: &[u8]) -> Vec<String> {
         let mut bytes = forge(0, 1, repr, payload);

@@ -31,8 +31,10 @@ use softrdma_core::wc::{Completion, WcStatus};
 use softrdma_core::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 use softrdma_core::{Endpoint, EndpointConfig, Error, QpInit, RxMeta};
 use softrdma_netsim::{Node, NodeId, Sim};
-use softrdma_wire::ext::{NakCode, Syndrome};
-use softrdma_wire::{icrc, Packet, PacketRepr};
+use softrdma_wire::bth::{BthRepr, DEFAULT_PKEY};
+use softrdma_wire::ext::{NakCode, RethRepr, Syndrome};
+use softrdma_wire::packet::ExtRepr;
+use softrdma_wire::{icrc, Opcode, Packet, PacketRepr, Psn};
 
 pub const MEM_BASE: u64 = 0x1000_0000;
 
@@ -577,6 +579,45 @@ pub fn forge(from: NodeId, to: NodeId, repr: &PacketRepr, payload: &[u8]) -> Vec
     let udp = icrc::udp_header(4791, 4791, udp_len);
     icrc::fill(&ip, &udp, &mut buf);
     buf
+}
+
+/// A request packet to B's QP `qb` as A's QP would build it: `opcode` at
+/// PSN `psn`, asking for an ACK if `ack_req`, with the extension headers
+/// `ext` and `payload_len` bytes of payload (the pad rounds it to a word).
+pub fn request(
+    qb: &QpEnd,
+    opcode: Opcode,
+    psn: u32,
+    ack_req: bool,
+    ext: ExtRepr,
+    payload_len: usize,
+) -> PacketRepr {
+    PacketRepr {
+        bth: BthRepr {
+            opcode,
+            solicited: false,
+            migreq: false,
+            pad: ((4 - payload_len % 4) % 4) as u8,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qp: qb.qpn,
+            ack_req,
+            psn: Psn::new(psn),
+        },
+        ext,
+        payload_len,
+    }
+}
+
+/// A READ request from A to B as A's QP would send it.
+pub fn read_request(qb: &QpEnd, psn: u32, va: u64, rkey: u32, dma_len: u32) -> PacketRepr {
+    let reth = Some(RethRepr { va, rkey, dma_len });
+    let ext = ExtRepr {
+        reth,
+        ..Default::default()
+    };
+    request(qb, Opcode::RC_RDMA_READ_REQUEST, psn, true, ext, 0)
 }
 
 // ---- Completions ---------------------------------------------------------

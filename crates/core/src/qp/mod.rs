@@ -187,11 +187,12 @@ impl Qp {
         let prev = self.state;
         self.state = next;
         self.attr.qp_state = next;
-        // SQD drains what is in flight (`sq_draining` until then); leaving
-        // it ends the drain.
-        self.attr.sq_draining =
-            next == QpState::Sqd && (prev != QpState::Sqd || self.attr.sq_draining);
-        if next == QpState::Sqd && prev != QpState::Sqd {
+        // Entering SQD starts a drain of what is in flight (`sq_draining`
+        // until then); leaving SQD ends it.
+        if next != QpState::Sqd {
+            self.attr.sq_draining = false;
+        } else if prev != QpState::Sqd {
+            self.attr.sq_draining = true;
             self.note_drained(ctx);
         }
         if prev != QpState::Rts

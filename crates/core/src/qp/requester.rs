@@ -161,6 +161,12 @@ struct Next {
 }
 
 impl Qp {
+    /// `w` asked for a fence (IBV_SEND_FENCE) and a READ or atomic before
+    /// it is still outstanding: it waits, and so does everything behind it.
+    fn fenced(&self, w: &super::queue::SendWqe) -> bool {
+        w.flags.contains(crate::wr::SendFlags::FENCE) && self.req.rd_atomic_inflight > 0
+    }
+
     /// Carry out the bind and invalidate WQEs the requester has reached, in
     /// order, as rxe's `rxe_do_local_ops` does: they send nothing, and
     /// complete in order once what is before them has.
@@ -169,7 +175,7 @@ impl Qp {
             if !w.op.is_local() || w.state != SendState::Posted {
                 return;
             }
-            if w.flags.contains(crate::wr::SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
+            if self.fenced(&w) {
                 return;
             }
             let status = match w.op {
@@ -217,9 +223,7 @@ impl Qp {
             // Binds and invalidates send nothing but are the requester's
             // work; a finished WQE at the tail still has to complete.
             SendState::Posted if wqe.op.is_local() => {
-                let fenced = wqe.flags.contains(crate::wr::SendFlags::FENCE)
-                    && self.req.rd_atomic_inflight > 0;
-                return if self.state == QpState::Rts && !fenced {
+                return if self.state == QpState::Rts && !self.fenced(&wqe) {
                     Err(Stop::Local)
                 } else {
                     Err(Stop::Idle)
@@ -235,8 +239,7 @@ impl Qp {
                 return Err(Stop::Idle); // draining: start nothing new
             }
             if rc {
-                let fence = wqe.flags.contains(crate::wr::SendFlags::FENCE);
-                if fence && self.req.rd_atomic_inflight > 0 {
+                if self.fenced(&wqe) {
                     return Err(Stop::Idle);
                 }
                 if wqe.op.is_read_or_atomic()

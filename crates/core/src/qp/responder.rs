@@ -763,11 +763,13 @@ impl Qp {
                 // IBA's largest message; rxe's check_length NAKs it too.
                 return Err(invalid);
             }
+            let npkts = len.div_ceil(mtu as u64).max(1);
             // Half the PSN space or more in one response: its PSNs could
             // not be told from those before it (see `MAX_MSG_PSNS`).
-            if len.div_ceil(mtu as u64) >= crate::MAX_MSG_PSNS {
+            if npkts >= crate::MAX_MSG_PSNS {
                 return Err(invalid);
             }
+            let npkts = npkts as u32;
             let (target, off) = ctx
                 .mrs
                 .resolve_remote(
@@ -779,7 +781,6 @@ impl Qp {
                     AccessFlags::REMOTE_READ,
                 )
                 .map_err(nak_for)?;
-            let npkts = (len.div_ceil(mtu as u64)).max(1) as u32;
             let psn = repr.bth.psn;
             self.resp.remember(Res::Read { first: psn, npkts });
             self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
@@ -949,9 +950,11 @@ impl Qp {
                 return;
             };
             let len = reth.dma_len as u64;
-            if len.div_ceil(self.mtu() as u64) > left as u64 {
+            let npkts = len.div_ceil(self.mtu() as u64).max(1);
+            if npkts > left as u64 {
                 return;
             }
+            let npkts = npkts as u32;
             let Ok((target, off)) = ctx.mrs.resolve_remote(
                 self.qpn,
                 self.rx_pd(),
@@ -962,7 +965,6 @@ impl Qp {
             ) else {
                 return;
             };
-            let npkts = (len.div_ceil(self.mtu() as u64)).max(1) as u32;
             self.resp.out.push_back(Resp::Read {
                 psn,
                 mem: target,

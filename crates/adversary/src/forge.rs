@@ -24,7 +24,7 @@ use softrdma_wire::packet::ExtRepr;
 use softrdma_wire::{BthRepr, Opcode, Packet, PacketRepr, Psn};
 
 /// The largest datagram the forger sends or receives.
-pub const MAX_DATAGRAM: usize = 65507;
+pub const MAX_DATAGRAM: usize = softrdma_wire::frame::MAX_UDP_PAYLOAD_V4;
 
 /// A hand-driven RoCEv2 endpoint on one UDP socket.
 pub struct Forger {

@@ -42,7 +42,7 @@ pub const MAX_HEAD: usize = 512;
 /// Most payload segments one datagram may have (the core's `MAX_SGE`).
 pub const MAX_PAYLOAD_SEGS: usize = 32;
 /// Largest UDP payload we send (IPv4: 65535 - 20 - 8).
-pub const MAX_DATAGRAM: usize = 65507;
+pub const MAX_DATAGRAM: usize = softrdma_wire::frame::MAX_UDP_PAYLOAD_V4;
 /// Pad (at most 3) and ICRC (4), rounded up.
 const TRAILER: usize = 8;
 /// Most segments in one GSO message (the kernel's limit is 64 or 128).

@@ -13,6 +13,8 @@ pub const ETHERTYPE_IPV4: u16 = 0x0800;
 pub const ETHERTYPE_IPV6: u16 = 0x86dd;
 pub const ETHERTYPE_VLAN: u16 = 0x8100;
 pub const IPPROTO_UDP: u8 = 17;
+/// The most UDP payload one IPv4 datagram carries (65,535 - 20 - 8).
+pub const MAX_UDP_PAYLOAD_V4: usize = 65_507;
 
 /// An Ethernet II header, optionally with one 802.1Q tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

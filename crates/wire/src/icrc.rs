@@ -216,7 +216,7 @@ pub fn verify_ipv4_hidden(
     // An IPv4 datagram carries at most 65,507 bytes of UDP payload: a
     // longer one never came from an IPv4 socket (and its lengths would
     // not fit the headers the ICRC covers).
-    if n > 65_507 {
+    if n > crate::frame::MAX_UDP_PAYLOAD_V4 {
         return HiddenCheck::Corrupt;
     }
     let roce = &udp_payload[..n - 4];

@@ -263,12 +263,7 @@ fn verbs_call_inside_a_borrow_panics() {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         mr.with_bytes(.., |_| mr.load_u64(0)).unwrap()
     }));
-    let msg = r.expect_err("a re-entrant call must panic");
-    let msg = msg
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| msg.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default();
+    let msg = panic_message(r.expect_err("a re-entrant call must panic"));
     assert!(msg.contains("would deadlock"), "{msg}");
     mr.store_u64(8, 5).unwrap();
     assert_eq!(mr.load_u64(8).unwrap(), 5, "the device after the panic");

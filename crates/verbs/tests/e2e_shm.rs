@@ -1188,12 +1188,7 @@ fn a_verbs_call_inside_a_poll_callback_is_refused_not_a_hang() {
                     let _ = cq.poll(&mut again);
                 })
             }));
-            let msg = r.expect_err("the nested poll is refused");
-            let msg = msg
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| msg.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let msg = panic_message(r.expect_err("the nested poll is refused"));
             assert!(msg.contains("would deadlock"), "{msg}");
             // Still a working device: a post the engine's way and its
             // completion, then one through the lane.

@@ -649,6 +649,15 @@ pub fn blank() -> Completion {
     Completion::default()
 }
 
+/// What a caught panic said (`std::panic::catch_unwind`'s error), for an
+/// assertion on its message.
+pub fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
 /// Poll `cq` until `n` completions have arrived; fail after [`WAIT`].
 ///
 /// Polling drives the device's progress from this thread, so it spins for

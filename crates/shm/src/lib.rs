@@ -1508,6 +1508,25 @@ mod tests {
         }
     }
 
+    /// A fresh private anonymous page of this process (a region's memory
+    /// for the tests to share), at its address; unmapped by the test.
+    fn anon_page() -> u64 {
+        // SAFETY: a new private anonymous mapping, which touches no memory
+        // of ours; it is the caller's from here on.
+        let buf = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                seg::PAGE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(buf, libc::MAP_FAILED);
+        buf as u64
+    }
+
     /// An atomic lands on an aligned word of the arena or not at all: the
     /// region entry's arena offset is the owner's to write, and an entry
     /// whose offset is off by one byte (a broken or hostile owner) must
@@ -1519,19 +1538,7 @@ mod tests {
         let user = Host::open(key(4)).expect("the user's segment");
         let peer = user.connect(key(3)).expect("joined");
         let n = seg::PAGE as usize;
-        // SAFETY: a fresh private anonymous mapping, ours.
-        let buf = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                n,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(buf, libc::MAP_FAILED);
-        let buf = buf as u64;
+        let buf = anon_page();
         let share = owner.share(buf, n as u64).expect("moved into the arena");
         let rkey = 0x5eed_0002;
         let access = AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_WRITE;
@@ -1606,19 +1613,7 @@ mod tests {
 
         // A region of the owner's, published to peers.
         let n = seg::PAGE as usize;
-        // SAFETY: a fresh private anonymous mapping, ours.
-        let buf = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                n,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(buf, libc::MAP_FAILED);
-        let buf = buf as u64;
+        let buf = anon_page();
         let share = owner.share(buf, n as u64).expect("moved into the arena");
         let rkey = 0x5eed_0001;
         assert!(owner.publish_mr(rkey, PdId(1), AccessFlags::REMOTE_WRITE, buf, buf, &share));

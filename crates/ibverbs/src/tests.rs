@@ -341,17 +341,18 @@ fn rc_send_with_immediate_and_rdma_write_through_the_ops_table() {
         sig.opcode = IBV_WR_RDMA_WRITE;
         sig.send_flags = 2;
         sig.wr.rdma = swr.wr.rdma;
-        let mut done = false;
-        for _ in 0..10_000 {
-            if ((*ctx).ops.post_send.unwrap())(a.qp, &mut sig, &mut bad) == 0 {
-                done = true;
-                break;
-            }
+        // (A bound on the wait, as poll_one's, not on how many polls: a
+        // loaded machine takes longer to acknowledge them.)
+        let t0 = std::time::Instant::now();
+        while ((*ctx).ops.post_send.unwrap())(a.qp, &mut sig, &mut bad) != 0 {
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "the QP took no post after the looped chain"
+            );
             let mut wc = ibv_wc::default();
             ((*ctx).ops.poll_cq.unwrap())(a.cq, 1, &mut wc);
             std::thread::yield_now();
         }
-        assert!(done, "the QP took no post after the looped chain");
         loop {
             let wc = poll_one(a.cq);
             if wc.wr_id == 12 {

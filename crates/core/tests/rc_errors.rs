@@ -245,7 +245,8 @@ fn nak(qa: &QpEnd, psn: u32, code: NakCode) -> PacketRepr {
 }
 
 /// Every fatal NAK code against the completion status it must produce
-/// (IBA 9.9.2; libibverbs' numbering): the whole table, one row each.
+/// (IBA 9.9.2; libibverbs' numbering): the whole table, one row each, and
+/// two of the codes IBA reserves.
 #[test]
 fn each_fatal_nak_code_maps_to_its_status() {
     let table = [
@@ -253,6 +254,9 @@ fn each_fatal_nak_code_maps_to_its_status() {
         (NakCode::RemoteAccessError, WcStatus::RemAccessErr),
         (NakCode::RemoteOperationalError, WcStatus::RemOpErr),
         (NakCode::InvalidRdRequest, WcStatus::RemInvRdReqErr),
+        // Reserved codes: a remote operational error, as rxe says.
+        (NakCode::Reserved(5), WcStatus::RemOpErr),
+        (NakCode::Reserved(0x1f), WcStatus::RemOpErr),
     ];
     for (code, status) in table {
         let (mut sim, qa, qb, t) = setup(&Opts::default());

@@ -512,8 +512,11 @@ impl Qp {
             }
             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
             NakCode::RemoteAccessError => WcStatus::RemAccessErr,
-            NakCode::RemoteOperationalError => WcStatus::RemOpErr,
-            NakCode::InvalidRdRequest | NakCode::Reserved(_) => WcStatus::RemInvRdReqErr,
+            NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
+            // A code IBA reserves (5–31): nothing says what the responder
+            // meant, only that it refused. rxe completes it as a remote
+            // operational error, and so do we.
+            NakCode::RemoteOperationalError | NakCode::Reserved(_) => WcStatus::RemOpErr,
         };
         self.fail_tail(status, ctx);
     }

@@ -1364,7 +1364,7 @@ struct CheckedQp {
     slot: u32,
     /// Our QP the verdict is for.
     local: u32,
-    seq: u32,
+    seq: u64,
     /// The responder QP's PD.
     pd: u32,
     /// What it grants a request of ours: its access flags if it is
@@ -1379,7 +1379,7 @@ struct CheckedQp {
 #[derive(Debug, Clone, Copy)]
 struct CheckedMr {
     slot: usize,
-    seq: u32,
+    seq: u64,
     rkey: u32,
     /// The PD of the responder QP the verdict is for.
     pd: u32,
@@ -1525,6 +1525,73 @@ mod tests {
         };
         assert_ne!(buf, libc::MAP_FAILED);
         buf as u64
+    }
+
+    /// A cached verdict on a region entry is good only while the entry's
+    /// sequence number reads what it read: so the number must never come
+    /// back. The owner here rewrites the entry (takes its remote write
+    /// away) and then moves the number on by what 2^31 more rewrites
+    /// would: a 32-bit count is where it was, and the requester went on
+    /// writing on a stale verdict (another registration's offsets, in
+    /// real churn).
+    #[test]
+    fn a_region_entry_rewritten_a_counters_width_of_times_is_read_again() {
+        let owner = Host::open(key(5)).expect("the owner's segment");
+        let user = Host::open(key(6)).expect("the user's segment");
+        let peer = user.connect(key(5)).expect("joined");
+        let n = seg::PAGE as usize;
+        let buf = anon_page();
+        let share = owner.share(buf, n as u64).expect("moved into the arena");
+        let rkey = 0x5eed_0003;
+        let access = AccessFlags::REMOTE_WRITE;
+        assert!(owner.publish_mr(rkey, PdId(1), access, buf, buf, &share));
+        let gid = [7u8; 16];
+        owner.publish_qp(
+            5,
+            Some(PublishedQp {
+                ready: true,
+                pd: PdId(1),
+                access,
+                dest_qpn: 9,
+                dest_gid: gid,
+                rd_atomic: 0,
+            }),
+        );
+        let qps = Qps {
+            local: 9,
+            local_gid: gid,
+            remote: 5,
+        };
+        let data = [0xa5u8; 8];
+        let local = OffloadLocal::Inline(&data);
+        let write = SendOp::Write {
+            remote_addr: buf + 64,
+            rkey,
+        };
+        // The verdicts a lane keeps from one post to the next.
+        let mut checked = Checked::default();
+        // SAFETY: `data` is ours and readable for the call; 8 is its length.
+        let ok =
+            unsafe { peer.one_sided_checked(&qps, &write, &local, 8, Some(&mut checked), None) };
+        assert!(ok, "an honest entry: the WRITE is carried out");
+        let e = owner
+            .inner
+            .map
+            .mr_probes(rkey)
+            .find(|e| e.rkey.load(Ordering::Relaxed) == rkey)
+            .expect("the entry");
+        seg::write_locked(&e.seq, || e.access.store(0, Ordering::Relaxed));
+        // What 2^31 - 1 further rewrites add: two each, 2^32 in all with
+        // the one above (cast to the counter's width).
+        e.seq.fetch_add(((1u64 << 32) - 2) as _, Ordering::Release);
+        // SAFETY: as above.
+        let ok =
+            unsafe { peer.one_sided_checked(&qps, &write, &local, 8, Some(&mut checked), None) };
+        assert!(!ok, "the region no longer grants remote write");
+        owner.withdraw_mr(rkey);
+        owner.unshare(share);
+        // SAFETY: our mapping, no longer used.
+        unsafe { libc::munmap(buf as *mut libc::c_void, n) };
     }
 
     /// An atomic lands on an aligned word of the arena or not at all: the

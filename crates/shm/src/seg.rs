@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SRDMASHM");
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 pub const PAGE: u64 = 4096;
 
 /// QP entries, indexed by the low 16 bits of the QPN (a context's QPNs are
@@ -63,8 +63,10 @@ pub struct Header {
 /// responder side of IBA's checks that do not involve memory.
 #[repr(C)]
 pub struct QpEntry {
-    /// Seqlock: odd while the owner rewrites the entry.
-    pub seq: AtomicU32,
+    /// Seqlock: odd while the owner rewrites the entry. 64 bits, so that
+    /// it never comes back to a value a reader cached (see
+    /// `read_locked_seq`).
+    pub seq: AtomicU64,
     pub qpn: AtomicU32,
     /// 1 if the QP's responder executes requests (RTR, RTS, SQD, SQE).
     pub ready: AtomicU32,
@@ -78,7 +80,7 @@ pub struct QpEntry {
     /// `max_dest_rd_atomic`: READs and atomics it executes at once (0:
     /// none, and it NAKs them).
     pub rd_atomic: AtomicU32,
-    _pad: [u32; 5],
+    _pad: [u32; 4],
 }
 
 /// 0: never used (ends a probe chain), 1: live, 2: withdrawn.
@@ -90,12 +92,12 @@ pub const MR_DEAD: u32 = 2;
 /// len)` is at `arena + off` in the segment.
 #[repr(C)]
 pub struct MrEntry {
-    pub seq: AtomicU32,
+    /// Seqlock, as `QpEntry::seq`.
+    pub seq: AtomicU64,
     pub used: AtomicU32,
     pub rkey: AtomicU32,
     pub pd: AtomicU32,
     pub access: AtomicU32,
-    _pad0: u32,
     pub iova_lo: AtomicU64,
     pub len: AtomicU64,
     pub off: AtomicU64,
@@ -412,7 +414,7 @@ pub fn check(seg: RawFd, bell: RawFd) -> io::Result<()> {
 }
 
 /// Seqlock write of one entry.
-pub fn write_locked(seq: &AtomicU32, f: impl FnOnce()) {
+pub fn write_locked(seq: &AtomicU64, f: impl FnOnce()) {
     let s = seq.load(Ordering::Relaxed);
     seq.store(s.wrapping_add(1), Ordering::Relaxed);
     std::sync::atomic::fence(Ordering::Release);
@@ -423,12 +425,17 @@ pub fn write_locked(seq: &AtomicU32, f: impl FnOnce()) {
 /// Seqlock read: `f` until it ran while no write was in progress, with
 /// the (even) sequence number it ran at. While the entry's sequence still
 /// reads the same, nothing in it has changed since: an owner makes it odd
-/// before it writes and moves it on after (it wraps only after 2^31
-/// rewrites of one entry). Gives up (None) after `SEQ_TRIES` attempts: an
+/// before it writes and moves it on after. It is 64 bits so that this
+/// holds for the life of the segment: a reader caches its verdict on an
+/// entry by the sequence number (the lane's QP and region caches), and a
+/// 32-bit count came back to a cached value after 2^31 rewrites of one
+/// entry — 2^30 registrations and withdrawals in one slot, minutes of a
+/// churning registration cache — when a stale verdict (another region's
+/// arena offset) would have been taken as current. Gives up (None) after `SEQ_TRIES` attempts: an
 /// owner that died in the middle of a write leaves the count odd for good,
 /// and a reader must not spin on it forever (the caller then takes the
 /// packet path).
-pub fn read_locked_seq<T>(seq: &AtomicU32, mut f: impl FnMut() -> T) -> Option<(u32, T)> {
+pub fn read_locked_seq<T>(seq: &AtomicU64, mut f: impl FnMut() -> T) -> Option<(u64, T)> {
     for _ in 0..SEQ_TRIES {
         let s1 = seq.load(Ordering::Acquire);
         if s1 & 1 == 0 {

@@ -216,15 +216,17 @@ pub(crate) fn context_ops(dev: &'static Device, async_fd: c_int, cmd_fd: c_int) 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     errno_ret("ibv_close_device", || {
-        if Context::from_c(context)?.users.busy() {
+        let ctx = match Context::take_unused(context, "resources are still allocated") {
             // rdma-core closes regardless and leaves the resources dangling.
             // Keeping the context (and its engine) alive instead means a
             // later destroy of those resources still finds what it needs.
             // perftest's send_bw client does this; rdma-core says nothing.
-            ffi::note("ibv_close_device with resources still allocated: the context is kept");
-            return Ok(());
-        }
-        let ctx = Context::take(context)?;
+            Err(e) if e.errno == libc::EBUSY => {
+                ffi::note("ibv_close_device with resources still allocated: the context is kept");
+                return Ok(());
+            }
+            r => r?,
+        };
         if std::env::var_os("SOFTRDMA_IBV_STATS").is_some_and(|v| v != "0") {
             let (t, p) = ctx.sv.stats();
             eprintln!("softrdma: {} transport: {t:?}", ctx.dev.info.name);

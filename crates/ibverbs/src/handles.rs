@@ -534,10 +534,22 @@ fn register<T: Any + Send + Sync>(p: usize, o: T) {
 /// Unregister the object `p` names: only one caller can succeed, so two
 /// racing destroys cannot both free it.
 fn unregister<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Arc<T>> {
+    unregister_if::<T>(p, what, |_| Ok(()))
+}
+
+/// [`unregister`] if `check` allows it, asked under the registry's lock
+/// (so nothing is registered or unregistered between the check and the
+/// removal).
+fn unregister_if<T: Any + Send + Sync>(
+    p: usize,
+    what: &str,
+    check: impl FnOnce(&T) -> Res<()>,
+) -> Res<Arc<T>> {
     let o = {
         let mut live = LIVE.write().unwrap_or_else(|e| e.into_inner());
-        match live.get(&p) {
-            Some(o) if o.is::<T>() => {
+        match live.get(&p).map(|o| o.downcast_ref::<T>()) {
+            Some(Some(o)) => {
+                check(o)?;
                 // Before the entry goes: a cached lookup that still sees
                 // the old generation ran before this destroy, as a call
                 // that took its reference from the registry would have.
@@ -545,7 +557,7 @@ fn unregister<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Arc<T>>
                 let o = live.remove(&p).expect("present");
                 o.downcast::<T>().expect("checked type")
             }
-            Some(_) => return Err(Fail::inval(format!("{p:#x} is not a {what}"))),
+            Some(None) => return Err(Fail::inval(format!("{p:#x} is not a {what}"))),
             None if p == 0 => return Err(Fail::inval(format!("{what} pointer is NULL"))),
             None => return Err(not_live(what, p)),
         }
@@ -593,6 +605,7 @@ macro_rules! handle {
             /// Take an object back from the application to destroy it: it
             /// is unregistered now and freed when the last reference (this
             /// one, or a concurrent call's) is dropped.
+            #[allow(dead_code)] // a type that counts its users: `take_unused`
             pub fn take(p: *mut $c) -> Res<Arc<$t>> {
                 unregister(p as usize, Self::WHAT)
             }
@@ -639,6 +652,7 @@ macro_rules! handle_ex {
                 p
             }
 
+            #[allow(dead_code)] // a type that counts its users: `take_unused`
             pub fn take(p: *mut $c) -> Res<Arc<$t>> {
                 unregister(p as usize, Self::WHAT)
             }
@@ -768,10 +782,6 @@ impl Context {
         p
     }
 
-    pub fn take(p: *mut ibv_context) -> Res<Arc<Context>> {
-        unregister(p as usize, Self::WHAT)
-    }
-
     pub fn new(
         dev: &'static Device,
         sv: Arc<sv::Context>,
@@ -797,23 +807,109 @@ impl Context {
 
 /// Counts the objects that depend on a resource, so destroying one still
 /// in use fails with EBUSY as it does on a kernel provider.
+///
+/// A destroy *retires* the count (`take_unused`: under the registry's
+/// lock, together with the unregistration) only if it is 0, and a retired
+/// count refuses new users ([`Users::hold`]) — one atomic step each. So a
+/// create racing a destroy either is counted first, and the destroy fails
+/// with EBUSY, or finds the count retired and fails itself (EINVAL, as for
+/// any destroyed object): never do both succeed. (Checking the count and
+/// unregistering as two steps let a QP be created on a CQ between them,
+/// and outlive it.)
 #[derive(Default)]
 pub struct Users(AtomicU32);
 
+/// The bit of [`Users`] a destroy sets; the rest is the count.
+const RETIRED: u32 = 1 << 31;
+
 impl Users {
-    pub fn add(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+    /// Count a new user for as long as the returned [`Hold`] is kept (see
+    /// [`Hold::keep`]); refused once a destroy has retired the count.
+    pub fn hold(&self) -> Res<Hold<'_>> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n & RETIRED == 0).then_some(n + 1)
+            })
+            .map_err(|_| Fail::inval("the object it needs is being destroyed"))?;
+        Ok(Hold(self))
     }
     pub fn sub(&self) {
         // Saturating: a count is never taken below zero (it would read as
         // four billion users and keep the object forever).
         let _ = self
             .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n & !RETIRED > 0).then(|| n - 1)
+            });
     }
-    pub fn busy(&self) -> bool {
-        self.0.load(Ordering::Relaxed) > 0
+    /// Retire a count of 0 (then nothing can hold it any more); false if
+    /// there are users.
+    fn retire(&self) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n & !RETIRED == 0).then_some(n | RETIRED)
+            })
+            .is_ok()
     }
+}
+
+/// A user counted by [`Users::hold`]: dropped, it is uncounted again (a
+/// create that fails after taking it); [`Hold::keep`] keeps it counted,
+/// for the object made, whose destroy calls [`Users::sub`].
+#[must_use = "a Hold dropped at once counts nothing"]
+pub struct Hold<'a>(&'a Users);
+
+impl Hold<'_> {
+    pub fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.0.sub();
+    }
+}
+
+/// The objects that count their users.
+trait Used: Any + Send + Sync {
+    fn users(&self) -> &Users;
+}
+
+/// For each type that counts its users: [`Used`], and `take_unused`, the
+/// `take` of its destroy (see [`take_unused`]).
+macro_rules! used {
+    ($($t:ident: $c:ty),*) => { $(
+        impl Used for $t {
+            fn users(&self) -> &Users {
+                &self.users
+            }
+        }
+
+        impl $t {
+            /// Take the object back to destroy it, if nothing uses it
+            /// (EBUSY with `busy` otherwise).
+            pub fn take_unused(p: *mut $c, busy: &'static str) -> Res<Arc<$t>> {
+                take_unused(p as usize, Self::WHAT, busy)
+            }
+        }
+    )* };
+}
+used!(Context: ibv_context, Pd: ibv_pd, Td: ibv_td, CompChannel: ibv_comp_channel,
+    Cq: ibv_cq, Srq: ibv_srq, Xrcd: verbs_xrcd);
+
+/// Take an object back from the application to destroy it, if nothing
+/// uses it: its count is retired and it is unregistered in one step under
+/// the registry's lock (see [`Users`]); EBUSY with `busy` otherwise. As
+/// `take`, of two racing destroys only one gets it.
+fn take_unused<T: Used>(p: usize, what: &'static str, busy: &'static str) -> Res<Arc<T>> {
+    unregister_if::<T>(p, what, |o| {
+        if o.users().retire() {
+            Ok(())
+        } else {
+            Err(Fail::new(libc::EBUSY, busy))
+        }
+    })
 }
 
 // ---- resources ----

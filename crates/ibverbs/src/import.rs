@@ -196,7 +196,7 @@ pub unsafe extern "C" fn ibv_import_pd(context: *mut ibv_context, pd_handle: u32
             context,
             handle: pd_handle,
         };
-        ctx.users.add();
+        ctx.users.hold()?.keep();
         let mut p = Pd::new(c, orig.sv.clone());
         p.imported = true;
         Ok(Pd::into_c(p))
@@ -212,14 +212,11 @@ pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
                 "not a PD ibv_import_pd made (deallocate it with ibv_dealloc_pd)",
             ));
         }
-        if live.users.busy() {
-            return Err(Fail::new(
-                libc::EBUSY,
-                "the imported PD still has memory regions, QPs, SRQs or AHs",
-            ));
-        }
         drop(live);
-        let p = Pd::take(pd)?;
+        let p = Pd::take_unused(
+            pd,
+            "the imported PD still has memory regions, QPs, SRQs or AHs",
+        )?;
         if let Ok(ctx) = context_of_pd(&p) {
             ctx.users.sub();
         }
@@ -270,7 +267,7 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, mr_handle: u32) -> *mut 
             lkey: o.lkey,
             rkey: o.rkey,
         };
-        p.users.add();
+        p.users.hold()?.keep();
         Ok(ImportedMr::into_c(ImportedMr::new(c)))
     })
 }

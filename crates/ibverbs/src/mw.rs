@@ -59,6 +59,7 @@ fn mw_type(t: u32) -> Res<sv::MwType> {
 pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type_: u32) -> *mut ibv_mw {
     null_ret("ibv_alloc_mw", || {
         let p = Pd::from_c(pd)?;
+        let held = p.users.hold()?;
         let w = p.sv.alloc_mw(mw_type(mw_type_)?)?;
         let c = ibv_mw {
             // SAFETY: our own slot, live while `p` is.
@@ -68,7 +69,7 @@ pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type_: u32) -> *mut ibv_mw
             handle: w.rkey() >> 8,
             type_: mw_type_,
         };
-        p.users.add();
+        held.keep();
         Ok(Mw::into_c(Mw::new(c, w, mw_type_)))
     })
 }
@@ -330,6 +331,9 @@ fn rereg(
         new_len as u64,
         crate::pages::needs_write(eff),
     )?;
+    // The new PD counts the region before it moves there (a dealloc_pd
+    // from now on is EBUSY, or has already refused this).
+    let held = new_pd.as_ref().map(|p| p.users.hold()).transpose()?;
     let sv_pd = new_pd.as_ref().map(|p| &p.sv);
     let sv_access = bits.map(sv::AccessFlags::from_bits_retain);
     if translate {
@@ -351,11 +355,11 @@ fn rereg(
         (*c).addr = new_addr;
         (*c).length = new_len;
     }
-    if let Some(p) = new_pd {
+    if let Some(held) = held {
+        held.keep();
         if let Ok(old) = Pd::from_c(old_pd) {
             old.users.sub();
         }
-        p.users.add();
         // SAFETY: as above.
         unsafe { (*c).pd = pd };
     }

@@ -110,6 +110,14 @@ fn create_qp(
     } else {
         Some(Srq::from_c(init.srq)?)
     };
+    // Counted as users before the QP is made: a destroy of any of them
+    // from now on fails with EBUSY, or has already refused these.
+    let held = (
+        p.users.hold()?,
+        send_cq.users.hold()?,
+        recv_cq.as_ref().map(|r| r.users.hold()).transpose()?,
+        srq.as_ref().map(|s| s.users.hold()).transpose()?,
+    );
     let no_rq = srq.is_some() || xrc_send;
     let cap = sv::QpCap {
         max_send_wr: cap_io.max_send_wr.max(1),
@@ -148,13 +156,13 @@ fn create_qp(
         crate::qpex::fill_qp_ex_ops(&mut c);
     }
     let qpn = qp.qpn();
-    p.users.add();
-    send_cq.users.add();
-    if let Some(r) = &recv_cq {
-        r.users.add();
+    held.0.keep();
+    held.1.keep();
+    if let Some(h) = held.2 {
+        h.keep();
     }
-    if let Some(s) = srq {
-        s.users.add();
+    if let Some(h) = held.3 {
+        h.keep();
     }
     let mut q = Qp::new(c, qp, t, init.sq_sig_all != 0);
     q.extended = extended;

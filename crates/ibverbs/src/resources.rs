@@ -43,10 +43,11 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn alloc_pd_impl(context: *mut ibv_context) -> Res<*mut ibv_pd> {
     let ctx = Context::from_c(context)?;
+    let held = ctx.users.hold()?;
     let pd = ctx.sv.alloc_pd();
     let handle = pd.id().0;
     let c = ibv_pd { context, handle };
-    ctx.users.add();
+    held.keep();
     let p = Pd::into_c(Pd::new(c, pd));
     // For ibv_import_pd in this context's family.
     ctx.shared
@@ -60,13 +61,7 @@ pub(crate) fn alloc_pd_impl(context: *mut ibv_context) -> Res<*mut ibv_pd> {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     errno_ret("ibv_dealloc_pd", || {
-        if Pd::from_c(pd)?.users.busy() {
-            return Err(Fail::new(
-                libc::EBUSY,
-                "the PD still has memory regions, QPs, SRQs or AHs",
-            ));
-        }
-        let p = Pd::take(pd)?;
+        let p = Pd::take_unused(pd, "the PD still has memory regions, QPs, SRQs or AHs")?;
         // SAFETY: our own slot, live while `p` is.
         if let Ok(ctx) = Context::from_c(unsafe { (*p.c_ptr()).context }) {
             ctx.users.sub();
@@ -131,12 +126,19 @@ pub unsafe extern "C" fn vctx_alloc_parent_domain(
             handle: parent.sv.id().0,
         };
         let mut pd = Pd::new(c, parent.sv.clone());
-        parent.users.add();
-        if let Some(t) = &td {
-            t.users.add();
+        {
+            let held = (
+                parent.users.hold()?,
+                td.as_ref().map(|t| t.users.hold()).transpose()?,
+                ctx.users.hold()?,
+            );
+            held.0.keep();
+            if let Some(h) = held.1 {
+                h.keep();
+            }
+            held.2.keep();
         }
         pd.parent = Some((parent, td));
-        ctx.users.add();
         Ok(Pd::into_c(pd))
     })
 }
@@ -153,7 +155,7 @@ pub unsafe extern "C" fn vctx_alloc_td(
         if unsafe { (*attr).comp_mask } != 0 {
             return Err(Fail::inval("ibv_td_init_attr.comp_mask must be 0"));
         }
-        ctx.users.add();
+        ctx.users.hold()?.keep();
         Ok(Td::into_c(Td::new(ibv_td { context })))
     })
 }
@@ -162,13 +164,7 @@ pub unsafe extern "C" fn vctx_alloc_td(
 /// domain uses it.
 pub unsafe extern "C" fn vctx_dealloc_td(td: *mut ibv_td) -> c_int {
     errno_ret("ibv_dealloc_td", || {
-        if Td::from_c(td)?.users.busy() {
-            return Err(Fail::new(
-                libc::EBUSY,
-                "a parent domain still uses the thread domain",
-            ));
-        }
-        let t = Td::take(td)?;
+        let t = Td::take_unused(td, "a parent domain still uses the thread domain")?;
         // SAFETY: our own slot, live while `t` is.
         if let Ok(ctx) = Context::from_c(unsafe { (*t.c_ptr()).context }) {
             ctx.users.sub();
@@ -187,6 +183,7 @@ fn reg_mr(
     access: c_int,
 ) -> Res<*mut ibv_mr> {
     let p = Pd::from_c(pd)?;
+    let held = p.users.hold()?;
     // Implicit on-demand paging: the whole address space, as the kernel's
     // ib_uverbs takes (start 0, length U64_MAX, ON_DEMAND; mlx5 also wants
     // iova 0). Every access is checked as it happens (see the verbs crate's
@@ -195,7 +192,7 @@ fn reg_mr(
         if iova != 0 {
             return Err(Fail::inval("an implicit on-demand region's iova must be 0"));
         }
-        return reg_mr_implicit(&p, pd, access as u32);
+        return reg_mr_implicit(&p, held, pd, access as u32);
     }
     if addr.is_null() && length != 0 {
         return Err(Fail::inval(
@@ -216,11 +213,11 @@ fn reg_mr(
     // What get_user_pages would refuse (EFAULT). After the core's checks,
     // so bad flags are EINVAL first, as the kernel checks them first.
     crate::pages::check(addr as u64, length as u64, crate::pages::needs_write(bits))?;
-    Ok(publish_mr(&p, pd, addr, length, mr, bits))
+    Ok(publish_mr(&p, held, pd, addr, length, mr, bits))
 }
 
 /// `ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | …)`.
-fn reg_mr_implicit(p: &Pd, pd: *mut ibv_pd, access: u32) -> Res<*mut ibv_mr> {
+fn reg_mr_implicit(p: &Pd, held: Hold<'_>, pd: *mut ibv_pd, access: u32) -> Res<*mut ibv_mr> {
     let bits = access & !IBV_ACCESS_OPTIONAL_RANGE & !(IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB);
     // SAFETY: an application registering the whole address space for
     // remote access hands its memory to its peers, which is what this verb
@@ -234,6 +231,7 @@ fn reg_mr_implicit(p: &Pd, pd: *mut ibv_pd, access: u32) -> Res<*mut ibv_mr> {
     };
     Ok(publish_mr(
         p,
+        held,
         pd,
         std::ptr::null_mut(),
         usize::MAX,
@@ -242,9 +240,11 @@ fn reg_mr_implicit(p: &Pd, pd: *mut ibv_pd, access: u32) -> Res<*mut ibv_mr> {
     ))
 }
 
-/// The `ibv_mr` of a region just registered.
+/// The `ibv_mr` of a region just registered, counted by `held` as its
+/// PD's user.
 fn publish_mr(
     p: &Pd,
+    held: Hold<'_>,
     pd: *mut ibv_pd,
     addr: *mut c_void,
     length: usize,
@@ -262,7 +262,7 @@ fn publish_mr(
         lkey: mr.lkey(),
         rkey: mr.rkey(),
     };
-    p.users.add();
+    held.keep();
     let handle = c.handle;
     let m = Mr::into_c(Mr::new(c, mr, bits));
     // For ibv_import_mr in this context's family.
@@ -347,6 +347,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn create_comp_channel_impl(context: *mut ibv_context) -> Res<*mut ibv_comp_channel> {
     let ctx = Context::from_c(context)?;
+    let held = ctx.users.hold()?;
     let ch = ctx.sv.create_comp_channel()?;
     // rdma-core's channel descriptor starts out blocking; applications
     // that want EAGAIN set O_NONBLOCK themselves, and ibv_get_cq_event
@@ -357,7 +358,7 @@ pub(crate) fn create_comp_channel_impl(context: *mut ibv_context) -> Res<*mut ib
         fd: ch.fd(),
         refcnt: 0,
     };
-    ctx.users.add();
+    held.keep();
     Ok(CompChannel::into_c(CompChannel::new(c, ch)))
 }
 
@@ -372,13 +373,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn destroy_comp_channel_impl(channel: *mut ibv_comp_channel) -> Res<()> {
-    if CompChannel::from_c(channel)?.users.busy() {
-        return Err(Fail::new(
-            libc::EBUSY,
-            "CQs still use this completion channel",
-        ));
-    }
-    let ch = CompChannel::take(channel)?;
+    let ch = CompChannel::take_unused(channel, "CQs still use this completion channel")?;
     // SAFETY: our own slot, live while `ch` is.
     if let Ok(ctx) = Context::from_c(unsafe { (*ch.c_ptr()).context }) {
         ctx.users.sub();
@@ -448,6 +443,10 @@ fn create_cq(
             "cqe {depth} is more than max_cqe {max}"
         )));
     }
+    let held = (
+        ch.as_ref().map(|c| c.users.hold()).transpose()?,
+        ctx.users.hold()?,
+    );
     let cq = ctx.sv.create_cq(depth, ch.as_ref().map(|c| &c.sv))?;
     let id = cq.id().0;
     let mut c = ibv_cq_ex::zeroed();
@@ -458,13 +457,15 @@ fn create_cq(
     b.handle = id;
     b.cqe = depth as c_int;
     crate::datapath::fill_cq_ex_ops(&mut c);
-    if let Some(ch) = ch {
-        ch.users.add();
+    if let Some(ch) = &ch {
         // SAFETY: a live channel's C struct.
         unsafe { (*ch.c_ptr()).refcnt += 1 };
     }
+    if let Some(h) = held.0 {
+        h.keep();
+    }
+    held.1.keep();
     let p = Cq::into_c(Cq::new(c, cq));
-    ctx.users.add();
     ctx.cqs
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -586,11 +587,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn destroy_cq_impl(cq: *mut ibv_cq) -> Res<()> {
-    if Cq::from_c(cq)?.users.busy() {
-        return Err(Fail::new(libc::EBUSY, "QPs still use this CQ"));
-    }
     // Unregistered first: of two racing destroys, one gets here.
-    let q = Cq::take(cq)?;
+    let q = Cq::take_unused(cq, "QPs still use this CQ")?;
     // SAFETY: our own slot, live while `q` is.
     let (context, channel) = unsafe { ((*q.c_ptr()).context, (*q.c_ptr()).channel) };
     let ctx = Context::from_c(context)?;
@@ -716,6 +714,7 @@ pub unsafe extern "C" fn ibv_create_srq(
 pub(crate) fn create_srq_impl(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> Res<*mut ibv_srq> {
     non_null!(init);
     let p = Pd::from_c(pd)?;
+    let held = p.users.hold()?;
     // SAFETY: a readable/writable ibv_srq_init_attr.
     let init = unsafe { &mut *init };
     let max_sge = init.attr.max_sge.max(1);
@@ -726,7 +725,7 @@ pub(crate) fn create_srq_impl(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> 
     c.context = unsafe { (*p.c_ptr()).context };
     c.srq_context = init.srq_context;
     c.pd = pd;
-    p.users.add();
+    held.keep();
     Ok(Srq::into_c(Srq::new(c, srq, init.attr)))
 }
 
@@ -775,10 +774,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
 /// an exported function is not called across modules (its definition must
 /// stay in the codegen unit of its `.symver`, see exports.rs).
 pub(crate) fn destroy_srq_impl(srq: *mut ibv_srq) -> Res<()> {
-    if Srq::from_c(srq)?.users.busy() {
-        return Err(Fail::new(libc::EBUSY, "QPs are still attached to this SRQ"));
-    }
-    let s = Srq::take(srq)?;
+    let s = Srq::take_unused(srq, "QPs are still attached to this SRQ")?;
     // SAFETY: our own slot, live while `s` is.
     if let Ok(p) = Pd::from_c(unsafe { (*s.c_ptr()).pd }) {
         p.users.sub();
@@ -822,7 +818,7 @@ fn create_ah(pd: *mut ibv_pd, attr: &ibv_ah_attr) -> Res<*mut ibv_ah> {
         pd,
         handle: 0,
     };
-    p.users.add();
+    p.users.hold()?.keep();
     Ok(Ah::into_c(Ah::new(c, ah)))
 }
 

@@ -89,7 +89,7 @@ pub unsafe extern "C" fn vctx_open_xrcd(
             comp_mask: 0,
             handle: shared.id(),
         };
-        ctx.users.add();
+        ctx.users.hold()?.keep();
         Ok(Xrcd::into_c(Xrcd::new(c, shared)))
     })
 }
@@ -113,15 +113,10 @@ fn file_key(fd: c_int) -> Res<(u64, u64)> {
 /// created through this handle exists.
 pub unsafe extern "C" fn vctx_close_xrcd(xrcd: *mut verbs_xrcd) -> c_int {
     errno_ret("ibv_close_xrcd", || {
-        let x = Xrcd::from_c(xrcd)?;
-        if x.users.busy() {
-            return Err(Fail::new(
-                libc::EBUSY,
-                "XRC SRQs or target QPs of this XRC domain still exist",
-            ));
-        }
-        drop(x);
-        let x = Xrcd::take(xrcd)?;
+        let x = Xrcd::take_unused(
+            xrcd,
+            "XRC SRQs or target QPs of this XRC domain still exist",
+        )?;
         // SAFETY: our own slot, live while `x` is.
         if let Ok(ctx) = Context::from_c(unsafe { (*x.c_ptr()).context }) {
             ctx.users.sub();
@@ -191,6 +186,7 @@ fn create_xrc_srq(a: &mut ibv_srq_init_attr_ex) -> Res<*mut ibv_srq> {
     let p = Pd::from_c(a.pd)?;
     let x = Xrcd::from_c(a.xrcd)?;
     let cq = Cq::from_c(a.cq)?;
+    let held = (p.users.hold()?, x.users.hold()?, cq.users.hold()?);
     let max_sge = a.attr.max_sge.max(1);
     let srq = p.sv.create_xrc_srq(&x.sv, &cq.sv, a.attr.max_wr, max_sge)?;
     a.attr.max_sge = max_sge;
@@ -199,9 +195,9 @@ fn create_xrc_srq(a: &mut ibv_srq_init_attr_ex) -> Res<*mut ibv_srq> {
     c.context = unsafe { (*p.c_ptr()).context };
     c.srq_context = a.srq_context;
     c.pd = a.pd;
-    p.users.add();
-    x.users.add();
-    cq.users.add();
+    held.0.keep();
+    held.1.keep();
+    held.2.keep();
     let mut s = Srq::new(c, srq, a.attr);
     s.xrc = Some((a.xrcd as usize, a.cq as usize));
     Ok(Srq::into_c(s))
@@ -244,10 +240,11 @@ pub(crate) fn create_tgt_qp(
     }
     let ctx = Context::from_c(context)?;
     let x = Xrcd::from_c(a.xrcd)?;
+    let held = x.users.hold()?;
     let qp = x.sv.create_tgt_qp()?;
     a.cap = ibv_qp_cap::default();
     let qpn = qp.qpn();
-    let ptr = tgt_handle(context, qp, a.qp_context, a.xrcd, &x);
+    let ptr = tgt_handle(context, qp, a.qp_context, a.xrcd, held);
     ctx.qps
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -288,13 +285,14 @@ pub unsafe extern "C" fn vctx_open_qp(
             )));
         }
         let x = Xrcd::from_c(a.xrcd)?;
+        let held = x.users.hold()?;
         let qp = x.sv.open_tgt_qp(a.qp_num)?;
         let qp_context = if a.comp_mask & QP_OPEN_ATTR_CONTEXT != 0 {
             a.qp_context
         } else {
             std::ptr::null_mut()
         };
-        let ptr = tgt_handle(context, qp, qp_context, a.xrcd, &x);
+        let ptr = tgt_handle(context, qp, qp_context, a.xrcd, held);
         drop(ctx);
         Ok(ptr)
     })
@@ -305,13 +303,14 @@ const QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
 const QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
 const QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
 
-/// The C handle of a target QP (created or opened) through `xrcd`.
+/// The C handle of a target QP (created or opened) through `xrcd`, which
+/// `held` counts it a user of.
 fn tgt_handle(
     context: *mut ibv_context,
     qp: sv::Qp,
     qp_context: *mut std::ffi::c_void,
     xrcd: *mut verbs_xrcd,
-    x: &Xrcd,
+    held: Hold<'_>,
 ) -> *mut ibv_qp {
     let mut c = ibv_qp_ex::zeroed();
     let b = &mut c.qp_base;
@@ -321,7 +320,7 @@ fn tgt_handle(
     b.qp_num = qp.qpn();
     b.state = qp.query().map_or(0, |(st, _, _)| st.to_ibv());
     b.qp_type = QPT_XRC_RECV;
-    x.users.add();
+    held.keep();
     let mut q = Qp::new(c, qp, sv::QpType::XrcRecv, false);
     q.xrcd = xrcd as usize;
     Qp::into_c(q)

@@ -226,3 +226,150 @@ fn a_handle_destroyed_while_other_threads_poll_it_is_refused_after() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+/// Races `destroy(obj)` against `create(obj, aux)` (made in another thread)
+/// `rounds` times, each on a fresh `make()`, the destroy started after a
+/// varying number of spins so that it falls at every point of the create.
+/// Either the destroy sees the new user and fails with EBUSY, or the create
+/// fails with EINVAL (its object destroyed) — never both succeed, which
+/// would leave a live object depending on a destroyed one.
+unsafe fn race_destroy_and_create(
+    what: &str,
+    rounds: usize,
+    make: &dyn Fn() -> usize,
+    destroy: &dyn Fn(usize) -> c_int,
+    create: fn(usize, usize) -> (usize, c_int),
+    aux: usize,
+    undo: &dyn Fn(usize) -> c_int,
+) {
+    use std::sync::{Arc, Barrier};
+    let (mut busy, mut refused) = (0, 0);
+    for round in 0..rounds {
+        let obj = make();
+        assert_ne!(obj, 0, "{what}: making the object");
+        let go = Arc::new(Barrier::new(2));
+        let creator = {
+            let go = go.clone();
+            std::thread::spawn(move || {
+                go.wait();
+                create(obj, aux)
+            })
+        };
+        go.wait();
+        for _ in 0..(round % 64) * 16 {
+            std::hint::spin_loop();
+        }
+        let d = destroy(obj);
+        let (made, e) = creator.join().expect("the creator");
+        match (d, made) {
+            (0, 0) => {
+                assert_eq!(e, libc::EINVAL, "{what}: the refused create's errno");
+                refused += 1;
+            }
+            (libc::EBUSY, m) if m != 0 => {
+                assert_eq!(undo(m), 0, "{what}: destroying what was made");
+                assert_eq!(destroy(obj), 0, "{what}: the destroy once unused");
+                busy += 1;
+            }
+            (0, _) => panic!(
+                "{what}, round {round}: the destroy and the create both succeeded \
+                 (a live object on a destroyed one)"
+            ),
+            (d, m) => panic!("{what}, round {round}: destroy {d}, create {m:#x} (errno {e})"),
+        }
+    }
+    // Not an assertion on the interleaving (any mix is correct), but
+    // worth seeing when the test is run with --nocapture.
+    println!("{what}: {busy} EBUSY, {refused} refused creates");
+}
+
+#[test]
+fn a_destroy_racing_a_create_on_the_object_never_both_succeed() {
+    // SAFETY: as a C program would call them, from two threads; every
+    // pointer is live or destroyed exactly once by the helper.
+    unsafe {
+        let ctx = open_first();
+        let c = ctx as usize;
+        let pd = ibv_alloc_pd(ctx) as usize;
+        assert_ne!(pd, 0);
+        fn qp_on(cq: usize, pd: usize) -> (usize, c_int) {
+            let mut init = ibv_qp_init_attr {
+                qp_context: null_mut(),
+                send_cq: cq as *mut ibv_cq,
+                recv_cq: cq as *mut ibv_cq,
+                srq: null_mut(),
+                cap: ibv_qp_cap {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: 2,
+                sq_sig_all: 1,
+            };
+            // SAFETY: a readable and writable init; the CQ may be
+            // destroyed meanwhile (the race).
+            let qp = unsafe { ibv_create_qp(pd as *mut ibv_pd, &mut init) };
+            (qp as usize, errno())
+        }
+        // The CQ a QP is being created on (the race found first).
+        race_destroy_and_create(
+            "CQ vs QP",
+            300,
+            &|| ibv_create_cq(c as *mut _, 4, null_mut(), null_mut(), 0) as usize,
+            &|cq| ibv_destroy_cq(cq as *mut _),
+            qp_on,
+            pd,
+            &|qp| ibv_destroy_qp(qp as *mut _),
+        );
+        // The PD an SRQ is being created on.
+        fn srq_on(pd: usize, _: usize) -> (usize, c_int) {
+            let mut init = ibv_srq_init_attr {
+                srq_context: null_mut(),
+                attr: ibv_srq_attr {
+                    max_wr: 4,
+                    max_sge: 1,
+                    srq_limit: 0,
+                },
+            };
+            // SAFETY: as above.
+            let srq = unsafe { ibv_create_srq(pd as *mut ibv_pd, &mut init) };
+            (srq as usize, errno())
+        }
+        race_destroy_and_create(
+            "PD vs SRQ",
+            300,
+            &|| ibv_alloc_pd(c as *mut _) as usize,
+            &|pd| ibv_dealloc_pd(pd as *mut _),
+            srq_on,
+            0,
+            &|srq| ibv_destroy_srq(srq as *mut _),
+        );
+        // The completion channel a CQ is being created with.
+        fn cq_with(ch: usize, ctx: usize) -> (usize, c_int) {
+            // SAFETY: as above.
+            let cq = unsafe {
+                ibv_create_cq(
+                    ctx as *mut ibv_context,
+                    4,
+                    null_mut(),
+                    ch as *mut ibv_comp_channel,
+                    0,
+                )
+            };
+            (cq as usize, errno())
+        }
+        race_destroy_and_create(
+            "channel vs CQ",
+            300,
+            &|| ibv_create_comp_channel(c as *mut _) as usize,
+            &|ch| ibv_destroy_comp_channel(ch as *mut _),
+            cq_with,
+            c,
+            &|cq| ibv_destroy_cq(cq as *mut _),
+        );
+        assert_eq!(ibv_dealloc_pd(pd as *mut _), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}

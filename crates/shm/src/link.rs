@@ -143,6 +143,24 @@ pub fn accept(l: RawFd) -> io::Result<OwnedFd> {
 
 /// Refuse a peer of another user.
 fn check_peer(fd: RawFd) -> io::Result<()> {
+    let c = peer_cred(fd)?;
+    // SAFETY: getuid cannot fail.
+    if c.uid != unsafe { libc::getuid() } {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "the peer process belongs to another user",
+        ));
+    }
+    Ok(())
+}
+
+/// The process at the other end of the connection `fd`, as the kernel
+/// recorded it when the connection was made.
+pub fn peer_pid(fd: RawFd) -> Option<libc::pid_t> {
+    peer_cred(fd).ok().map(|c| c.pid)
+}
+
+fn peer_cred(fd: RawFd) -> io::Result<libc::ucred> {
     // SAFETY: ucred is plain data.
     let mut c: libc::ucred = unsafe { zeroed() };
     let mut len = size_of::<libc::ucred>() as libc::socklen_t;
@@ -159,14 +177,7 @@ fn check_peer(fd: RawFd) -> io::Result<()> {
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: getuid cannot fail.
-    if c.uid != unsafe { libc::getuid() } {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "the peer process belongs to another user",
-        ));
-    }
-    Ok(())
+    Ok(c)
 }
 
 /// Send `h` and the descriptors `fds` (the segment, the bell).

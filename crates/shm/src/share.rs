@@ -45,6 +45,10 @@ pub struct Shares {
     free: BTreeMap<u64, u64>,
     /// Moved extents by start address.
     extents: BTreeMap<u64, Extent>,
+    /// Arena ranges of unshared extents that a stopped peer may still
+    /// write (see `Host::withdraw_mr`): neither punched nor reused until
+    /// it can not.
+    quarantined: Vec<(u64, u64)>,
 }
 
 impl Default for Shares {
@@ -54,6 +58,7 @@ impl Default for Shares {
         Shares {
             free,
             extents: BTreeMap::new(),
+            quarantined: Vec::new(),
         }
     }
 }
@@ -142,10 +147,24 @@ impl Shares {
         }
     }
 
+    /// Free the quarantined arena ranges that no late access can reach
+    /// any more (`late(off, len)` says whether one still can).
+    pub fn sweep(&mut self, fd: RawFd, late: &dyn Fn(u64, u64) -> bool) {
+        for (off, n) in std::mem::take(&mut self.quarantined) {
+            if late(off, n) {
+                self.quarantined.push((off, n));
+            } else {
+                self.free_arena(fd, off, n);
+            }
+        }
+    }
+
     /// Drop one reference to the extent `s` lies in; the last one moves
     /// the bytes back to private memory (if the application still has the
-    /// extent mapped where we put it) and frees the arena extent.
-    pub fn unshare(&mut self, fd: RawFd, s: Share) {
+    /// extent mapped where we put it) and frees the arena extent — or,
+    /// if `late` says a stopped peer may still write into it, keeps it
+    /// out of use until [`Shares::sweep`] finds that it can not.
+    pub fn unshare(&mut self, fd: RawFd, s: Share, late: &dyn Fn(u64, u64) -> bool) {
         let Some((&elo, e)) = self.extents.range_mut(..=s.lo).next_back() else {
             return;
         };
@@ -171,8 +190,19 @@ impl Shares {
                 return;
             }
         }
+        if late(off, n) {
+            // The application's bytes are private again (above); the
+            // late write lands in arena pages nobody else is given.
+            self.quarantined.push((off, n));
+            return;
+        }
+        self.free_arena(fd, off, n);
+    }
+
+    fn free_arena(&mut self, fd: RawFd, off: u64, n: u64) {
         // SAFETY: plain system call on our memfd; peers no longer reach this
-        // extent (every region in it was withdrawn first).
+        // range (every region in it was withdrawn first, and no access
+        // begun before is still inside: the callers' `late` said so).
         unsafe {
             libc::fallocate(
                 fd,
@@ -412,7 +442,7 @@ mod tests {
         assert!(still_ours(buf, buf + n, ARENA_OFF + sh.off));
         assert_eq!(mem, &bytes(7)[..]);
         mem[5] = 0xee;
-        shares.unshare(fd, sh);
+        shares.unshare(fd, sh, &|_, _| false);
         assert!(private_anonymous(buf, buf + n));
         assert_eq!(mem[5], 0xee);
         let hooked = HOOKED.load(Ordering::SeqCst);

@@ -51,6 +51,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use softrdma_core::{Endpoint, Event, Nanos, RxMeta};
+use softrdma_shm::Withdrawal;
 use softrdma_udp::Port;
 
 use crate::lane::{self, CqLane, Lane};
@@ -1021,11 +1022,14 @@ impl State {
     /// Withdraw region `rkey` from peers, waiting until none is inside it;
     /// and from this context's lanes, which hold local translations (a
     /// region is withdrawn before it is deregistered, reregistered or lent
-    /// out): none is inside it when this returns.
-    pub fn withdraw(&mut self, rkey: u32) {
+    /// out): none is inside it when this returns. `how` is what the
+    /// caller does next ([`Withdrawal::Final`]: drops the region's share,
+    /// so a peer stopped inside it is not waited for; see
+    /// `softrdma_shm::Host::withdraw_mr`).
+    pub fn withdraw(&mut self, rkey: u32, how: Withdrawal) {
         self.close_lanes();
         if let Some(h) = self.shm.as_ref() {
-            h.withdraw_mr(rkey);
+            h.withdraw_mr(rkey, how);
         }
     }
 

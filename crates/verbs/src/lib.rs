@@ -104,6 +104,7 @@ pub use xrc::Xrcd;
 
 use buffer::OwnedBuf;
 use engine::Engine;
+use softrdma_shm::Withdrawal;
 use sys::EventFd;
 
 /// What went wrong.
@@ -1239,8 +1240,9 @@ impl Mr {
             access,
         };
         let mut st = self.eng.lock();
-        // Peers must not reach the old registration once the call returns.
-        st.withdraw(self.rkey);
+        // Peers must not reach the old registration once the call returns
+        // (every access waited for: the pages may be published again).
+        st.withdraw(self.rkey, Withdrawal::Pause);
         if let Err(e) = st.ep.rereg_mr(self.lkey, &change) {
             Self::republish(&mut self.share, self.lkey, &mut st);
             return Err(e.into());
@@ -1271,7 +1273,7 @@ impl Mr {
     /// Refused (changing nothing) while memory windows are bound to it.
     pub(crate) fn deregister(&mut self) -> Result<()> {
         let mut st = self.eng.lock();
-        st.withdraw(self.rkey);
+        st.withdraw(self.rkey, Withdrawal::Final);
         if let Err(e) = st.ep.dereg_mr(self.lkey) {
             Self::republish(&mut self.share, self.lkey, &mut st);
             return Err(e.into());
@@ -1301,7 +1303,8 @@ impl Mr {
     /// under it): for code that lends the region's bytes as references.
     pub(crate) fn pause_peers<'a>(&'a self, st: &'a mut engine::State) -> PausePeers<'a> {
         if self.share.is_some() {
-            st.withdraw(self.rkey);
+            // The bytes are lent as references: nobody may be inside.
+            st.withdraw(self.rkey, Withdrawal::Pause);
         } else {
             st.close_lanes();
         }
@@ -1315,8 +1318,10 @@ impl Drop for Mr {
             return;
         }
         let mut st = self.eng.lock();
-        // Peers on this host first: once this returns none is inside it.
-        st.withdraw(self.rkey);
+        // Peers on this host first: once this returns none is inside it
+        // (but one stopped inside it, whose access lands in the arena once
+        // the share below is dropped: `Withdrawal::Final`).
+        st.withdraw(self.rkey, Withdrawal::Final);
         match st.ep.dereg_mr(self.lkey) {
             // Once deregistration returns the core never touches the region
             // again (every access of in-flight work translates through the

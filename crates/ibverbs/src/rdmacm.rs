@@ -315,16 +315,6 @@ fn id_of(p: *mut rdma_cm_id) -> Res<&'static mut Id> {
     Ok(unsafe { &mut *(p as *mut Id) })
 }
 
-/// The ID, for reading only (taking its events, possibly in another
-/// thread than the one that made the call the events answer).
-fn id_ref(p: *mut rdma_cm_id) -> Res<&'static Id> {
-    check_id(p)?;
-    // SAFETY: as `id_of`; this reference is only read through, and the
-    // fields read (qp, channel, context) are not being changed meanwhile
-    // by librdmacm's rule above.
-    Ok(unsafe { &*(p as *const Id) })
-}
-
 // ---- devices: every softrdma device, opened once (librdmacm's too) ----
 
 struct Dev {
@@ -661,8 +651,11 @@ pub unsafe extern "C" fn softrdma_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
             g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
         g.remove(&(p as usize));
-        drop(g);
+        // Under `UNACKED`'s lock, with the check above: an event being
+        // made for the ID counts it under this lock (`Pending::take`),
+        // so it either was seen above or finds the ID gone.
         lock(&LIVE).ids.remove(&(p as usize));
+        drop(g);
         softrdma_verbs::cm::log(&format!("id {p:?} destroyed"));
         let own = i.own_channel;
         // SAFETY: our box, unregistered; nothing refers to it any more.
@@ -1261,23 +1254,75 @@ pub unsafe extern "C" fn softrdma_rdma_get_cm_event(
     })
 }
 
+/// One event pending on an ID: counted in `UNACKED`, so `rdma_destroy_id`
+/// waits for it before it frees the ID. Dropped, the count goes again (the
+/// event was not handed out); an event handed out keeps it (`keep`) until
+/// `rdma_ack_cm_event`.
+struct Pending(usize);
+
+impl Pending {
+    /// Count an event on the ID `cm` names, if it is still a live ID: the
+    /// look-up and the count are one step under `UNACKED`'s lock, under
+    /// which `rdma_destroy_id` (having cleared `cm`'s user first) checks
+    /// the count and unregisters the ID. So either the destroy sees this
+    /// count and waits, or this finds the ID gone (None) — never is the
+    /// ID freed while the event is being made for it.
+    fn take(cm: &CmId) -> Option<Pending> {
+        let mut g = lock(&UNACKED.0);
+        let p = cm.user();
+        if p == 0 || !lock(&LIVE).ids.contains_key(&p) {
+            return None;
+        }
+        *g.entry(p).or_insert(0) += 1;
+        Some(Pending(p))
+    }
+
+    /// The ID, alive while this count is held (see `take`).
+    fn id(&self) -> &Id {
+        // SAFETY: `take` found the box registered and counted it under
+        // `UNACKED`'s lock; `rdma_destroy_id` frees it only after the
+        // count is back to 0, which is not before `self` is dropped or
+        // the event it counts is acknowledged. Only read through: the
+        // fields read (qp, channel, context, ps) are not changed meanwhile,
+        // by librdmacm's rule (see `id_of`).
+        unsafe { &*(self.0 as *const Id) }
+    }
+
+    /// The event is handed out: its acknowledgement releases the count.
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let (m, cv) = &*UNACKED;
+        let mut g = lock(m);
+        if let Some(n) = g.get_mut(&self.0) {
+            *n = n.saturating_sub(1);
+        }
+        cv.notify_all();
+    }
+}
+
 /// Turn an event into the C event the application takes (None: it is not
 /// for the application — its ID is gone).
 fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
     let mut kind = ev.kind;
     let mut status = ev.status;
-    let (id_ptr, listen_ptr) = match ev.kind {
+    let (pending, listen_ptr) = match ev.kind {
         EventKind::ConnectRequest => {
             let Some(l) = ev.listen_id.as_ref() else {
                 return Ok(None);
             };
-            let lp = l.user();
-            if lp == 0 {
+            // Counted while its fields are read: not freed meanwhile.
+            let Some(listener) = Pending::take(l) else {
                 // The listener is gone: turn the request down.
                 let _ = ev.id.reject(&[]);
                 return Ok(None);
-            }
-            let li = id_ref(lp as *mut rdma_cm_id)?;
+            };
+            let lp = listener.0;
+            let li = listener.id();
             let child = new_id(li.c.channel.cast(), ev.id.clone(), li.c.context, false);
             // SAFETY: just made.
             let ci = unsafe { &mut *child };
@@ -1289,17 +1334,20 @@ fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
                     return Ok(None);
                 }
             }
-            (child as usize, lp)
+            let Some(pending) = Pending::take(&ev.id) else {
+                return Ok(None);
+            };
+            (pending, lp)
         }
         _ => {
-            let p = ev.id.user();
-            if p == 0 {
+            let Some(pending) = Pending::take(&ev.id) else {
                 return Ok(None);
-            }
-            (p, 0)
+            };
+            (pending, 0)
         }
     };
-    let i = id_ref(id_ptr as *mut rdma_cm_id)?;
+    let id_ptr = pending.0;
+    let i = pending.id();
     if kind == EventKind::ConnectResponse && !i.c.qp.is_null() {
         // librdmacm completes the connection for an ID with a QP: RTR, RTS,
         // RTU, and reports it established.
@@ -1414,7 +1462,8 @@ fn deliver(ev: CmEvent) -> Res<Option<*mut rdma_cm_event>> {
         }
     }
     lock(&LIVE).events.insert(p as usize);
-    *lock(&UNACKED.0).entry(id_ptr).or_insert(0) += 1;
+    // Counted since `Pending::take`; acknowledging the event releases it.
+    pending.keep();
     softrdma_verbs::cm::log(&format!(
         "event {} for id {:#x} handed out",
         kind.name(),
@@ -2034,6 +2083,75 @@ mod tests {
         let mut ev = std::ptr::null_mut();
         // SAFETY: a stale pointer, which the call must refuse.
         assert_eq!(unsafe { softrdma_rdma_get_cm_event(ch, &mut ev) }, -1);
+    }
+
+    /// An event being made for an ID while another thread destroys the ID:
+    /// either the destroy waits until the event is acknowledged (so it
+    /// names a live ID while the application holds it), or the event is
+    /// dropped — never does `rdma_destroy_id` return with an event of the
+    /// ID handed out, which meant the event was made from the ID after it
+    /// was freed (the look-up and the pending count were two steps).
+    #[test]
+    fn a_destroy_racing_an_event_of_its_id_waits_for_it_or_drops_it() {
+        use std::ptr::null_mut;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Barrier};
+        crate::tests::one_device();
+        // SAFETY: the exported calls, with pointers they handed out (or
+        // the stale ID pointer, compared only).
+        unsafe {
+            let ch = softrdma_rdma_create_event_channel();
+            assert!(!ch.is_null());
+            let fd = (*ch).fd;
+            assert_eq!(libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK), 0);
+            let mut dst: libc::sockaddr_in = std::mem::zeroed();
+            dst.sin_family = libc::AF_INET as libc::sa_family_t;
+            dst.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
+            let mut handed = 0;
+            for round in 0..1500 {
+                let mut id: *mut rdma_cm_id = std::ptr::null_mut();
+                let ps = PortSpace::Tcp.to_c() as c_int;
+                assert_eq!(softrdma_rdma_create_id(ch, &mut id, null_mut(), ps), 0);
+                let r = softrdma_rdma_resolve_addr(id, null_mut(), (&raw mut dst).cast(), 1000);
+                assert_eq!(r, 0, "resolve_addr");
+                let go = Arc::new(Barrier::new(2));
+                let destroyed = Arc::new(AtomicBool::new(false));
+                let destroyer = {
+                    let (go, destroyed) = (go.clone(), destroyed.clone());
+                    let id = id as usize;
+                    std::thread::spawn(move || {
+                        go.wait();
+                        for _ in 0..(round % 128) * 2 {
+                            std::hint::spin_loop();
+                        }
+                        let r = softrdma_rdma_destroy_id(id as *mut rdma_cm_id);
+                        destroyed.store(true, Ordering::SeqCst);
+                        r
+                    })
+                };
+                go.wait();
+                loop {
+                    let mut ev: *mut rdma_cm_event = null_mut();
+                    if softrdma_rdma_get_cm_event(ch, &mut ev) == 0 {
+                        let late = destroyed.load(Ordering::SeqCst);
+                        assert_eq!((*ev).id, id, "round {round}: an event of another ID");
+                        assert!(
+                            !late,
+                            "round {round}: rdma_destroy_id returned while an event of the \
+                             ID was handed out"
+                        );
+                        handed += 1;
+                        assert_eq!(softrdma_rdma_ack_cm_event(ev), 0);
+                    } else if destroyed.load(Ordering::SeqCst) {
+                        // Nothing more can come for the ID.
+                        break;
+                    }
+                }
+                assert_eq!(destroyer.join().expect("the destroyer"), 0);
+            }
+            println!("{handed} events handed out before their ID's destroy returned");
+            softrdma_rdma_destroy_event_channel(ch);
+        }
     }
 
     /// `rdma_ack_cm_event` frees only events it handed out, once: a

@@ -18,7 +18,7 @@ fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-fn one_device() {
+pub(crate) fn one_device() {
     static INIT: Once = Once::new();
     // SAFETY (set_var): every test sets the same value before any read.
     INIT.call_once(|| std::env::set_var("SOFTRDMA_DEVICES", "srdma0=127.0.0.1"));

@@ -1763,6 +1763,73 @@ mod tests {
         word.store(0, Ordering::SeqCst);
     }
 
+    /// An owner (at `key(owner)`) with one page moved into its arena and
+    /// published under `rkey` with `access`, its QP 5 ready and connected
+    /// to QP 9 of a user (at `key(user)`) joined to it: the pieces the
+    /// one-sided tests take apart. The caller withdraws, unshares and
+    /// unmaps (`Setup::end`).
+    struct Setup {
+        owner: Host,
+        _user: Host,
+        peer: Arc<Peer>,
+        buf: u64,
+        share: Share,
+        qps: Qps,
+    }
+
+    impl Setup {
+        fn new(owner: u8, user: u8, rkey: u32, access: AccessFlags, rd_atomic: u8) -> Setup {
+            let o = Host::open(key(owner)).expect("the owner's segment");
+            let u = Host::open(key(user)).expect("the user's segment");
+            let peer = u.connect(key(owner)).expect("joined");
+            let buf = anon_page();
+            let share = o.share(buf, seg::PAGE).expect("moved into the arena");
+            assert!(o.publish_mr(rkey, PdId(1), access, buf, buf, &share));
+            let gid = [7u8; 16];
+            o.publish_qp(
+                5,
+                Some(PublishedQp {
+                    ready: true,
+                    pd: PdId(1),
+                    access,
+                    dest_qpn: 9,
+                    dest_gid: gid,
+                    rd_atomic,
+                }),
+            );
+            let qps = Qps {
+                local: 9,
+                local_gid: gid,
+                remote: 5,
+            };
+            Setup {
+                owner: o,
+                _user: u,
+                peer,
+                buf,
+                share,
+                qps,
+            }
+        }
+
+        /// The owner's entry for `rkey`.
+        fn entry(&self, rkey: u32) -> &seg::MrEntry {
+            self.owner
+                .inner
+                .map
+                .mr_probes(rkey)
+                .find(|e| e.rkey.load(Ordering::Relaxed) == rkey)
+                .expect("the entry")
+        }
+
+        fn end(self, rkey: u32) {
+            self.owner.withdraw_mr(rkey, Withdrawal::Final);
+            self.owner.unshare(self.share);
+            // SAFETY: our mapping, no longer used.
+            unsafe { libc::munmap(self.buf as *mut libc::c_void, seg::PAGE as usize) };
+        }
+    }
+
     /// A cached verdict on a region entry is good only while the entry's
     /// sequence number reads what it read: so the number must never come
     /// back. The owner here rewrites the entry (takes its remote write
@@ -1772,62 +1839,34 @@ mod tests {
     /// real churn).
     #[test]
     fn a_region_entry_rewritten_a_counters_width_of_times_is_read_again() {
-        let owner = Host::open(key(5)).expect("the owner's segment");
-        let user = Host::open(key(6)).expect("the user's segment");
-        let peer = user.connect(key(5)).expect("joined");
-        let n = seg::PAGE as usize;
-        let buf = anon_page();
-        let share = owner.share(buf, n as u64).expect("moved into the arena");
         let rkey = 0x5eed_0003;
-        let access = AccessFlags::REMOTE_WRITE;
-        assert!(owner.publish_mr(rkey, PdId(1), access, buf, buf, &share));
-        let gid = [7u8; 16];
-        owner.publish_qp(
-            5,
-            Some(PublishedQp {
-                ready: true,
-                pd: PdId(1),
-                access,
-                dest_qpn: 9,
-                dest_gid: gid,
-                rd_atomic: 0,
-            }),
-        );
-        let qps = Qps {
-            local: 9,
-            local_gid: gid,
-            remote: 5,
-        };
+        let t = Setup::new(5, 6, rkey, AccessFlags::REMOTE_WRITE, 0);
         let data = [0xa5u8; 8];
         let local = OffloadLocal::Inline(&data);
         let write = SendOp::Write {
-            remote_addr: buf + 64,
+            remote_addr: t.buf + 64,
             rkey,
         };
         // The verdicts a lane keeps from one post to the next.
         let mut checked = Checked::default();
         // SAFETY: `data` is ours and readable for the call; 8 is its length.
-        let ok =
-            unsafe { peer.one_sided_checked(&qps, &write, &local, 8, Some(&mut checked), None) };
+        let ok = unsafe {
+            t.peer
+                .one_sided_checked(&t.qps, &write, &local, 8, Some(&mut checked), None)
+        };
         assert!(ok, "an honest entry: the WRITE is carried out");
-        let e = owner
-            .inner
-            .map
-            .mr_probes(rkey)
-            .find(|e| e.rkey.load(Ordering::Relaxed) == rkey)
-            .expect("the entry");
+        let e = t.entry(rkey);
         seg::write_locked(&e.seq, || e.access.store(0, Ordering::Relaxed));
         // What 2^31 - 1 further rewrites add: two each, 2^32 in all with
         // the one above (cast to the counter's width).
         e.seq.fetch_add(((1u64 << 32) - 2) as _, Ordering::Release);
         // SAFETY: as above.
-        let ok =
-            unsafe { peer.one_sided_checked(&qps, &write, &local, 8, Some(&mut checked), None) };
+        let ok = unsafe {
+            t.peer
+                .one_sided_checked(&t.qps, &write, &local, 8, Some(&mut checked), None)
+        };
         assert!(!ok, "the region no longer grants remote write");
-        owner.withdraw_mr(rkey, Withdrawal::Final);
-        owner.unshare(share);
-        // SAFETY: our mapping, no longer used.
-        unsafe { libc::munmap(buf as *mut libc::c_void, n) };
+        t.end(rkey);
     }
 
     /// An atomic lands on an aligned word of the arena or not at all: the
@@ -1837,64 +1876,33 @@ mod tests {
     /// address (a split lock, and a misaligned `&AtomicU64`).
     #[test]
     fn an_atomic_on_a_misaligned_arena_word_is_refused() {
-        let owner = Host::open(key(3)).expect("the owner's segment");
-        let user = Host::open(key(4)).expect("the user's segment");
-        let peer = user.connect(key(3)).expect("joined");
-        let n = seg::PAGE as usize;
-        let buf = anon_page();
-        let share = owner.share(buf, n as u64).expect("moved into the arena");
         let rkey = 0x5eed_0002;
         let access = AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_WRITE;
-        assert!(owner.publish_mr(rkey, PdId(1), access, buf, buf, &share));
-        let gid = [7u8; 16];
-        owner.publish_qp(
-            5,
-            Some(PublishedQp {
-                ready: true,
-                pd: PdId(1),
-                access,
-                dest_qpn: 9,
-                dest_gid: gid,
-                rd_atomic: 4,
-            }),
-        );
-        let qps = Qps {
-            local: 9,
-            local_gid: gid,
-            remote: 5,
-        };
+        let t = Setup::new(3, 4, rkey, access, 4);
         let mut result = [0u8; 8];
         let spans = [(result.as_mut_ptr() as u64, 8u32)];
         let add = SendOp::FetchAdd {
-            remote_addr: buf + 8,
+            remote_addr: t.buf + 8,
             rkey,
             add: 1,
         };
         // SAFETY: `result` is ours and writable for the call.
-        let ok = unsafe { peer.one_sided(qps, &add, OffloadLocal::Host(&spans)) };
+        let ok = unsafe { t.peer.one_sided(t.qps, &add, OffloadLocal::Host(&spans)) };
         assert!(ok, "an honest entry: the atomic is carried out");
         // SAFETY: `buf + 8` is inside our own mapping (moved, still ours).
-        assert_eq!(unsafe { *((buf + 8) as *const u64) }, 1);
+        assert_eq!(unsafe { *((t.buf + 8) as *const u64) }, 1);
         // The owner's entry, moved one byte off its word boundary.
-        let e = owner
-            .inner
-            .map
-            .mr_probes(rkey)
-            .find(|e| e.rkey.load(Ordering::Relaxed) == rkey)
-            .expect("the entry");
+        let e = t.entry(rkey);
         seg::write_locked(&e.seq, || {
             e.off.fetch_add(1, Ordering::Relaxed);
         });
         // SAFETY: as above.
-        let ok = unsafe { peer.one_sided(qps, &add, OffloadLocal::Host(&spans)) };
+        let ok = unsafe { t.peer.one_sided(t.qps, &add, OffloadLocal::Host(&spans)) };
         assert!(
             !ok,
             "a misaligned arena word: refused (the packet path says why)"
         );
-        owner.withdraw_mr(rkey, Withdrawal::Final);
-        owner.unshare(share);
-        // SAFETY: our mapping, no longer used.
-        unsafe { libc::munmap(buf as *mut libc::c_void, n) };
+        t.end(rkey);
     }
 
     #[test]

@@ -135,10 +135,10 @@ pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const 
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
-    match Device::from_c(device) {
-        Ok(d) => sv::device_attr(&d.info).node_guid.to_be(),
-        Err(_) => 0,
-    }
+    ffi::value_ret("ibv_get_device_guid", 0, || {
+        let d = Device::from_c(device)?;
+        Ok(sv::device_attr(&d.info).node_guid.to_be())
+    })
 }
 
 #[no_mangle]

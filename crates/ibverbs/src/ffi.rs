@@ -10,7 +10,9 @@
 //!   `ibv_get_cq_event`, `ibv_poll_cq` returns a negative value);
 //! * [`null_ret`]: a pointer, or NULL with `errno` set (`ibv_alloc_pd`,
 //!   `ibv_create_qp`, …);
-//! * [`void_ret`]: nothing to report.
+//! * [`void_ret`]: nothing to report;
+//! * [`value_ret`]: a value, or a fixed one on failure
+//!   (`ibv_get_device_guid`'s 0, `rdma_get_src_port`'s 0, …).
 //!
 //! errno is set in every failing case, so callers that print `perror` see the
 //! cause. A panic never crosses into C: it becomes `EIO`. With
@@ -180,6 +182,12 @@ pub fn null_ret<T>(name: &'static str, f: impl FnOnce() -> Res<*mut T>) -> *mut 
 /// No result to report; failures are only logged.
 pub fn void_ret(name: &'static str, f: impl FnOnce() -> Res<()>) {
     let _ = run(name, f);
+}
+
+/// A value, or `failed` (with errno set) on failure: for the functions
+/// whose C signature has no error convention but a value that means none.
+pub fn value_ret<T>(name: &'static str, failed: T, f: impl FnOnce() -> Res<T>) -> T {
+    run(name, f).unwrap_or(failed)
 }
 
 fn errno_name(e: c_int) -> &'static str {

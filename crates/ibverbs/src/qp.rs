@@ -503,7 +503,10 @@ pub unsafe extern "C" fn ibv_query_qp_data_in_order(
     _op: u32,
     _flags: u32,
 ) -> c_int {
-    // 0: no in-order data placement guarantee is promised.
-    let _ = Qp::from_c(qp);
-    0
+    // 0: no in-order data placement guarantee is promised (nor for a
+    // pointer that is no QP: the function has no error value).
+    crate::ffi::value_ret("ibv_query_qp_data_in_order", 0, || {
+        Qp::from_c(qp)?;
+        Ok(0)
+    })
 }

@@ -24,7 +24,7 @@
 #![allow(non_camel_case_types)]
 
 use crate::abi::*;
-use crate::ffi::{self, minus_one, null_ret, void_ret, Fail, Res};
+use crate::ffi::{self, minus_one, null_ret, value_ret, void_ret, Fail, Res};
 use crate::handles::{Context, Qp};
 use softrdma_verbs as sv;
 use softrdma_verbs::cm::{self, CmEvent, CmId, ConnParam, EventChannel, EventKind, PortSpace};
@@ -1496,12 +1496,16 @@ pub unsafe extern "C" fn softrdma_rdma_ack_cm_event(ev: *mut rdma_cm_event) -> c
 
 #[no_mangle]
 pub unsafe extern "C" fn softrdma_rdma_get_src_port(p: *mut rdma_cm_id) -> u16 {
-    id_of(p).map_or(0, |i| i.id.src_addr().map_or(0, |a| a.port().to_be()))
+    value_ret("rdma_get_src_port", 0, || {
+        Ok(id_of(p)?.id.src_addr().map_or(0, |a| a.port().to_be()))
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn softrdma_rdma_get_dst_port(p: *mut rdma_cm_id) -> u16 {
-    id_of(p).map_or(0, |i| i.id.dst_addr().map_or(0, |a| a.port().to_be()))
+    value_ret("rdma_get_dst_port", 0, || {
+        Ok(id_of(p)?.id.dst_addr().map_or(0, |a| a.port().to_be()))
+    })
 }
 
 #[no_mangle]
@@ -1542,10 +1546,14 @@ pub unsafe extern "C" fn softrdma_rdma_event_str(event: c_int) -> *const c_char 
             })
             .collect()
     });
-    match usize::try_from(event).ok().and_then(|k| NAMES.get(k)) {
-        Some(s) => s.as_ptr(),
-        None => crate::cstr!("UNKNOWN EVENT"),
-    }
+    value_ret("rdma_event_str", crate::cstr!("UNKNOWN EVENT"), || {
+        Ok(
+            match usize::try_from(event).ok().and_then(|k| NAMES.get(k)) {
+                Some(s) => s.as_ptr(),
+                None => crate::cstr!("UNKNOWN EVENT"),
+            },
+        )
+    })
 }
 
 #[no_mangle]
@@ -1810,21 +1818,24 @@ pub unsafe extern "C" fn softrdma_rdma_getaddrinfo(
 
 #[no_mangle]
 pub unsafe extern "C" fn softrdma_rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
-    let mut p = res;
-    while !p.is_null() {
-        // SAFETY: a list rdma_getaddrinfo made with malloc.
-        unsafe {
-            let next = (*p).ai_next;
-            libc::free((*p).ai_src_addr.cast());
-            libc::free((*p).ai_dst_addr.cast());
-            libc::free((*p).ai_src_canonname.cast());
-            libc::free((*p).ai_dst_canonname.cast());
-            libc::free((*p).ai_route);
-            libc::free((*p).ai_connect);
-            libc::free(p.cast());
-            p = next;
+    void_ret("rdma_freeaddrinfo", || {
+        let mut p = res;
+        while !p.is_null() {
+            // SAFETY: a list rdma_getaddrinfo made with malloc.
+            unsafe {
+                let next = (*p).ai_next;
+                libc::free((*p).ai_src_addr.cast());
+                libc::free((*p).ai_dst_addr.cast());
+                libc::free((*p).ai_src_canonname.cast());
+                libc::free((*p).ai_dst_canonname.cast());
+                libc::free((*p).ai_route);
+                libc::free((*p).ai_connect);
+                libc::free(p.cast());
+                p = next;
+            }
         }
-    }
+        Ok(())
+    })
 }
 
 #[no_mangle]

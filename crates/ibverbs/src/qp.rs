@@ -7,6 +7,8 @@
 //! `SOFTRDMA_IBV_LOG=1`).
 
 use std::os::raw::c_int;
+use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use softrdma_verbs as sv;
 
@@ -406,11 +408,23 @@ pub unsafe extern "C" fn ibv_modify_qp(
         let a = attr_from_c(unsafe { &*attr }, mask, q.qp_type)?;
         q.sv.modify(&a, mask)?;
         if mask.contains(sv::AttrMask::STATE) {
-            // SAFETY: our QP's C struct; the application reads `state`.
-            unsafe { (*q.c_ptr()).state = a.qp_state.to_ibv() };
+            set_c_state(&q, a.qp_state);
         }
         Ok(())
     })
+}
+
+/// Record `st` in the QP's C struct, whose `state` the application reads
+/// (rdma-core's providers keep it current at every modify and query).
+/// Two calls on one QP may do this at once (`ibv_query_qp` from two
+/// threads), so it is an atomic store, never a `&mut` to the struct.
+pub(crate) fn set_c_state(q: &Qp, st: sv::QpState) {
+    // SAFETY: `state` is a u32 of our QP's C struct, live while `q` is and
+    // aligned for a u32 (so for an AtomicU32, which has a u32's size and
+    // alignment); every write of ours to it goes through this atomic, and
+    // the application only reads it.
+    let state = unsafe { AtomicU32::from_ptr(ptr::addr_of_mut!((*q.c_ptr()).state)) };
+    state.store(st.to_ibv(), Ordering::Relaxed);
 }
 
 #[no_mangle]
@@ -424,9 +438,8 @@ pub unsafe extern "C" fn ibv_query_qp(
         non_null!(attr, init_attr);
         let q = Qp::from_c(qp)?;
         let (st, a, cap) = q.sv.query()?;
-        // SAFETY: our QP's C struct.
-        let c = unsafe { &mut *q.c_ptr() };
-        c.state = st.to_ibv();
+        set_c_state(&q, st);
+        let c = q.c_ptr();
         let mut out = ibv_qp_attr {
             qp_state: st.to_ibv(),
             cur_qp_state: st.to_ibv(),
@@ -465,16 +478,19 @@ pub unsafe extern "C" fn ibv_query_qp(
                 ..Default::default()
             };
         }
-        // SAFETY: writable out-structs, checked non-NULL.
+        // SAFETY: writable out-structs, checked non-NULL; `c` is our QP's
+        // C struct, live while `q` is, read field by field through the
+        // pointer (no reference: the application may write `qp_context`,
+        // and another call `state`, meanwhile).
         unsafe {
             *attr = out;
             let i = &mut *init_attr;
-            i.qp_context = c.qp_context;
-            i.send_cq = c.send_cq;
-            i.recv_cq = c.recv_cq;
-            i.srq = c.srq;
+            i.qp_context = ptr::addr_of!((*c).qp_context).read();
+            i.send_cq = ptr::addr_of!((*c).send_cq).read();
+            i.recv_cq = ptr::addr_of!((*c).recv_cq).read();
+            i.srq = ptr::addr_of!((*c).srq).read();
             i.cap = cap_to_c(&cap);
-            i.qp_type = c.qp_type;
+            i.qp_type = ptr::addr_of!((*c).qp_type).read();
             i.sq_sig_all = q.sq_sig_all as c_int;
         }
         Ok(())

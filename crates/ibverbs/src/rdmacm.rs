@@ -738,8 +738,7 @@ fn move_qp(i: &Id, qp: *mut ibv_qp, state: sv::QpState) -> Res<()> {
     let q = Qp::from_c(qp)?;
     let (attr, mask) = i.id.init_qp_attr(state).map_err(Fail::from)?;
     q.sv.modify(&attr, mask)?;
-    // SAFETY: our QP's C struct; the application reads `state`.
-    unsafe { (*q.c_ptr()).state = state.to_ibv() };
+    crate::qp::set_c_state(&q, state);
     Ok(())
 }
 
@@ -1151,8 +1150,7 @@ pub unsafe extern "C" fn softrdma_rdma_disconnect(p: *mut rdma_cm_id) -> c_int {
                 ..Default::default()
             };
             q.sv.modify(&attr, sv::AttrMask::STATE)?;
-            // SAFETY: our QP's C struct.
-            unsafe { (*q.c_ptr()).state = sv::QpState::Err.to_ibv() };
+            crate::qp::set_c_state(&q, sv::QpState::Err);
         }
         i.id.disconnect().map_err(Fail::from)?;
         complete(p, &[EventKind::Disconnected])?;

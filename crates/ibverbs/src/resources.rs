@@ -8,6 +8,7 @@
 //! has completed — the contract of `ibv_reg_mr`.
 
 use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use softrdma_verbs as sv;
 
@@ -458,8 +459,7 @@ fn create_cq(
     b.cqe = depth as c_int;
     crate::datapath::fill_cq_ex_ops(&mut c);
     if let Some(ch) = &ch {
-        // SAFETY: a live channel's C struct.
-        unsafe { (*ch.c_ptr()).refcnt += 1 };
+        channel_refcnt(ch).fetch_add(1, Ordering::Relaxed);
     }
     if let Some(h) = held.0 {
         h.keep();
@@ -601,8 +601,7 @@ pub(crate) fn destroy_cq_impl(cq: *mut ibv_cq) -> Res<()> {
         // A channel with CQs cannot be destroyed, so it is live.
         if let Ok(ch) = CompChannel::from_c(channel) {
             ch.users.sub();
-            // SAFETY: live channel.
-            unsafe { (*ch.c_ptr()).refcnt -= 1 };
+            channel_refcnt(&ch).fetch_sub(1, Ordering::Relaxed);
         }
     }
     drop(q);
@@ -993,4 +992,16 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
         non_null!(event);
         Ok(())
     })
+}
+
+/// The channel's `refcnt`, the number of CQs on it, which the application
+/// may read (rdma-core keeps it). CQs on one channel are created and
+/// destroyed from any thread at once, so every change is one atomic
+/// read-modify-write (rdma-core makes them under the context's mutex).
+fn channel_refcnt(ch: &CompChannel) -> &AtomicI32 {
+    // SAFETY: `refcnt` is a c_int (i32) of the channel's C struct, live
+    // while `ch` is (the returned reference borrows it) and aligned for an
+    // i32, so for an AtomicI32 (same size and alignment); every write of
+    // ours goes through such an atomic, and the application only reads it.
+    unsafe { AtomicI32::from_ptr(std::ptr::addr_of_mut!((*ch.c_ptr()).refcnt)) }
 }

@@ -373,3 +373,39 @@ fn a_destroy_racing_a_create_on_the_object_never_both_succeed() {
         assert_eq!(ibv_close_device(ctx), 0);
     }
 }
+
+/// A completion channel's `refcnt` counts the CQs on it, as rdma-core's
+/// does, however many threads create and destroy CQs on it at once: each
+/// change is one atomic step (a plain `+= 1` from two threads loses
+/// counts).
+#[test]
+fn a_channels_cq_count_survives_cqs_made_and_destroyed_from_many_threads() {
+    // SAFETY: as a C program would call them; the channel and context
+    // outlive the threads, which are joined before they are destroyed.
+    unsafe {
+        let ctx = open_first();
+        let ch = ibv_create_comp_channel(ctx);
+        assert!(!ch.is_null());
+        let (c, chp) = (ctx as usize, ch as usize);
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    for _ in 0..5000 {
+                        let cq = ibv_create_cq(c as *mut _, 4, null_mut(), chp as *mut _, 0);
+                        assert!(!cq.is_null(), "create_cq: errno {}", errno());
+                        assert_eq!(ibv_destroy_cq(cq), 0);
+                    }
+                })
+            })
+            .collect();
+        let kept = ibv_create_cq(ctx, 4, null_mut(), ch, 0);
+        for t in threads {
+            t.join().expect("a CQ thread");
+        }
+        assert_eq!((*ch).refcnt, 1, "the one CQ left on the channel");
+        assert_eq!(ibv_destroy_cq(kept), 0);
+        assert_eq!((*ch).refcnt, 0);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+        assert_eq!(ibv_close_device(ctx), 0);
+    }
+}

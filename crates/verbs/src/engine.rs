@@ -2301,7 +2301,13 @@ impl Engine {
                 self.check_poller();
                 let app = self.masked.load(Ordering::SeqCst);
                 let idle = self.poller_masked.load(Ordering::SeqCst);
-                if !rang && !timed && (app || idle) && (!app || self.poller_alive()) {
+                // Nothing but the watchdog was reported: an edge-triggered
+                // socket reported with it (the port's, while a poller of
+                // shared-memory CQs leaves it here; a multicast group's) is
+                // reported once, so skipping the pass would leave its
+                // datagrams to the next arrival — a resend, or never.
+                let alone = ready.len() == 1;
+                if alone && !rang && !timed && (app || idle) && (!app || self.poller_alive()) {
                     // Only the watchdog, and whoever has the socket still
                     // polls it.
                     continue;

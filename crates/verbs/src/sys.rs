@@ -216,4 +216,9 @@ impl Ready {
     pub fn has(&self, fd: RawFd) -> bool {
         self.fds[..self.n].contains(&fd)
     }
+
+    /// How many descriptors were reported ready.
+    pub fn len(&self) -> usize {
+        self.n
+    }
 }

@@ -1210,3 +1210,169 @@ fn a_verbs_call_inside_a_poll_callback_is_refused_not_a_hang() {
         },
     );
 }
+
+/// Pin every thread of this process to the CPU the caller runs on, and
+/// put its engine thread (`softrdma-engine`) at `SCHED_IDLE` there: behind
+/// a thread that spins on that CPU it runs only at the scheduler's ticks,
+/// so whatever wakes it meanwhile (a datagram, the watchdog's ticks) is
+/// reported by one `epoll_wait` together. Returns the CPU. Only for a
+/// child process, which runs one test.
+fn starve_engine_thread() -> usize {
+    // SAFETY: sched_getcpu takes no arguments.
+    let cpu = unsafe { libc::sched_getcpu() };
+    assert!(cpu >= 0, "sched_getcpu");
+    let mut engines = 0;
+    for e in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let e = e.unwrap();
+        let tid: libc::pid_t = e.file_name().to_str().unwrap().parse().unwrap();
+        pin(tid, cpu as usize);
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "softrdma-engine" {
+            let p = libc::sched_param { sched_priority: 0 };
+            // SAFETY: `p` is a valid sched_param; any user may lower a
+            // thread to SCHED_IDLE.
+            let r = unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &p) };
+            assert_eq!(r, 0, "SCHED_IDLE for the engine thread");
+            engines += 1;
+        }
+    }
+    assert_eq!(engines, 1, "one engine thread");
+    cpu as usize
+}
+
+/// Pin thread `tid` (0: the caller) to `cpu`.
+fn pin(tid: libc::pid_t, cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes into it;
+    // sched_setaffinity reads the set of the size passed.
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    assert_eq!(r, 0, "sched_setaffinity({tid}, {cpu})");
+}
+
+/// A datagram the engine thread is woken for in the same `epoll_wait` as
+/// a watchdog tick is served. An application thread spins on a CQ whose
+/// QPs all reach their peers through shared memory (its polls serve the
+/// rings only and leave the socket with the engine thread), and a WRITE
+/// comes over UDP for another QP, whose CQ nobody polls. The engine thread
+/// runs rarely (`SCHED_IDLE` behind the spinner), so when it does, the
+/// socket's edge and the watchdog's ticks are reported together: the
+/// engine took that for "only the watchdog, and the poller is alive" and
+/// went back to sleep, the socket's edge consumed and the datagram left in
+/// it — every resend too, until the requester gave up (RETRY_EXC_ERR).
+#[test]
+fn a_datagram_reported_with_a_watchdog_tick_is_served() {
+    const SRC: u64 = 97;
+    two_processes(
+        "a_datagram_reported_with_a_watchdog_tick_is_served",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq_shm = ctx.create_cq(8, None).unwrap();
+            let cq_udp = ctx.create_cq(8, None).unwrap();
+            let qp_shm = qp_init(&pd, QpType::Rc, &cq_shm, &cq_shm, None, cap(4, 4));
+            let qp_udp = qp_init(&pd, QpType::Rc, &cq_udp, &cq_udp, None, cap(4, 4));
+            let tgt = pd.alloc_mr(4096, ALL_REMOTE).unwrap();
+            // A receive in memory peers cannot reach (part of a page): the
+            // QP's receive lane stays shut, so nothing lets a poll of its
+            // CQ say "empty" without the engine's lock — each poll is a
+            // pass of the engine (serving the rings only).
+            let rbuf = pd.reg_mr(vec![0; 64], AccessFlags::LOCAL_WRITE).unwrap();
+            post_recv(&qp_shm, 1, rbuf.sge(0, 64));
+            let mine = [
+                addr_of(&ctx, &qp_shm, psn(97)),
+                addr_of(&ctx, &qp_udp, psn(98)),
+            ];
+            for a in &mine {
+                oob.send_addr(a);
+            }
+            let (r_shm, r_udp) = (oob.recv_addr(), oob.recv_addr());
+            connect(&qp_shm, QpType::Rc, mine[0].psn, &r_shm);
+            connect(&qp_udp, QpType::Rc, mine[1].psn, &r_udp);
+            assert_eq!(qp_shm.transport(), "shm");
+            assert_eq!(qp_udp.transport(), "udp");
+            oob.send_region(&Region::of(&tgt));
+            let cpu = starve_engine_thread();
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let polls = std::sync::atomic::AtomicU64::new(0);
+            std::thread::scope(|s| {
+                // One spinner on the engine thread's CPU (which it starves),
+                // one on another if there is one: the application calls
+                // into the device at every watchdog tick, however the other
+                // processes of the host take turns on the CPUs.
+                for other in [None, (cpus > 1).then_some((cpu + 1) % cpus)] {
+                    let (cq, stop, polls) = (&cq_shm, &stop, &polls);
+                    s.spawn(move || {
+                        if let Some(c) = other {
+                            pin(0, c);
+                        }
+                        let mut b = [blank(); 4];
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            assert_eq!(cq.poll(&mut b).unwrap(), 0);
+                            polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    });
+                }
+                // Polling in earnest (the socket's hand-over settled) before
+                // the WRITE comes.
+                while polls.load(std::sync::atomic::Ordering::Relaxed) < 100_000 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                oob.signal("polling");
+                let m = oob.recv_within(Duration::from_secs(60));
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                assert_eq!(String::from_utf8_lossy(&m), "done");
+            });
+            assert_bytes(
+                &read_mr(&tgt, 0, 4096),
+                &pattern(SRC, 4096),
+                "the WRITE over UDP",
+            );
+        },
+        |mut oob| {
+            // The peer of the shared-memory QP, and a context that cannot
+            // share memory for the other one.
+            let c1 = open_with(V4, Some(Transport::Auto));
+            let c2 = open_with(V4, Some(Transport::Udp));
+            let (pd1, pd2) = (c1.alloc_pd(), c2.alloc_pd());
+            let (cq1, cq2) = (
+                c1.create_cq(8, None).unwrap(),
+                c2.create_cq(8, None).unwrap(),
+            );
+            let qp1 = qp_init(&pd1, QpType::Rc, &cq1, &cq1, None, cap(4, 4));
+            let qp2 = qp_init(&pd2, QpType::Rc, &cq2, &cq2, None, cap(4, 4));
+            let src = mr_with(&pd2, 4096, SRC, AccessFlags::LOCAL_WRITE);
+            let mine = [addr_of(&c1, &qp1, psn(99)), addr_of(&c2, &qp2, psn(100))];
+            for a in &mine {
+                oob.send_addr(a);
+            }
+            let (r_shm, r_udp) = (oob.recv_addr(), oob.recv_addr());
+            connect(&qp1, QpType::Rc, mine[0].psn, &r_shm);
+            // A resend after 4.3 s (eight tries outlast the wait below).
+            connect_with(&qp2, QpType::Rc, mine[1].psn, &r_udp, 20);
+            assert_eq!(qp1.transport(), "shm");
+            assert_eq!(qp2.transport(), "udp");
+            let tgt = oob.recv_region();
+            oob.expect("polling");
+            let op = SendOp::Write {
+                remote_addr: tgt.at(0),
+                rkey: tgt.rkey,
+            };
+            qp2.post_send(&wr(1, op, &[src.sge(0, 4096)], SendFlags::SIGNALED))
+                .unwrap();
+            let c = wait_cq(
+                &cq2,
+                1,
+                "the WRITE to a target whose application polls another CQ",
+            );
+            oob.signal("done");
+            assert_wc(&c[0], 1, WcStatus::Success, WcOpcode::RdmaWrite, 4096);
+            // Served as it came: the target's engine thread runs at every
+            // scheduler tick, far inside the 4.3 s before a resend.
+            assert_eq!(c2.stats().0.timeouts, 0, "the WRITE waited for a resend");
+        },
+    );
+}

@@ -1455,11 +1455,18 @@ impl ChannelInner {
     /// whatever it leaves queued). That waiter is the one the signal would
     /// have been for; skipping it saves a write and a read per event-mode
     /// message.
+    ///
+    /// Whether one is serving is read under the queue's lock: the waiter
+    /// stops counting itself as serving before its next `take`, which
+    /// takes that lock, so either that `take` finds this event or this
+    /// read sees the waiter gone and signals. Read before the lock, a
+    /// waiter could stop serving, find the queue empty and go to sleep on
+    /// the descriptor between the read and the push, and the event stayed
+    /// queued with the descriptor never readable.
     pub(crate) fn push(&self, cq: u32) {
-        let serving = self.serving.load(std::sync::atomic::Ordering::SeqCst) > 0;
         let mut q = self.queue();
         q.events.push_back(cq);
-        if !serving {
+        if self.serving.load(std::sync::atomic::Ordering::SeqCst) == 0 {
             self.arm(&mut q);
         }
     }
@@ -2427,5 +2434,48 @@ impl Drop for Qp {
             st.port.leave_group(g);
         }
         st.publish_qps();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::SeqCst;
+
+    /// An event queued just as a `get_event` of its channel stops serving
+    /// the socket is signalled, or that waiter's `take` finds it: never
+    /// left queued behind a descriptor that is not readable while the
+    /// waiter sleeps on it. The interleaving is forced: the pusher waits
+    /// for the queue's lock while the waiter stops serving and finds the
+    /// queue empty (its `take`, the lock held here).
+    #[test]
+    fn an_event_queued_as_a_waiter_stops_serving_is_signalled() {
+        let ch = Arc::new(ChannelInner {
+            fd: EventFd::new(true).unwrap(),
+            q: Default::default(),
+            serving: Default::default(),
+            eng: std::sync::Weak::new(),
+        });
+        // A waiter serves the socket (`Engine::serve_socket`).
+        ch.serving.fetch_add(1, SeqCst);
+        // Its `take`, about to find nothing.
+        let q = ch.queue();
+        let pusher = {
+            let ch = ch.clone();
+            std::thread::spawn(move || ch.push(7))
+        };
+        // Let the pusher get as far as the queue's lock.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        ch.serving.fetch_sub(1, SeqCst);
+        assert!(q.events.is_empty(), "the waiter's take finds nothing");
+        drop(q);
+        pusher.join().unwrap();
+        // The waiter now sleeps on the descriptor: the event must have
+        // made it readable.
+        assert!(
+            ch.queue().signalled,
+            "an event was queued with the descriptor left unreadable"
+        );
+        assert_eq!(ch.take(), Some(7));
     }
 }

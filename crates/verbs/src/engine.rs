@@ -1503,12 +1503,20 @@ pub(crate) struct Engine {
     /// While `masked`: the poller serves only the rings of peers on this
     /// host, and the socket stayed with the engine thread.
     sock_kept: AtomicBool,
-    /// Calls application threads made into the device (polls, posts), and
-    /// the count when the watchdog was last armed. Read by the engine
-    /// thread without the lock, so that checking on a poller never takes
-    /// the state from it.
+    /// Calls application threads made into the device (polls, posts):
+    /// whether the process is active (the idle poller's rule). Read by the
+    /// engine thread without the lock.
     app_calls: AtomicU64,
-    seen_calls: AtomicU64,
+    /// The application passes that served what an application thread
+    /// holds (the socket unless `sock_kept`, and the rings), and the count
+    /// when the watchdog last looked: the watchdog's evidence that the
+    /// poller is alive. Not every call: posts and shared-memory-only polls
+    /// read no socket, and an application that went on making them after
+    /// its last poll of a UDP CQ kept the socket from everyone. Read by
+    /// the engine thread without the lock, so that checking on a poller
+    /// never takes the state from it.
+    app_served: AtomicU64,
+    seen_served: AtomicU64,
     /// The periodic watchdog is running.
     watchdog_on: AtomicBool,
     /// See `promise_progress`.
@@ -1686,7 +1694,8 @@ impl Engine {
             masked: AtomicBool::new(false),
             sock_kept: AtomicBool::new(false),
             app_calls: AtomicU64::new(0),
-            seen_calls: AtomicU64::new(0),
+            app_served: AtomicU64::new(0),
+            seen_served: AtomicU64::new(0),
             watchdog_on: AtomicBool::new(false),
             progress_promised: AtomicBool::new(false),
             epoll: Epoll::new()?,
@@ -1793,6 +1802,23 @@ impl Engine {
         self.app_calls.store(n.wrapping_add(1), Ordering::Relaxed);
     }
 
+    /// `app_served` and whether an application thread holds the socket,
+    /// for the crate's tests.
+    #[cfg(test)]
+    pub(crate) fn served(&self) -> (u64, bool) {
+        (
+            self.app_served.load(Ordering::Relaxed),
+            self.masked.load(Ordering::Relaxed) && !self.sock_kept.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Count an application pass that served all an application thread
+    /// holds (see `app_served`); under the state lock, as `count_call`.
+    fn count_served(&self, _st: &mut State) {
+        let n = self.app_served.load(Ordering::Relaxed);
+        self.app_served.store(n.wrapping_add(1), Ordering::Relaxed);
+    }
+
     /// After `State::post_send`: a request carried out at once (shared
     /// memory) queued nothing, so unless a pass deferred ACKs for this call
     /// to carry, only its completion's event is delivered.
@@ -1861,6 +1887,7 @@ impl Engine {
     pub fn serve_socket(&self) {
         let mut st = self.lock();
         self.count_call(&mut st);
+        self.count_served(&mut st);
         // The waiter returns to its application with what came, which
         // answers with its next post: what the packets call for (the ACK)
         // leaves with that post, in one system call and, at the peer, one
@@ -1897,6 +1924,10 @@ impl Engine {
         self.count_call(st);
         if take_socket {
             self.mask(st, udp);
+        }
+        if udp || self.sock_kept.load(Ordering::Relaxed) {
+            // This pass reads the socket, or the socket is not ours.
+            self.count_served(st);
         }
         let p = st.pass(&self.async_fd, udp, true);
         self.after_pass(st, p.more_tx);
@@ -1983,11 +2014,11 @@ impl Engine {
     }
 
     /// A watchdog tick: whether the poller the socket was handed to still
-    /// calls. Costs no lock, so checking on a poller never takes the state
-    /// from it.
+    /// serves it (`app_served`). Costs no lock, so checking on a poller
+    /// never takes the state from it.
     fn poller_alive(&self) -> bool {
-        let calls = self.app_calls.load(Ordering::Relaxed);
-        calls != self.seen_calls.swap(calls, Ordering::Relaxed)
+        let served = self.app_served.load(Ordering::Relaxed);
+        served != self.seen_served.swap(served, Ordering::Relaxed)
     }
 
     /// What the engine thread was woken for, run by whoever owns the state.
@@ -2003,7 +2034,7 @@ impl Engine {
                     self.start_watchdog();
                 }
             } else if !self.poller_alive() {
-                // No call for a whole period: nobody polls.
+                // No serving pass for a whole period: nobody polls.
                 self.unmask(st);
             }
         }
@@ -2091,8 +2122,8 @@ impl Engine {
 
     fn start_watchdog(&self) {
         if !self.watchdog_on.swap(true, Ordering::SeqCst) {
-            self.seen_calls
-                .store(self.app_calls.load(Ordering::Relaxed), Ordering::Relaxed);
+            self.seen_served
+                .store(self.app_served.load(Ordering::Relaxed), Ordering::Relaxed);
             self.seen_beats
                 .store(self.beats.load(Ordering::Relaxed), Ordering::Relaxed);
             self.watchdog.set_periodic(WATCHDOG);

@@ -2442,6 +2442,68 @@ mod tests {
     use super::*;
     use std::sync::atomic::Ordering::SeqCst;
 
+    /// Posts read no socket, so they are no sign that the application
+    /// thread that took the socket (with an empty poll of a CQ with a UDP
+    /// QP) still serves it: only passes that read it count for the
+    /// watchdog (`Engine::poller_alive`). When every call counted, a thread
+    /// that went on posting after its last poll kept the socket from the
+    /// engine thread, and requests to the process waited in it.
+    #[test]
+    fn posts_are_no_sign_that_the_socket_is_served() {
+        let dev = DeviceInfo {
+            name: "srdma-unit".into(),
+            addr: "127.0.0.1".parse().unwrap(),
+        };
+        let opts = OpenOptions {
+            transport: Some(Transport::Udp),
+            ..OpenOptions::default()
+        };
+        let ctx = Context::open(&dev, &opts).unwrap();
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 4,
+                    max_recv_wr: 16,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+            })
+            .unwrap();
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            ..Default::default()
+        };
+        let mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+        qp.modify(&init, mask).unwrap();
+        let buf = pd.reg_mr(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        assert_eq!(cq.poll(&mut [Completion::default(); 4]).unwrap(), 0);
+        let (served, held) = ctx.eng.served();
+        assert!(held, "an empty poll of a CQ with a UDP QP takes the socket");
+        for i in 0..8 {
+            qp.post_recv(&RecvWr {
+                wr_id: i,
+                sgl: &[buf.sge(0, 64)],
+            })
+            .unwrap();
+        }
+        assert_eq!(
+            ctx.eng.served().0,
+            served,
+            "posts counted as passes that serve the socket"
+        );
+        assert_eq!(cq.poll(&mut [Completion::default(); 4]).unwrap(), 0);
+        assert_ne!(ctx.eng.served().0, served, "a poll serves it");
+    }
+
     /// An event queued just as a `get_event` of its channel stops serving
     /// the socket is signalled, or that waiter's `take` finds it: never
     /// left queued behind a descriptor that is not readable while the

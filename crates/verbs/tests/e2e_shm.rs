@@ -1240,6 +1240,15 @@ fn starve_engine_thread() -> usize {
     cpu as usize
 }
 
+/// Pin every thread of this process to `cpu`. Only for a child process,
+/// which runs one test.
+fn pin_process(cpu: usize) {
+    for e in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let tid: libc::pid_t = e.unwrap().file_name().to_str().unwrap().parse().unwrap();
+        pin(tid, cpu);
+    }
+}
+
 /// Pin thread `tid` (0: the caller) to `cpu`.
 fn pin(tid: libc::pid_t, cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes into it;
@@ -1376,6 +1385,123 @@ fn a_datagram_reported_with_a_watchdog_tick_is_served() {
             // Served as it came: the target's engine thread runs at every
             // scheduler tick, far inside the 17 s before a resend.
             assert_eq!(c2.stats().0.timeouts, 0, "the WRITE waited for a resend");
+        },
+    );
+}
+
+/// An application that polled a CQ with a UDP QP once (the socket is
+/// then its own to serve) and from then on only posts — unsignaled UD
+/// sends over UDP, each a call into the device that reads no socket — has
+/// stopped serving the socket, and the watchdog gives it back to the
+/// engine thread: a WRITE that comes meanwhile for another QP is served.
+/// When every call counted as the poller's sign of life, the posts kept the
+/// socket from everyone, and the WRITE and its resends waited in it until
+/// the posting stopped — or, on a VM that takes the posting thread's CPU
+/// away for a millisecond now and then, until such a gap: this VM's runs
+/// of the old rule passed after 0.5–2 s, so the exact check is the unit
+/// test `posts_are_no_sign_that_the_socket_is_served`; this one is the
+/// scenario end to end.
+#[test]
+fn posts_after_the_last_poll_do_not_keep_the_socket() {
+    const SRC: u64 = 98;
+    two_processes(
+        "posts_after_the_last_poll_do_not_keep_the_socket",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Udp));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(8, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            let ud = qp_init(&pd, QpType::Ud, &cq, &cq, None, cap(16, 4));
+            connect(&ud, QpType::Ud, 0, &addr_of(&ctx, &ud, 0));
+            let tgt = pd.alloc_mr(4096, ALL_REMOTE).unwrap();
+            let src = mr_with(&pd, 64, 1, AccessFlags::LOCAL_WRITE);
+            let mine = addr_of(&ctx, &qp, psn(101));
+            oob.send_addr(&mine);
+            let (remote, remote_ud) = (oob.recv_addr(), oob.recv_addr());
+            connect(&qp, QpType::Rc, mine.psn, &remote);
+            oob.send_region(&Region::of(&tgt));
+            // The posting thread alone on one CPU, everything else of both
+            // processes on the other: nothing keeps it from calling many
+            // times in every watchdog period (a gap of a whole period
+            // handed the socket back even when every call counted).
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if cpus > 1 {
+                pin_process(0);
+                pin(0, 1);
+            }
+            // One poll of the UDP CQ: the socket is this thread's now.
+            assert_eq!(cq.poll(&mut [blank(); 4]).unwrap(), 0);
+            oob.signal("polling");
+            let dest = UdDest {
+                gid: remote_ud.gid,
+                remote_qpn: remote_ud.qpn,
+                remote_qkey: QKEY,
+            };
+            // Then only posts, many per watchdog period, until the peer's
+            // WRITE has completed (or 60 s, the peer's failure).
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut sent = 0u64;
+            while Instant::now() < deadline {
+                // Through the engine (a post list takes its lock, as any
+                // post the QP's lane does not take), so each is a call.
+                ud.post_send_list(&[SendWr {
+                    wr_id: sent,
+                    op: SendOp::Send,
+                    sgl: &[src.sge(0, 64)],
+                    flags: SendFlags::default(),
+                    ud: Some(dest),
+                }])
+                .unwrap();
+                sent += 1;
+                if oob.arrived() {
+                    oob.expect("done");
+                    break;
+                }
+                // Twenty posts a millisecond (a sleep may outlast the
+                // watchdog's period on a busy machine).
+                let next = Instant::now() + Duration::from_micros(50);
+                while Instant::now() < next {
+                    std::hint::spin_loop();
+                }
+            }
+            assert_bytes(
+                &read_mr(&tgt, 0, 4096),
+                &pattern(SRC, 4096),
+                "the WRITE over UDP",
+            );
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Udp));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(4, 4));
+            // Where the posting process's UD sends go (and are dropped:
+            // nothing is posted to receive them).
+            let ud = qp_init(&pd, QpType::Ud, &cq, &cq, None, cap(4, 4));
+            connect(&ud, QpType::Ud, 0, &addr_of(&ctx, &ud, 0));
+            let src = mr_with(&pd, 4096, SRC, AccessFlags::LOCAL_WRITE);
+            if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+                pin_process(0);
+            }
+            let mine = addr_of(&ctx, &qp, psn(102));
+            oob.send_addr(&mine);
+            oob.send_addr(&addr_of(&ctx, &ud, 0));
+            let remote = oob.recv_addr();
+            // A resend after 17 s, inside `wait_cq`'s 30 s: without the
+            // fix the resends too wait in the target's socket.
+            connect_with(&qp, QpType::Rc, mine.psn, &remote, 22);
+            let tgt = oob.recv_region();
+            oob.expect("polling");
+            let op = SendOp::Write {
+                remote_addr: tgt.at(0),
+                rkey: tgt.rkey,
+            };
+            qp.post_send(&wr(1, op, &[src.sge(0, 4096)], SendFlags::SIGNALED))
+                .unwrap();
+            let c = wait_cq(&cq, 1, "the WRITE to a target that only posts");
+            oob.signal("done");
+            assert_wc(&c[0], 1, WcStatus::Success, WcOpcode::RdmaWrite, 4096);
+            assert_eq!(ctx.stats().0.timeouts, 0, "the WRITE waited for a resend");
         },
     );
 }

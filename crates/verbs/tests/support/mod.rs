@@ -326,6 +326,19 @@ impl Oob {
             .collect()
     }
 
+    /// Whether a message from the peer waits to be received (without
+    /// waiting for one): for a loop that runs until the peer says so.
+    pub fn arrived(&mut self) -> bool {
+        self.s.set_nonblocking(true).unwrap();
+        let r = self.s.peek(&mut [0u8; 1]);
+        self.s.set_nonblocking(false).unwrap();
+        match r {
+            Ok(n) => n > 0,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(e) => panic!("looking for a message from the {}: {e}", self.peer),
+        }
+    }
+
     /// Announce that step `what` is done.
     pub fn signal(&mut self, what: &str) {
         self.send(what.as_bytes());

@@ -114,6 +114,32 @@ struct Side {
     mr: *mut ibv_mr,
 }
 
+/// A QP's creation attributes as a C program fills them: `depth` work
+/// requests of one SGE each way, no SRQ, no inline data.
+pub(crate) fn qp_init_attr(
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    qp_type: u32,
+    depth: u32,
+    sq_sig_all: c_int,
+) -> ibv_qp_init_attr {
+    ibv_qp_init_attr {
+        qp_context: null_mut(),
+        send_cq,
+        recv_cq,
+        srq: null_mut(),
+        cap: ibv_qp_cap {
+            max_send_wr: depth,
+            max_recv_wr: depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type,
+        sq_sig_all,
+    }
+}
+
 unsafe fn open_first() -> *mut ibv_context {
     one_device();
     let mut n = 0;
@@ -145,21 +171,7 @@ unsafe fn side(ctx: *mut ibv_context, qp_type: u32) -> Side {
         assert!(!mr.is_null(), "reg_mr: errno {}", errno());
         let cq = ibv_create_cq(ctx, 64, null_mut(), null_mut(), 0);
         assert!(!cq.is_null());
-        let mut init = ibv_qp_init_attr {
-            qp_context: null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: null_mut(),
-            cap: ibv_qp_cap {
-                max_send_wr: 16,
-                max_recv_wr: 16,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type,
-            sq_sig_all: 1,
-        };
+        let mut init = qp_init_attr(cq, cq, qp_type, 16, 1);
         let qp = ibv_create_qp(pd, &mut init);
         assert!(!qp.is_null(), "create_qp: errno {}", errno());
         assert!(init.cap.max_send_wr >= 16);

@@ -293,21 +293,7 @@ fn a_destroy_racing_a_create_on_the_object_never_both_succeed() {
         let pd = ibv_alloc_pd(ctx) as usize;
         assert_ne!(pd, 0);
         fn qp_on(cq: usize, pd: usize) -> (usize, c_int) {
-            let mut init = ibv_qp_init_attr {
-                qp_context: null_mut(),
-                send_cq: cq as *mut ibv_cq,
-                recv_cq: cq as *mut ibv_cq,
-                srq: null_mut(),
-                cap: ibv_qp_cap {
-                    max_send_wr: 4,
-                    max_recv_wr: 4,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                qp_type: 2,
-                sq_sig_all: 1,
-            };
+            let mut init = qp_init_attr(cq as *mut ibv_cq, cq as *mut ibv_cq, 2, 4, 1);
             // SAFETY: a readable and writable init; the CQ may be
             // destroyed meanwhile (the race).
             let qp = unsafe { ibv_create_qp(pd as *mut ibv_pd, &mut init) };

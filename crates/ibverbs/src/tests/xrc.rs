@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::os::raw::c_void;
 use std::ptr::null_mut;
 
-use super::{errno, open_first};
+use super::{errno, open_first, qp_init_attr};
 use crate::abi::*;
 use crate::device::*;
 use crate::qp::*;
@@ -120,21 +120,7 @@ fn domains_srqs_and_target_qps_through_the_ops_table() {
         assert_eq!((*tgt).qp_type, 10);
         assert!((*tgt).pd.is_null() && (*tgt).send_cq.is_null());
         // An XRC_RECV QP without an XRC domain, an XRC_SEND with an SRQ.
-        let mut init = ibv_qp_init_attr {
-            qp_context: null_mut(),
-            send_cq: cq,
-            recv_cq: null_mut(),
-            srq: null_mut(),
-            cap: ibv_qp_cap {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: 10,
-            sq_sig_all: 0,
-        };
+        let mut init = qp_init_attr(cq, null_mut(), 10, 4, 0);
         assert!(ibv_create_qp(pd, &mut init).is_null());
         assert_eq!(errno(), libc::EINVAL);
         init.qp_type = 9;

@@ -660,6 +660,7 @@ impl Context {
             inner: Arc::new(ChannelInner {
                 fd: EventFd::new(true)?,
                 q: Default::default(),
+                change: Default::default(),
                 serving: Default::default(),
                 eng: Arc::downgrade(&self.eng),
             }),
@@ -1469,6 +1470,7 @@ impl ChannelInner {
         if self.serving.load(std::sync::atomic::Ordering::SeqCst) == 0 {
             self.arm(&mut q);
         }
+        self.changed(&mut q);
     }
 
     /// Queue an event at the front (one taken for another CQ's waiter).
@@ -1476,6 +1478,7 @@ impl ChannelInner {
         let mut q = self.queue();
         q.events.push_front(cq);
         self.arm(&mut q);
+        self.changed(&mut q);
     }
 
     /// Take the next event, leaving the descriptor readable exactly while
@@ -1483,6 +1486,60 @@ impl ChannelInner {
     fn take(&self) -> Option<u32> {
         let mut q = self.queue();
         let got = q.events.pop_front();
+        if got.is_some() {
+            self.changed(&mut q);
+        }
+        self.settle(&mut q);
+        got
+    }
+
+    /// Take the first queued event of CQ `cq`, wherever it stands (behind
+    /// another CQ's, on a shared channel), as [`ChannelInner::take`] does.
+    pub(crate) fn take_for(&self, cq: u32) -> bool {
+        let mut q = self.queue();
+        let Some(i) = q.events.iter().position(|&c| c == cq) else {
+            return false;
+        };
+        q.events.remove(i);
+        self.changed(&mut q);
+        self.settle(&mut q);
+        true
+    }
+
+    /// The queue's count of changes, for [`ChannelInner::wait_change`].
+    pub(crate) fn generation(&self) -> u64 {
+        self.queue().generation
+    }
+
+    /// Sleep until the queue changes after generation `seen` (an event
+    /// pushed, or one taken), or `timeout` passes: for a waiter that found
+    /// only other CQs' events, which it leaves to their owners.
+    pub(crate) fn wait_change(&self, seen: u64, timeout: Option<std::time::Duration>) {
+        let q = self.queue();
+        let unchanged = |q: &mut ChannelQueue| q.generation == seen;
+        let _ = match timeout {
+            Some(t) => self
+                .change
+                .wait_timeout_while(q, t, unchanged)
+                .map(|_| ())
+                .map_err(|_| ()),
+            None => self
+                .change
+                .wait_while(q, unchanged)
+                .map(|_| ())
+                .map_err(|_| ()),
+        };
+    }
+
+    /// After a change of the queue: wake whoever waits for one.
+    fn changed(&self, q: &mut ChannelQueue) {
+        q.generation = q.generation.wrapping_add(1);
+        self.change.notify_all();
+    }
+
+    /// After a take: the descriptor readable exactly while events remain
+    /// queued.
+    fn settle(&self, q: &mut ChannelQueue) {
         if q.events.is_empty() {
             if q.signalled {
                 // The counter holds our one write: the read cannot block,
@@ -1491,9 +1548,8 @@ impl ChannelInner {
                 q.signalled = false;
             }
         } else {
-            self.arm(&mut q);
+            self.arm(q);
         }
-        got
     }
 
     /// Make the descriptor readable if it is not: one write per run of
@@ -1514,11 +1570,16 @@ impl ChannelInner {
 pub(crate) struct ChannelQueue {
     events: std::collections::VecDeque<u32>,
     signalled: bool,
+    /// Changes so far (pushes and takes), for waiters of one CQ on a
+    /// shared channel (`ChannelInner::wait_change`).
+    generation: u64,
 }
 
 pub(crate) struct ChannelInner {
     pub fd: EventFd,
     q: Mutex<ChannelQueue>,
+    /// Notified at every change of `q`.
+    change: std::sync::Condvar,
     /// `get_event` calls of this channel inside `Engine::serve_socket`.
     serving: std::sync::atomic::AtomicU32,
     /// The device whose socket a waiter watches too (weak: the engine's
@@ -2504,6 +2565,92 @@ mod tests {
         assert_ne!(ctx.eng.served().0, served, "a poll serves it");
     }
 
+    /// Two CQs on one channel: a thread waiting for its own CQ's
+    /// completion (`Cq::wait`) that finds the other CQ's event queued puts
+    /// it back for its owner and sleeps until the queue changes — it took
+    /// and put back the same event in a loop, a core at 100 % for as long
+    /// as the other CQ's owner did not come for it — and still gets its
+    /// own event when it comes, wherever it stands in the queue.
+    #[test]
+    fn a_wait_on_a_shared_channel_sleeps_while_only_another_cqs_event_waits() {
+        let dev = DeviceInfo {
+            name: "srdma-unit".into(),
+            addr: "127.0.0.1".parse().unwrap(),
+        };
+        let opts = OpenOptions {
+            transport: Some(Transport::Udp),
+            ..OpenOptions::default()
+        };
+        let ctx = Context::open(&dev, &opts).unwrap();
+        let pd = ctx.alloc_pd();
+        let ch = ctx.create_comp_channel().unwrap();
+        let cq_a = ctx.create_cq(16, Some(&ch)).unwrap();
+        let cq_b = ctx.create_cq(16, Some(&ch)).unwrap();
+        let qa = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq_a)).unwrap();
+        let qb = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq_b)).unwrap();
+        let (ea, eb) = (qa.endpoint(), qb.endpoint());
+        qa.connect(&eb, &ConnectOptions::default()).unwrap();
+        qb.connect(&ea, &ConnectOptions::default()).unwrap();
+        let tgt = pd
+            .alloc_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        let src = pd.reg_mr(vec![7u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        // B's event: a WRITE's completion on the armed CQ B, left queued.
+        cq_b.req_notify(false).unwrap();
+        qb.post_send(&SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: tgt.iova(),
+                rkey: tgt.rkey(),
+            },
+            sgl: &[src.sge(0, 8)],
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        })
+        .unwrap();
+        let t0 = std::time::Instant::now();
+        while !ch.inner.queue().events.contains(&cq_b.id().0) {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "B's event"
+            );
+            ctx.progress();
+            std::thread::yield_now();
+        }
+        let before = ch.inner.generation();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| cq_a.wait(2, Some(std::time::Duration::from_secs(30))));
+            // Give a busy waiter time to show itself: it would take and
+            // put back B's event thousands of times meanwhile.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let during = ch.inner.generation().wrapping_sub(before);
+            // A's completion: a SEND from B into a receive of A.
+            qa.post_recv(&RecvWr {
+                wr_id: 2,
+                sgl: &[tgt.sge(8, 8)],
+            })
+            .unwrap();
+            qb.post_send(&SendWr {
+                wr_id: 3,
+                op: SendOp::Send,
+                sgl: &[src.sge(0, 8)],
+                flags: SendFlags::default(),
+                ud: None,
+            })
+            .unwrap();
+            let c = waiter.join().unwrap().expect("A's completion");
+            assert_eq!(c.wr_id, 2);
+            // Taking B's event and putting it back: two changes of the
+            // queue; a few more if a wake-up came between.
+            assert!(
+                during <= 8,
+                "the queue changed {during} times while only another CQ's event waited: taken and put back in a loop"
+            );
+        });
+        // B's event is still there for its owner.
+        assert!(ch.inner.queue().events.contains(&cq_b.id().0));
+    }
+
     /// An event queued just as a `get_event` of its channel stops serving
     /// the socket is signalled, or that waiter's `take` finds it: never
     /// left queued behind a descriptor that is not readable while the
@@ -2515,6 +2662,7 @@ mod tests {
         let ch = Arc::new(ChannelInner {
             fd: EventFd::new(true).unwrap(),
             q: Default::default(),
+            change: Default::default(),
             serving: Default::default(),
             eng: std::sync::Weak::new(),
         });

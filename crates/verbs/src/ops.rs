@@ -168,12 +168,25 @@ impl Cq {
                     if let Some(c) = self.wait_nonblocking(wr_id)? {
                         return Ok(c.into_result()?);
                     }
-                    // An event for another CQ on a shared channel is put
-                    // back for its owner.
+                    // On a shared channel this CQ's event may be queued
+                    // behind another CQ's: taken from where it stands.
+                    if ch.inner.take_for(self.id().0) {
+                        continue;
+                    }
+                    // An event for another CQ is put back for its owner,
+                    // and this thread sleeps until the queue changes again
+                    // (that event taken, or another pushed — perhaps this
+                    // CQ's, looked for once more after the generation is
+                    // read, so one pushed meanwhile is not slept through).
+                    // Taking it again at once was a busy loop for as long
+                    // as its owner did not come for it.
                     if let Some(id) = ch.get_event(left)? {
                         if id != self.id() {
                             ch.put_back(id);
-                            std::thread::yield_now();
+                            let seen = ch.inner.generation();
+                            if !ch.inner.take_for(self.id().0) {
+                                ch.inner.wait_change(seen, left);
+                            }
                         }
                     }
                 }

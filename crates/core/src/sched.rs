@@ -906,10 +906,16 @@ impl Sched {
                     qp.req.ask_ack = probe || every;
                     t = qp.poll_request(now, buf, shared, limit, mem);
                     qp.req.ask_ack = false;
-                    if probe && t.is_some() {
-                        // Time a new PSN (not a resend: Karn).
+                    if t.is_some() {
                         let psn = Psn::new(u32::from_be_bytes([0, buf[9], buf[10], buf[11]]));
-                        if !psn.before(hwm) {
+                        if psn.before(hwm) {
+                            // A resend (after a NAK, an RNR back-off, a
+                            // selective-repeat repair, not only a timeout):
+                            // the ACKs that time the probes now answer it,
+                            // and would measure the wait for the repair.
+                            // Karn: drop them, time only new PSNs.
+                            self.slots[s].probes.clear();
+                        } else if probe {
                             let seg = self.slots[s].cc.as_ref().and_then(|c| c.sample_bytes());
                             self.slots[s].probes.push(psn, now, seg);
                         }

@@ -183,3 +183,74 @@ fn timely_times_one_new_psn_per_round_trip_and_asks_its_ack() {
     );
     a.ep.check_scheduler().unwrap();
 }
+
+fn swift_cwnd(h: &Host, q: &QpEnd) -> (f64, u64) {
+    let Some(Controller::Swift(s)) = h.ep.qp_cc(q.qpn).unwrap() else {
+        panic!("Swift runs on the QP");
+    };
+    (s.cwnd(), s.samples)
+}
+
+fn write(h: &mut Host, qa: &QpEnd, qb: &QpEnd, wr_id: u64, len: u32) {
+    h.post(
+        qa,
+        wr_id,
+        SendOp::Write {
+            remote_addr: MEM_BASE,
+            rkey: qb.rkey,
+        },
+        MEM_BASE,
+        len,
+        SendFlags::SIGNALED,
+    )
+    .unwrap();
+}
+
+/// Karn's rule: a timed PSN that is resent after a NAK (not a timeout)
+/// gives no RTT sample — the ACK that covers it answers the resend, and
+/// the time since the first send holds the NAK's round trip and the wait
+/// before it, not the path's delay.
+#[test]
+fn a_probe_resent_after_a_nak_gives_no_rtt_sample() {
+    let (mut sim, qa, qb) = pair(4, 1 << 20, &Opts::default());
+    let cc = CcConfig::Swift(softrdma_core::cc::swift::Params::default());
+    sim.node_mut(0).ep.set_qp_cc(qa.qpn, &cc, G100).unwrap();
+    let (cwnd0, _) = swift_cwnd(sim.node(0), &qa);
+    write(sim.node_mut(0), &qa, &qb, 1, 4 * 1024);
+    let pkts = sim.node_mut(0).take(0, 64);
+    assert_eq!(pkts.len(), 4);
+    // The first packet (the timed one) is lost; the rest make B NAK.
+    let b = sim.node_mut(1);
+    for p in &pkts[1..] {
+        b.deliver(1_000, 0, p);
+    }
+    let naks = b.take(1_000, 8);
+    assert!(!naks.is_empty());
+    // The NAK reaches A late; A goes back and resends from the lost PSN.
+    let late = 300 * US;
+    let a = sim.node_mut(0);
+    for n in &naks {
+        a.deliver(late, 1, n);
+    }
+    let resent = a.take(late, 64);
+    assert_eq!(resent.len(), 4, "go-back-N resends all four");
+    // B answers the resend at once; its ACKs reach A 2 µs later.
+    let b = sim.node_mut(1);
+    for p in &resent {
+        b.deliver(late + US, 0, p);
+    }
+    let acks = b.take(late + US, 64);
+    let a = sim.node_mut(0);
+    for k in &acks {
+        a.deliver(late + 2 * US, 1, k);
+    }
+    assert_eq!(
+        a.poll_cq(qa.scq).len(),
+        1,
+        "the WRITE completed after the resend"
+    );
+    let (cwnd, samples) = swift_cwnd(a, &qa);
+    assert_eq!(samples, 0, "no sample from a resent PSN");
+    assert_eq!(cwnd, cwnd0, "no decrease from a 300 µs non-RTT");
+    a.ep.check_scheduler().unwrap();
+}

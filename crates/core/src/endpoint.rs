@@ -961,7 +961,7 @@ impl Endpoint {
         qp.apply(attr, mask, next, &mut self.shared);
         self.shared.state_changed(qpn);
         if next == QpState::Reset {
-            self.sched.gate_mut(s).reset();
+            self.sched.on_reset(s);
         }
         self.sync(s);
         Ok(())

@@ -382,6 +382,21 @@ impl Sched {
         slot.gen = slot.gen.wrapping_add(1);
     }
 
+    /// The QP in slot `s` went to RESET: forget its gate's loss back-off
+    /// and pacing, the PSNs it was timing and the CNP it owed — all of the
+    /// old connection, whose PSNs the next one may reuse (a probe left
+    /// behind would be "acknowledged" by the new connection's ACKs, its
+    /// send time from before the reset). What congestion control was
+    /// configured stays.
+    pub fn on_reset(&mut self, s: usize) {
+        let slot = &mut self.slots[s];
+        slot.gate.reset();
+        slot.probes.clear();
+        slot.cnp_owed = false;
+        slot.cnp_last = None;
+        slot.passed_ack = false;
+    }
+
     pub fn gate(&self, s: usize) -> &TxGate {
         &self.slots[s].gate
     }

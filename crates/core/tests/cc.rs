@@ -254,3 +254,49 @@ fn a_probe_resent_after_a_nak_gives_no_rtt_sample() {
     assert_eq!(cwnd, cwnd0, "no decrease from a 300 µs non-RTT");
     a.ep.check_scheduler().unwrap();
 }
+
+/// A PSN timed before the QP went through RESET belongs to the old
+/// connection: the new connection's ACKs must not sample it.
+#[test]
+fn a_probe_from_before_a_reset_gives_no_rtt_sample() {
+    use softrdma_core::qp::attr::{AttrMask, QpAttr};
+    use softrdma_core::qp::state::QpState;
+    let o = Opts::default();
+    let (mut sim, qa, qb) = pair(5, 1 << 20, &o);
+    let cc = CcConfig::Swift(softrdma_core::cc::swift::Params::default());
+    sim.node_mut(0).ep.set_qp_cc(qa.qpn, &cc, G100).unwrap();
+    let (cwnd0, _) = swift_cwnd(sim.node(0), &qa);
+    write(sim.node_mut(0), &qa, &qb, 1, 1024);
+    assert_eq!(sim.node_mut(0).take(0, 8).len(), 1, "sent, never answered");
+    // The application tears the connection down and builds it again with
+    // the same PSNs (the peer never saw the packet).
+    let a = sim.node_mut(0);
+    for st in [QpState::Err, QpState::Reset] {
+        let attr = QpAttr {
+            qp_state: st,
+            ..Default::default()
+        };
+        a.ep.modify_qp(qa.qpn, &attr, AttrMask::STATE).unwrap();
+    }
+    a.poll_cq(qa.scq);
+    connect(a, &qa, &qb, o.psn_a, o.psn_b, &o);
+    // A second later, a write whose ACK comes back in 2 µs.
+    let t = SEC;
+    write(sim.node_mut(0), &qa, &qb, 2, 1024);
+    let pkts = sim.node_mut(0).take(t, 8);
+    assert_eq!(pkts.len(), 1);
+    let b = sim.node_mut(1);
+    b.deliver(t + US, 0, &pkts[0]);
+    let acks = b.take(t + US, 8);
+    let a = sim.node_mut(0);
+    for k in &acks {
+        a.deliver(t + 2 * US, 1, k);
+    }
+    let (cwnd, samples) = swift_cwnd(a, &qa);
+    assert_eq!(samples, 1);
+    assert!(
+        cwnd >= cwnd0,
+        "a 2 µs round trip is below target: no decrease (cwnd {cwnd0} -> {cwnd})"
+    );
+    a.ep.check_scheduler().unwrap();
+}

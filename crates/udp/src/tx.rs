@@ -7,8 +7,9 @@
 //! [`crate::Tx`]), and the trailer — pad bytes and the ICRC — sits in a
 //! second fixed arena. Nothing is allocated per datagram.
 //!
-//! At flush, consecutive datagrams to the same destination and QP with one
-//! size (the last may be shorter) become one message with a `UDP_SEGMENT`
+//! At flush, consecutive datagrams to the same destination and QP (other
+//! than QP1, whose MADs a shared group steers one by one by their content)
+//! with one size (the last may be shorter) become one message with a `UDP_SEGMENT`
 //! control message: the kernel cuts the iovec list back into datagrams,
 //! still without a copy of ours. Each datagram's ICRC is computed then,
 //! because over IPv4 it depends on the ID the kernel will give it: 0 for a
@@ -326,7 +327,12 @@ impl TxQueue {
             let start = i;
             let first = self.entries[start];
             i += 1;
-            if self.gso && first.owned.is_none() {
+            // QP1 (the GSI) is in no QPN slot: the group steers each CM MAD
+            // by its content (service or communication ID), which differs
+            // from MAD to MAD, and it would steer a train whole by its first
+            // (on loopback a train arrives as one entry). So a MAD is never
+            // put in a train.
+            if self.gso && first.owned.is_none() && first.qpn != GSI_QPN {
                 let (seg, mut total, mut iovn) = (first.len, first.len, first.iov_len);
                 while i < n && i - start < GSO_MAX_SEGMENTS {
                     let e = &self.entries[i];
@@ -554,6 +560,10 @@ impl TxQueue {
         Ok(())
     }
 }
+
+/// QP1, the GSI: its datagrams (CM MADs) are steered by their content,
+/// not by a QPN slot.
+const GSI_QPN: u32 = 1;
 
 /// The destination QP in a head or datagram (BTH bytes 5..8).
 fn qpn_of(b: &[u8]) -> u32 {

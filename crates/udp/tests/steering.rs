@@ -248,3 +248,64 @@ fn a_foreign_member_is_refused_not_hijacked() {
     let a = Port::open(PortConfig::new(v4(47))).unwrap();
     assert!(steered(&a));
 }
+
+/// A CM REQ MAD for `service` (the low 32 bits of its service ID) as the
+/// head (BTH and DETH) and the MAD a port sends to QP1.
+fn cm_req(service: u32, psn: u8) -> (Vec<u8>, Vec<u8>) {
+    let mut head = vec![0u8; 20];
+    head[0] = 0x64; // UD SEND ONLY
+    head[2..4].copy_from_slice(&0xffffu16.to_be_bytes());
+    head[5..8].copy_from_slice(&[0, 0, 1]);
+    head[11] = psn;
+    head[12..16].copy_from_slice(&0x8001_0000u32.to_be_bytes()); // GSI Q_Key
+    head[19] = 1; // source QP 1
+                  // The MAD, from UDP payload offset 20: base version, class (CM), class
+                  // version, method (Send), attribute REQ at 36, service ID at 48..56.
+    let mut mad = vec![0u8; 256];
+    mad[0] = 1;
+    mad[1] = 0x07;
+    mad[2] = 2;
+    mad[3] = 0x03;
+    mad[8] = psn; // transaction ID
+    mad[16..18].copy_from_slice(&0x0010u16.to_be_bytes());
+    mad[36..40].copy_from_slice(&service.to_be_bytes());
+    (head, mad)
+}
+
+/// The low 32 bits of the service ID of a received REQ.
+fn req_service(d: &[u8]) -> u32 {
+    u32::from_be_bytes(d[56..60].try_into().unwrap())
+}
+
+/// Two CM requests for services listened on by two members, pushed in one
+/// batch: each reaches its own listener. Both go to QP1 at one address,
+/// so the send queue used to make them one GSO train — which the group
+/// steers whole by its first datagram (on loopback a train arrives as one
+/// entry), handing the second listener's request to the first.
+#[test]
+fn cm_requests_in_one_batch_each_reach_their_listener() {
+    let mut a = Port::open(PortConfig::new(v4(81))).unwrap();
+    let mut b = Port::open(PortConfig::new(v4(81))).unwrap();
+    assert!(steered(&a) && steered(&b));
+    let (sa, sb) = (0x0106_4e21, 0x0106_4e22);
+    a.listen_service(sa, true).unwrap();
+    b.listen_service(sb, true).unwrap();
+    let mut c = port_v4(82);
+    assert!(c.gso_enabled(), "the sender makes GSO trains");
+    let gid = a.local_gid();
+    let reqs = [cm_req(sa, 1), cm_req(sb, 2), cm_req(sa, 3), cm_req(sb, 4)];
+    let mut tx = c.tx();
+    for (head, mad) in &reqs {
+        tx.push(gid, 1, head, &[mad], 0).unwrap();
+    }
+    tx.finish().unwrap();
+    let mut got_a = recv_n(&mut a, 2);
+    let mut got_b = recv_n(&mut b, 2);
+    got_a.extend(recv_for(&mut a, Duration::from_millis(30)));
+    got_b.extend(recv_for(&mut b, Duration::from_millis(30)));
+    let services = |g: &[(softrdma_udp::RxMeta, Vec<u8>)]| {
+        g.iter().map(|(_, d)| req_service(d)).collect::<Vec<_>>()
+    };
+    assert_eq!(services(&got_a), [sa, sa]);
+    assert_eq!(services(&got_b), [sb, sb]);
+}

@@ -248,9 +248,9 @@ impl Receiver {
                 traffic_class: d.cmsgs.tclass.unwrap_or(0),
                 hop_limit: d.cmsgs.hop_limit.unwrap_or(0),
             };
-            let first_slot = d.data.get(5).copied();
+            let first_key = steer_key(d.data);
             for chunk in d.data.chunks(seg) {
-                if chunk.len() > 5 && Some(chunk[5]) != first_slot {
+                if steer_key(chunk) != first_key {
                     events.mixed_gro = true;
                 }
                 let verdict = check(chunk, src, dst, &mut self.checker, &mut self.policy);
@@ -287,6 +287,50 @@ impl Receiver {
             }
         }
         Ok((good, n))
+    }
+}
+
+/// What the group program (`crate::cbpf::group_program`) steers a datagram
+/// by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SteerKey {
+    /// A QPN slot: the top byte of the destination QP, or for a CM MAD
+    /// (QP1) the top byte of the ID it names.
+    Slot(u8),
+    /// A CM REQ or SIDR_REQ: the listener of this service.
+    Service(u32),
+    /// Nothing: the kernel's hash of the flow, one member for a whole GRO
+    /// entry.
+    Hashed,
+}
+
+/// The key the group program steers datagram `d` (a UDP payload) by. Two
+/// datagrams of one GRO entry with different keys may belong to different
+/// members, though the group handed the entry whole to the first's. QP1's
+/// MADs all carry slot 0, yet are steered by their content: one peer's MADs
+/// (all of one size, from its QP1's one source port) are what GRO merges.
+fn steer_key(d: &[u8]) -> SteerKey {
+    use crate::cbpf::gsi;
+    if d.len() < len::BTH {
+        return SteerKey::Hashed;
+    }
+    if d[5] != 0 {
+        return SteerKey::Slot(d[5]);
+    }
+    if d[6..8] != [0, 1]
+        || d.len() < gsi::MIN_LEN as usize
+        || u32::from(d[gsi::MGMT_CLASS_AT as usize]) != gsi::MGMT_CLASS_CM
+    {
+        return SteerKey::Hashed;
+    }
+    let a = gsi::ATTR_AT as usize;
+    match u32::from(u16::from_be_bytes([d[a], d[a + 1]])) {
+        gsi::ATTR_REQ | gsi::ATTR_SIDR_REQ => {
+            let s = gsi::SERVICE_LOW_AT as usize;
+            SteerKey::Service(u32::from_be_bytes([d[s], d[s + 1], d[s + 2], d[s + 3]]))
+        }
+        gsi::ATTR_SIDR_REP => SteerKey::Slot(d[gsi::REQUEST_ID_AT as usize]),
+        _ => SteerKey::Slot(d[gsi::REMOTE_COMM_ID_AT as usize]),
     }
 }
 

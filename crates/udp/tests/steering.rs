@@ -309,3 +309,56 @@ fn cm_requests_in_one_batch_each_reach_their_listener() {
     assert_eq!(services(&got_a), [sa, sa]);
     assert_eq!(services(&got_b), [sb, sb]);
 }
+
+/// Two CM requests for services of two members, arriving as one GRO entry
+/// (what a NIC's GRO makes of a peer's back-to-back MADs, all sent from
+/// its QP1's one source port and all of one size; here a foreign sender's
+/// GSO train, which loopback delivers as one entry): the group steered
+/// both by the first, so the entry mixed two members' datagrams although
+/// both carry QP1, slot 0 — GRO turns itself off as for mixed slots.
+#[test]
+fn a_gro_entry_of_mads_for_two_members_turns_gro_off() {
+    use std::os::fd::AsRawFd;
+    let mut a = Port::open(PortConfig::new(v4(83))).unwrap();
+    let mut b = Port::open(PortConfig::new(v4(83))).unwrap();
+    assert!(steered(&a) && steered(&b));
+    assert!(a.gro_enabled() && b.gro_enabled());
+    let (sa, sb) = (0x0106_4e23, 0x0106_4e24);
+    a.listen_service(sa, true).unwrap();
+    b.listen_service(sb, true).unwrap();
+    // Two MADs of one size in one UDP_SEGMENT send (their ICRCs are not
+    // filled in: the entry is judged before the datagrams are checked).
+    let mut train = Vec::new();
+    for (head, mad) in [cm_req(sa, 1), cm_req(sb, 2)] {
+        train.extend_from_slice(&head);
+        train.extend_from_slice(&mad);
+        train.extend_from_slice(&[0; 4]);
+    }
+    let seg = train.len() / 2;
+    let s = std::net::UdpSocket::bind("127.0.0.84:0").unwrap();
+    let seg_int = seg as libc::c_int;
+    // SAFETY: `seg_int` lives across the call and its size is passed; the
+    // kernel only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_UDP,
+            103, // UDP_SEGMENT
+            (&seg_int as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "UDP_SEGMENT: {}", std::io::Error::last_os_error());
+    s.send_to(&train, "127.0.0.83:4791").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = |p: &Port| p.stats().icrc_bad + p.stats().rx_packets;
+    while seen(&a) + seen(&b) < 2 && Instant::now() < deadline {
+        let _ = recv_for(&mut a, Duration::from_millis(5));
+        let _ = recv_for(&mut b, Duration::from_millis(5));
+    }
+    assert_eq!(seen(&a), 2, "both steered by the first, sa's listener");
+    assert_eq!(a.stats().gro_batches, 1, "as one entry");
+    assert_eq!(a.stats().gro_mixed, 1);
+    assert!(!a.gro_enabled());
+    assert!(b.gro_enabled());
+}

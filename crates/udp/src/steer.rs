@@ -35,7 +35,9 @@
 //! * **Join:** bind (appended last), measure, claim the lowest free slot,
 //!   attach the new table, write the state. **Leave:** measure, attach the
 //!   table the array will have without us (the last member moved into our
-//!   index), close, write the state.
+//!   index), close, write the state — unless the measurement or the attach
+//!   failed: then the state keeps us, as after a death (below), so that the
+//!   others repair.
 //! * **Death without cleanup** (SIGKILL, crash): the kernel removes the
 //!   socket and moves the last member into its index, and nobody updates
 //!   the table. The moved member's datagrams then go to the dead slot's old
@@ -553,16 +555,27 @@ impl Joined {
         st.members.retain(|m| m.inode != self.inode);
         st.prune_listeners();
         st.array.clear();
+        let mut resteered = false;
         if let Ok(mut array) = measure_retrying(self.addr, st.secret, &mut self.table) {
             if let Some(i) = array.iter().position(|&x| x == Some(self.inode)) {
                 // The kernel moves the last socket into the leaver's place.
                 array.swap_remove(i);
-                let _ = cbpf::attach_group(sock.as_raw_fd(), &st.program(&array));
-                st.array = array;
+                if cbpf::attach_group(sock.as_raw_fd(), &st.program(&array)).is_ok() {
+                    st.array = array;
+                    resteered = true;
+                }
             }
         }
         drop(sock);
-        let _ = write_state(&self.state_path, &st);
+        // Not re-steered (the group could not be measured: say, another
+        // member's receive buffer overflowing meanwhile): the state keeps
+        // us, as after a death, so that the members see the group the
+        // kernel lists differ from it and repair at the first misdelivered
+        // datagram. Written without us, it would match the group while the
+        // table is stale, and no repair would ever be made.
+        if resteered {
+            let _ = write_state(&self.state_path, &st);
+        }
     }
 
     /// Start (`on`) or stop taking the CM REQs and SIDR_REQs for

@@ -362,3 +362,81 @@ fn a_gro_entry_of_mads_for_two_members_turns_gro_off() {
     assert!(!a.gro_enabled());
     assert!(b.gro_enabled());
 }
+
+/// A member leaving while another's receive buffer overflows cannot
+/// measure the group (every probe's drop comes with an unrelated one), so
+/// it cannot re-steer for the array without it. The state it leaves must
+/// then still show the group changed, or the member the kernel moved into
+/// its place never gets its datagrams again: those hashed to another member
+/// are misdelivered there, and a repair needs the group the kernel lists to
+/// differ from the state's.
+#[test]
+fn a_leave_that_cannot_resteer_leaves_the_group_to_be_repaired() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let a = Port::open(PortConfig::new(v4(85))).unwrap();
+    let mut b = Port::open(PortConfig::new(v4(85))).unwrap();
+    let mut c = Port::open(PortConfig::new(v4(85))).unwrap();
+    assert!(steered(&a) && steered(&b) && steered(&c));
+    let sc = c.slot() as u32;
+    // Fill c's receive buffer and keep it overflowing while `a` leaves.
+    let stop = Arc::new(AtomicBool::new(false));
+    let spray = {
+        let stop = stop.clone();
+        let p = send_only(sc << 16 | 1, 0, 16);
+        let mut d = p.body();
+        d.extend_from_slice(&[0; 4]);
+        std::thread::spawn(move || {
+            let s = std::net::UdpSocket::bind("127.0.0.86:0").unwrap();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) || n < 100_000 {
+                let _ = s.send_to(&d, "127.0.0.85:4791");
+                n += 1;
+            }
+        })
+    };
+    // Let the spray fill the buffer, then leave while it overflows.
+    std::thread::sleep(Duration::from_millis(200));
+    drop(a);
+    stop.store(true, Ordering::Relaxed);
+    spray.join().unwrap();
+    // Drain c.
+    while !recv_for(&mut c, Duration::from_millis(50)).is_empty() {}
+    // Rounds of datagrams for c's slot from 16 source ports (16 flows, so
+    // whichever member the stale table's hash picks for some of them): one
+    // round must reach c whole once b, getting some, has repaired.
+    let mut s = port_v4(86);
+    let gid = c.local_gid();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut whole = false;
+    let mut round = 0u32;
+    while !whole && Instant::now() < deadline {
+        round += 1;
+        let pkts: Vec<Pkt> = (0..16)
+            .map(|k| send_only(sc << 16 | 2, round << 4 | k, 16))
+            .collect();
+        let mut tx = s.tx();
+        for (k, p) in pkts.iter().enumerate() {
+            tx.push(gid, (k as u32) << 8 | 0x11, &p.head, &[&p.payload], p.pad)
+                .unwrap();
+        }
+        tx.finish().unwrap();
+        let _ = recv_for(&mut b, Duration::from_millis(20));
+        let got = recv_for(&mut c, Duration::from_millis(100));
+        let n = got
+            .iter()
+            .filter(|(_, d)| qpn(d) == sc << 16 | 2 && psn(d) >> 4 == round)
+            .count();
+        whole = n == 16;
+    }
+    assert!(
+        whole,
+        "c never got a whole round ({round} rounds; b repaired {} times, wrong slot {})",
+        b.stats().steer_repairs,
+        b.stats().rx_wrong_slot
+    );
+}
+
+fn psn(d: &[u8]) -> u32 {
+    u32::from_be_bytes([0, d[9], d[10], d[11]])
+}

@@ -2503,14 +2503,8 @@ mod tests {
     use super::*;
     use std::sync::atomic::Ordering::SeqCst;
 
-    /// Posts read no socket, so they are no sign that the application
-    /// thread that took the socket (with an empty poll of a CQ with a UDP
-    /// QP) still serves it: only passes that read it count for the
-    /// watchdog (`Engine::poller_alive`). When every call counted, a thread
-    /// that went on posting after its last poll kept the socket from the
-    /// engine thread, and requests to the process waited in it.
-    #[test]
-    fn posts_are_no_sign_that_the_socket_is_served() {
+    /// A context on 127.0.0.1 that carries everything over UDP.
+    fn udp_context() -> Context {
         let dev = DeviceInfo {
             name: "srdma-unit".into(),
             addr: "127.0.0.1".parse().unwrap(),
@@ -2519,25 +2513,21 @@ mod tests {
             transport: Some(Transport::Udp),
             ..OpenOptions::default()
         };
-        let ctx = Context::open(&dev, &opts).unwrap();
+        Context::open(&dev, &opts).unwrap()
+    }
+
+    /// Posts read no socket, so they are no sign that the application
+    /// thread that took the socket (with an empty poll of a CQ with a UDP
+    /// QP) still serves it: only passes that read it count for the
+    /// watchdog (`Engine::poller_alive`). When every call counted, a thread
+    /// that went on posting after its last poll kept the socket from the
+    /// engine thread, and requests to the process waited in it.
+    #[test]
+    fn posts_are_no_sign_that_the_socket_is_served() {
+        let ctx = udp_context();
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(16, None).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                qp_type: QpType::Rc,
-                send_cq: &cq,
-                recv_cq: &cq,
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 4,
-                    max_recv_wr: 16,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                sq_sig_all: false,
-            })
-            .unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq)).unwrap();
         let init = QpAttr {
             qp_state: QpState::Init,
             port_num: 1,
@@ -2573,15 +2563,7 @@ mod tests {
     /// own event when it comes, wherever it stands in the queue.
     #[test]
     fn a_wait_on_a_shared_channel_sleeps_while_only_another_cqs_event_waits() {
-        let dev = DeviceInfo {
-            name: "srdma-unit".into(),
-            addr: "127.0.0.1".parse().unwrap(),
-        };
-        let opts = OpenOptions {
-            transport: Some(Transport::Udp),
-            ..OpenOptions::default()
-        };
-        let ctx = Context::open(&dev, &opts).unwrap();
+        let ctx = udp_context();
         let pd = ctx.alloc_pd();
         let ch = ctx.create_comp_channel().unwrap();
         let cq_a = ctx.create_cq(16, Some(&ch)).unwrap();

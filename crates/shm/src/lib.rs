@@ -862,12 +862,12 @@ impl Inner {
     /// Whether the peer that uses our in-flight words `p` is a stopped
     /// process (see `stopped`).
     fn peer_stopped(&self, p: usize) -> bool {
-        let conns = lock(&self.conns);
-        conns
+        // The pid under the connections' lock; the /proc read after it.
+        let pid = lock(&self.conns)
             .iter()
             .find(|c| c.mine as usize == p)
-            .and_then(|c| link::peer_pid(c.sock.as_raw_fd()))
-            .is_some_and(stopped)
+            .and_then(|c| link::peer_pid(c.sock.as_raw_fd()));
+        pid.is_some_and(stopped)
     }
 
     /// Whether a late access (see `Late`) may still write into arena

@@ -387,7 +387,7 @@ impl Host {
     pub fn unshare(&self, s: Share) {
         let fd = self.inner.fd.as_raw_fd();
         let mut shares = lock(&self.inner.shares);
-        shares.unshare(fd, s, &|off, n| self.inner.late_in(off, n));
+        shares.unshare(s);
         shares.sweep(fd, &|off, n| self.inner.late_in(off, n));
     }
 

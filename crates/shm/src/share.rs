@@ -45,9 +45,9 @@ pub struct Shares {
     free: BTreeMap<u64, u64>,
     /// Moved extents by start address.
     extents: BTreeMap<u64, Extent>,
-    /// Arena ranges of unshared extents that a stopped peer may still
-    /// write (see `Host::withdraw_mr`): neither punched nor reused until
-    /// it can not.
+    /// Arena ranges of unshared extents, until a sweep finds that no
+    /// stopped peer may still write them (see `Host::withdraw_mr`):
+    /// neither punched nor reused meanwhile.
     quarantined: Vec<(u64, u64)>,
 }
 
@@ -147,8 +147,9 @@ impl Shares {
         }
     }
 
-    /// Free the quarantined arena ranges that no late access can reach
-    /// any more (`late(off, len)` says whether one still can).
+    /// Free the arena ranges `unshare` gave up that no late access can
+    /// reach any more (`late(off, len)` says whether one still can); the
+    /// others stay out of use until a later sweep.
     pub fn sweep(&mut self, fd: RawFd, late: &dyn Fn(u64, u64) -> bool) {
         for (off, n) in std::mem::take(&mut self.quarantined) {
             if late(off, n) {
@@ -161,10 +162,10 @@ impl Shares {
 
     /// Drop one reference to the extent `s` lies in; the last one moves
     /// the bytes back to private memory (if the application still has the
-    /// extent mapped where we put it) and frees the arena extent — or,
-    /// if `late` says a stopped peer may still write into it, keeps it
-    /// out of use until [`Shares::sweep`] finds that it can not.
-    pub fn unshare(&mut self, fd: RawFd, s: Share, late: &dyn Fn(u64, u64) -> bool) {
+    /// extent mapped where we put it) and hands the arena extent to the
+    /// next [`Shares::sweep`], which frees it unless a stopped peer may
+    /// still write into it.
+    pub fn unshare(&mut self, s: Share) {
         let Some((&elo, e)) = self.extents.range_mut(..=s.lo).next_back() else {
             return;
         };
@@ -190,19 +191,15 @@ impl Shares {
                 return;
             }
         }
-        if late(off, n) {
-            // The application's bytes are private again (above); the
-            // late write lands in arena pages nobody else is given.
-            self.quarantined.push((off, n));
-            return;
-        }
-        self.free_arena(fd, off, n);
+        // The application's bytes are private again (above); a late write
+        // lands in arena pages nobody else is given before the sweep.
+        self.quarantined.push((off, n));
     }
 
     fn free_arena(&mut self, fd: RawFd, off: u64, n: u64) {
         // SAFETY: plain system call on our memfd; peers no longer reach this
         // range (every region in it was withdrawn first, and no access
-        // begun before is still inside: the callers' `late` said so).
+        // begun before is still inside: `sweep`'s `late` said so).
         unsafe {
             libc::fallocate(
                 fd,
@@ -442,7 +439,8 @@ mod tests {
         assert!(still_ours(buf, buf + n, ARENA_OFF + sh.off));
         assert_eq!(mem, &bytes(7)[..]);
         mem[5] = 0xee;
-        shares.unshare(fd, sh, &|_, _| false);
+        shares.unshare(sh);
+        shares.sweep(fd, &|_, _| false);
         assert!(private_anonymous(buf, buf + n));
         assert_eq!(mem[5], 0xee);
         let hooked = HOOKED.load(Ordering::SeqCst);

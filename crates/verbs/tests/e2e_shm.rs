@@ -1505,3 +1505,62 @@ fn posts_after_the_last_poll_do_not_keep_the_socket() {
         },
     );
 }
+
+/// A QP whose request the peer refuses (a SEND into a receive too short:
+/// the NAK comes back through the ring, to this process's engine) goes to
+/// ERR, and the receives its receive lane held are flushed as the lane
+/// closes — after that pass delivered its events. An application asleep
+/// on the receive CQ's channel (armed before; the send CQ is another,
+/// never polled here) is woken by those flushes: nothing else will happen
+/// on this device to deliver the event later.
+#[test]
+fn receives_flushed_as_the_lane_closes_wake_an_armed_cq() {
+    two_processes(
+        "receives_flushed_as_the_lane_closes_wake_an_armed_cq",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+            post_recv(&qp, 7, buf.sge(0, 16));
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 77);
+            let c = wait_cq(&cq, 1, "the short receive")[0];
+            assert_eq!((c.wr_id, c.status), (7, WcStatus::LocLenErr), "{c:?}");
+            oob.expect("done");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let ch = ctx.create_comp_channel().unwrap();
+            let scq = ctx.create_cq(16, None).unwrap();
+            let rcq = ctx.create_cq(16, Some(&ch)).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &scq, &rcq, None, cap(16, 16));
+            let buf = pd.alloc_mr(4 * 4096, AccessFlags::LOCAL_WRITE).unwrap();
+            for k in 0..4 {
+                post_recv(&qp, 100 + k, buf.sge(k as usize * 4096, 4096));
+            }
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 77);
+            assert_eq!(qp.transport(), "shm");
+            rcq.req_notify(false).unwrap();
+            qp.post_send(&wr(1, SendOp::Send, &[buf.sge(0, 64)], SendFlags::SIGNALED))
+                .unwrap();
+            assert_eq!(
+                ch.get_event(Some(Duration::from_secs(5))).unwrap(),
+                Some(rcq.id()),
+                "no event for the flushed receives"
+            );
+            let c = wait_cq(&rcq, 4, "the flushed receives");
+            for (k, c) in c.iter().enumerate() {
+                assert_eq!(
+                    (c.wr_id, c.status),
+                    (100 + k as u64, WcStatus::WrFlushErr),
+                    "{c:?}"
+                );
+            }
+            let c = wait_cq(&scq, 1, "the SEND")[0];
+            assert_eq!((c.wr_id, c.status), (1, WcStatus::RemInvReqErr), "{c:?}");
+            oob.signal("done");
+        },
+    );
+}

@@ -13,7 +13,10 @@
 //!   stages reset, the increase timer restarted.
 //! * **α**: `α ← (1 − g)·α + g` for a period with a CNP, `α ← (1 − g)·α` for
 //!   one without. The paper's period is `K` since the last update, restarted
-//!   by each CNP; the firmware's is a fixed clock (`dce_tcp_rtt`, 1 µs).
+//!   by each CNP, and a CNP's update comes after its cut, in the paper's
+//!   order (`RT ← RC; RC ← RC·(1 − α/2); α ← (1 − g)·α + g`): the cut uses
+//!   α as it stood before that CNP. The firmware's period is a fixed clock
+//!   (`dce_tcp_rtt`, 1 µs), whose CNP update lands at the period's end.
 //!   Either way α only matters at the next cut, so it is settled lazily
 //!   there — decays owed for `n` quiet periods are one `(1 − g)^n` — and no
 //!   timer runs for it.
@@ -221,21 +224,20 @@ impl Dcqcn {
         if first {
             self.alpha = self.p.initial_alpha;
         }
-        match self.p.alpha {
-            AlphaUpdate::OnCnp { .. } => {
-                if !first {
-                    self.alpha = (1.0 - self.p.g) * self.alpha + self.p.g;
-                }
-                // The K timer restarts at each CNP.
-                self.alpha_at = Some(now);
-            }
-            AlphaUpdate::Periodic { .. } => self.cnp_in_period = true,
+        if let AlphaUpdate::Periodic { .. } = self.p.alpha {
+            self.cnp_in_period = true;
         }
         match self.last_cut {
             Some(t) if self.p.decrease_period > 0 && now < t + self.p.decrease_period => {
                 self.cut_pending = true;
             }
             _ => self.cut(now),
+        }
+        if let AlphaUpdate::OnCnp { .. } = self.p.alpha {
+            // The paper's order: the cut above used α as it stood, and only
+            // then does this CNP raise it. The K timer restarts at each CNP.
+            self.alpha = (1.0 - self.p.g) * self.alpha + self.p.g;
+            self.alpha_at = Some(now);
         }
     }
 
@@ -348,14 +350,34 @@ mod tests {
         assert_eq!(c.next_timer(), Some(1_000 + 55_000));
         c.on_timer(56_000);
         assert_eq!(c.rate(), Some(75_000_000_000));
-        // Second CNP 65 µs after the first: one quiet K (α·(1 − g)), then
-        // the CNP's update; the target becomes the rate before the cut.
+        // Second CNP 65 µs after the first: one quiet K (α·(1 − g)), the
+        // cut with that α, then the CNP's update (the paper's order; this
+        // test expected the cut to use the updated α until the order was
+        // fixed); the target becomes the rate before the cut.
         c.on_cnp(66_000);
         let g = 1.0 / 256.0;
-        let alpha = (1.0 - g) * (1.0 - g) + g;
+        let cut_alpha = 1.0 - g;
+        let alpha = (1.0 - g) * cut_alpha + g;
         assert!((c.alpha() - alpha).abs() < 1e-12);
-        assert_eq!(c.rate(), Some((75e9 * (1.0 - alpha / 2.0)) as u64));
+        assert_eq!(c.rate(), Some((75e9 * (1.0 - cut_alpha / 2.0)) as u64));
         assert_eq!(c.target_rate(), 75_000_000_000);
+    }
+
+    #[test]
+    fn a_cnp_cuts_with_alpha_from_before_its_own_update() {
+        let g = 1.0 / 256.0;
+        let mut c = Dcqcn::new(Params::paper(), G100);
+        c.on_cnp(0);
+        // α = 1 cut the rate in half, and the CNP's update keeps it at 1.
+        assert_eq!(c.rate(), Some(50_000_000_000));
+        assert!((c.alpha() - 1.0).abs() < 1e-12);
+        // Ten quiet K (no timer run, so no increase): α = (1 − g)^10 when
+        // the next CNP comes. RC ← RC·(1 − α/2) with that α, then
+        // α ← (1 − g)·α + g.
+        c.on_cnp(10 * 55_000);
+        let before = (1.0_f64 - g).powi(10);
+        assert_eq!(c.rate(), Some((50e9 * (1.0 - before / 2.0)) as u64));
+        assert!((c.alpha() - ((1.0 - g) * before + g)).abs() < 1e-12);
     }
 
     #[test]

@@ -1670,7 +1670,8 @@ impl Endpoint {
 
     /// Pace a QP's requests at `bits_per_sec` (of [`Transmit::wire_len`]
     /// bytes), or `None` for line rate: the congestion-control hook for
-    /// rate-based algorithms.
+    /// rate-based algorithms. The new rate applies to a pacing wait already
+    /// running as well (see [`crate::gate`]).
     pub fn set_qp_rate(&mut self, qpn: u32, bits_per_sec: Option<u64>) -> Result<(), Error> {
         let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
         if bits_per_sec == Some(0) {
@@ -1678,7 +1679,8 @@ impl Endpoint {
                 "a QP rate of 0 bits/s never sends; None means line rate",
             ));
         }
-        self.sched.gate_mut(s).set_rate(bits_per_sec);
+        let now = self.sched.now;
+        self.sched.gate_mut(s).set_rate(now, bits_per_sec);
         self.sync(s);
         Ok(())
     }

@@ -21,7 +21,9 @@
 //! * a **rate**, as a pacer on the core's `now`: after a packet of `L` bytes
 //!   (its [`crate::Transmit::wire_len`]) the next may leave `L * 8 / rate`
 //!   later. No burst allowance: packet times are exact, and a rate gate
-//!   exists to spread packets, not to bunch them. `None` is line rate.
+//!   exists to spread packets, not to bunch them. `None` is line rate. A
+//!   new rate applies to the wait already running as well: the part of the
+//!   last packet's bit time not yet waited out is waited at the new rate.
 //! * the **per-destination budget** is not here but in the scheduler
 //!   ([`crate::sched`]), since it is shared by every QP towards one GID; the
 //!   gate only supplies the unit it is counted in ([`psn_cost`]).
@@ -126,11 +128,30 @@ impl TxGate {
         self.acked = 0;
     }
 
-    /// Set the rate (`Some(0)` is refused by the caller). A packet already
-    /// paced keeps the time it was given.
-    pub(crate) fn set_rate(&mut self, rate: Option<u64>) {
+    /// Set the rate at `now` (`Some(0)` is refused by the caller). It takes
+    /// effect at once, on the wait already running too: that wait is the
+    /// last packet's bits, and what of them `now` has not yet paid for is
+    /// paid at the new rate — a raised rate shortens the wait, a cut
+    /// lengthens it, as a NIC's rate limiter refills at the rate in force.
+    /// Leaving line rate starts with no wait.
+    pub(crate) fn set_rate(&mut self, now: Nanos, rate: Option<u64>) {
+        match (self.rate, rate) {
+            (Some(old), Some(new)) if self.next_at >= now => {
+                // Bit-nanoseconds still owed (`carry` is the fraction of a
+                // nanosecond left over from the last division, in the same
+                // unit), paid from `now` at the new rate.
+                let owed = (self.next_at - now) as u128 * old as u128 + self.carry as u128;
+                let new = new as u128;
+                self.next_at = now.saturating_add((owed / new).min(u64::MAX as u128) as u64);
+                self.carry = (owed % new) as u64;
+            }
+            (None, Some(_)) => {
+                self.next_at = self.next_at.min(now);
+                self.carry = 0;
+            }
+            _ => self.carry = 0,
+        }
         self.rate = rate;
-        self.carry = 0;
     }
 
     /// Whether the rate lets a request packet leave at `now`.
@@ -190,7 +211,7 @@ mod tests {
     #[test]
     fn pacer_spaces_packets_by_their_bit_time() {
         let mut g = TxGate::default();
-        g.set_rate(Some(1_000_000_000)); // 8 ns per byte
+        g.set_rate(0, Some(1_000_000_000)); // 8 ns per byte
         assert!(g.rate_open(0));
         g.on_sent(0, 1000);
         assert_eq!(g.next_send_at(), 8000);
@@ -205,13 +226,39 @@ mod tests {
     #[test]
     fn pacer_carries_remainders() {
         let mut g = TxGate::default();
-        g.set_rate(Some(3_000_000_000)); // 8/3 ns per byte
+        g.set_rate(0, Some(3_000_000_000)); // 8/3 ns per byte
         let mut t = 0;
         for _ in 0..3 {
             g.on_sent(t, 1);
             t = g.next_send_at();
         }
         assert_eq!(t, 8); // 3 bytes, 24 bits at 3 Gbit/s, no rounding loss
+    }
+
+    #[test]
+    fn a_new_rate_applies_to_the_wait_already_running() {
+        let mut g = TxGate::default();
+        g.set_rate(0, Some(1_000_000_000)); // 8 ns per byte
+        g.on_sent(0, 1000);
+        assert_eq!(g.next_send_at(), 8000);
+        // At 2000 a quarter of the packet's 8000 bits are waited out; the
+        // other 6000 take 1500 ns at 4 Gb/s.
+        g.set_rate(2000, Some(4_000_000_000));
+        assert_eq!(g.next_send_at(), 3500);
+        assert!(g.rate_open(3500));
+        // A cut at 3000: 2000 bits left, 2000 ns at 1 Gb/s.
+        g.set_rate(3000, Some(1_000_000_000));
+        assert_eq!(g.next_send_at(), 5000);
+        // Fractions carry: at 4000 the 1000 bits left take 333⅓ ns at
+        // 3 Gb/s, and back at 1 Gb/s at once exactly 1000 ns again.
+        g.set_rate(4000, Some(3_000_000_000));
+        assert_eq!(g.next_send_at(), 4333);
+        g.set_rate(4000, Some(1_000_000_000));
+        assert_eq!(g.next_send_at(), 5000);
+        // Through line rate: no wait is left to carry over.
+        g.set_rate(4500, None);
+        g.set_rate(4600, Some(1_000_000_000));
+        assert!(g.rate_open(4600));
     }
 
     #[test]

@@ -70,10 +70,10 @@ const MAX_PSN_COST: u64 = 4096 + crate::gate::PACKET_OVERHEAD;
 
 /// Put a controller's rate and window into its QP's gate, where changed
 /// (a new window resets the gate's loss back-off, so only when it moved).
-fn apply_cc(gate: &mut TxGate, cc: &Controller) {
+fn apply_cc(gate: &mut TxGate, cc: &Controller, now: Nanos) {
     let rate = cc.rate();
     if gate.rate() != rate {
-        gate.set_rate(rate);
+        gate.set_rate(now, rate);
     }
     if let Some(w) = cc.window() {
         let w = w.clamp(1, crate::qp::MAX_UNACKED_PSNS);
@@ -413,7 +413,7 @@ impl Sched {
         slot.cnp_interval = cfg.cnp_interval();
         slot.cnp_owed = false;
         let rate = slot.cc.as_ref().and_then(|c| c.rate());
-        slot.gate.set_rate(rate);
+        slot.gate.set_rate(self.now, rate);
     }
 
     pub fn cc(&self, s: usize) -> Option<&Controller> {
@@ -440,7 +440,7 @@ impl Sched {
         let slot = &mut self.slots[s];
         if let Some(cc) = slot.cc.as_mut() {
             cc.on_int(now, hops);
-            apply_cc(&mut slot.gate, cc);
+            apply_cc(&mut slot.gate, cc, now);
         }
     }
 
@@ -449,7 +449,7 @@ impl Sched {
         let slot = &mut self.slots[s];
         if let Some(cc) = slot.cc.as_mut() {
             cc.on_cnp(now);
-            apply_cc(&mut slot.gate, cc);
+            apply_cc(&mut slot.gate, cc, now);
         }
     }
 
@@ -498,7 +498,7 @@ impl Sched {
                 slot.probes.clear(); // Karn: nothing resent is timed
                 if let Some(cc) = slot.cc.as_mut() {
                     cc.on_timeout(now);
-                    apply_cc(&mut slot.gate, cc);
+                    apply_cc(&mut slot.gate, cc, now);
                 }
             } else if qp.comp.psn.after(before.una) {
                 slot.gate.on_acked(before.una.distance_to(qp.comp.psn));
@@ -509,7 +509,7 @@ impl Sched {
                         heard = true;
                     }
                     if heard {
-                        apply_cc(&mut slot.gate, cc);
+                        apply_cc(&mut slot.gate, cc, now);
                     }
                 }
             }
@@ -818,7 +818,7 @@ impl Sched {
             if let Some(cc) = slot.cc.as_mut() {
                 if cc.next_timer().is_some_and(|t| t <= now) {
                     cc.on_timer(now);
-                    apply_cc(&mut slot.gate, cc);
+                    apply_cc(&mut slot.gate, cc, now);
                 }
             }
             self.sync(s, qp, now, Some((before, &mut shared.stats)));
@@ -942,7 +942,7 @@ impl Sched {
                         slot.passed_ack = pass;
                         if let Some(cc) = slot.cc.as_mut() {
                             cc.on_send(now, t.wire_len() as u32);
-                            apply_cc(&mut slot.gate, cc);
+                            apply_cc(&mut slot.gate, cc, now);
                         }
                     }
                 }

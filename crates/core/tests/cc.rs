@@ -300,3 +300,29 @@ fn a_probe_from_before_a_reset_gives_no_rtt_sample() {
     );
     a.ep.check_scheduler().unwrap();
 }
+
+/// A rate raised while a QP waits out the gap its last packet left at the
+/// old rate applies to that wait: what is left of it is waited at the new
+/// rate, and the scheduler's timer moves with it.
+#[test]
+fn a_rate_raised_mid_wait_applies_to_that_wait() {
+    let (mut sim, qa, qb) = pair(6, 1 << 20, &Opts::default());
+    let a = sim.node_mut(0);
+    a.sync();
+    a.ep.set_qp_rate(qa.qpn, Some(10_000_000)).unwrap(); // 10 Mb/s
+    write(a, &qa, &qb, 1, 2 * 1024);
+    assert_eq!(a.take(0, 8).len(), 1, "the rate holds the second packet");
+    let slow = a.ep.qp_gate(qa.qpn).unwrap().next_send_at();
+    assert!(slow > 800 * US, "a 1 KB packet at 10 Mb/s: {slow} ns");
+    // 100 µs into the wait the rate goes up 100-fold: the rest of the wait
+    // shrinks 100-fold.
+    assert!(a.take(100 * US, 8).is_empty());
+    a.ep.set_qp_rate(qa.qpn, Some(1_000_000_000)).unwrap();
+    let fast = a.ep.qp_gate(qa.qpn).unwrap().next_send_at();
+    assert_eq!(fast, 100 * US + (slow - 100 * US) / 100);
+    assert_eq!(a.ep.poll_timeout(), Some(fast));
+    a.ep.check_scheduler().unwrap();
+    a.handle_timeout_at(fast);
+    assert_eq!(a.take(fast, 8).len(), 1, "the second packet leaves then");
+    a.ep.check_scheduler().unwrap();
+}

@@ -103,11 +103,15 @@ pub fn open_file(path: &Path, write: bool, create: bool) -> io::Result<File> {
 }
 
 /// Replace `path` by a file holding `data`, atomically: written to a fresh
-/// temporary file (`O_EXCL`, so never through someone's symlink), then
-/// renamed over it.
+/// temporary file in the same directory (`<name>.tmp<pid>`, created
+/// `O_EXCL`, so never through someone's symlink), then renamed over it. A
+/// reader opens either the old file or the new one, each whole; a writer
+/// that dies or fails before the rename leaves the old one in place.
 pub fn replace_file(path: &Path, data: &[u8]) -> io::Result<()> {
     use std::io::Write;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp{}", std::process::id()));
+    let tmp = path.with_file_name(name);
     let _ = fs::remove_file(&tmp);
     let mut f = OpenOptions::new()
         .write(true)
@@ -116,10 +120,18 @@ pub fn replace_file(path: &Path, data: &[u8]) -> io::Result<()> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)
         .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", tmp.display())))?;
-    f.write_all(data)?;
+    let written = f
+        .write_all(data)
+        .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", tmp.display())));
     drop(f);
-    fs::rename(&tmp, path)
-        .map_err(|e| io::Error::new(e.kind(), format!("renaming to {}: {e}", path.display())))
+    let renamed = written.and_then(|()| {
+        fs::rename(&tmp, path)
+            .map_err(|e| io::Error::new(e.kind(), format!("renaming to {}: {e}", path.display())))
+    });
+    if renamed.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    renamed
 }
 
 /// Identity of a file's current version, to notice that it was replaced:

@@ -270,11 +270,18 @@ fn paths(dir: &Path, addr: SocketAddr) -> (PathBuf, PathBuf) {
 }
 
 /// The listeners live in a file of their own next to the state
-/// (`<addr>-<port>.listen`), rewritten in place: it is only ever read and
-/// written under the group's lock, so it needs no atomic replacement — and
-/// a rename (a journal commit on a disk file system, half a millisecond
-/// here) on every `rdma_listen` would widen the window in which a client's
-/// REQ finds the port not listened on yet.
+/// (`<addr>-<port>.listen`), so that registering one leaves the state file
+/// (whose version keys `State::array`'s validity) as it is. Like the
+/// state, it is replaced whole by a rename ([`rundir::replace_file`]),
+/// never rewritten in place: under the group's lock no member reads it
+/// while another writes, but a writer killed between truncating it and
+/// writing it (or failing in the write: a full disk) would leave it empty
+/// or cut short — every member's listeners lost, or a line cut into a
+/// wrong service — and the next writer would make that permanent. A
+/// reader opens either the old file or the new one, each whole. (Not
+/// slower: on ext4 a truncating rewrite triggers the same flush of the
+/// new data as a replacing rename; measured here, 650 µs a rewrite in
+/// place, 190 µs by rename.)
 fn listen_path(state: &Path) -> PathBuf {
     state.with_extension("listen")
 }
@@ -300,12 +307,9 @@ fn write_state(path: &Path, st: &State) -> io::Result<()> {
     write_listeners(path, st)
 }
 
-/// Rewrite the listeners in place (the caller holds the group's lock).
+/// Replace the listener file (the caller holds the group's lock).
 fn write_listeners(path: &Path, st: &State) -> io::Result<()> {
-    use std::io::Write;
-    let mut f = rundir::open_file(&listen_path(path), true, true)?;
-    f.set_len(0)?;
-    f.write_all(st.format_listeners().as_bytes())
+    rundir::replace_file(&listen_path(path), st.format_listeners().as_bytes())
 }
 
 /// Measure the group's socket array: for each index, the inode of the
@@ -759,6 +763,104 @@ mod tests {
         assert_eq!(State::parse(&(st.format() + "listen 1 xyz\n")), None);
         assert_eq!(State::parse(&(st.format() + "member 1 x 3\n")), None);
         assert_eq!(State::parse(&(st.format() + "member 256 1 3\n")), None);
+    }
+
+    /// A state with `n` listeners (slot 1, services `base + i`).
+    fn with_listeners(base: u32, n: u32) -> State {
+        State {
+            secret: *b"\x00\x11\x22\x33\x44\x55\x66\x77",
+            members: vec![Member {
+                slot: 1,
+                inode: 12345,
+                pid: 77,
+            }],
+            listeners: (0..n)
+                .map(|i| Listener {
+                    slot: 1,
+                    service: base + i,
+                })
+                .collect(),
+            array: vec![Some(12345)],
+        }
+    }
+
+    const LISTEN_WRITER_ENV: &str = "SOFTRDMA_UDP_LISTEN_WRITER";
+
+    /// The child of `a_listener_update_killed_midway_loses_no_listener`:
+    /// rewrites the listeners of the state file named in the environment
+    /// with a file size limit (`RLIMIT_FSIZE`) shorter than the new
+    /// listing, so the kernel kills it (`SIGXFSZ`) partway through the
+    /// write. Does nothing in an ordinary test run.
+    #[test]
+    fn listener_writer_child() {
+        let Some(path) = std::env::var_os(LISTEN_WRITER_ENV) else {
+            return;
+        };
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        let small = libc::rlimit {
+            rlim_cur: 64,
+            rlim_max: 64,
+        };
+        // SAFETY: both point at a valid `rlimit` for the duration of the
+        // call; the limits apply to this child process only.
+        unsafe {
+            assert_eq!(libc::setrlimit(libc::RLIMIT_CORE, &no_core), 0);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &small), 0);
+        }
+        let r = write_listeners(Path::new(&path), &with_listeners(0x0111_0000, 40));
+        panic!("not killed while writing the listeners: {r:?}");
+    }
+
+    /// A member killed while it rewrites the listener file (here by the
+    /// file size limit, at the byte where the limit falls) leaves the
+    /// previous listing whole. Rewritten in place (truncated, then
+    /// written), the file was left with part of the new listing — every
+    /// member's listeners lost or cut short for the next writer to
+    /// make permanent.
+    #[test]
+    fn a_listener_update_killed_midway_loses_no_listener() {
+        use std::os::unix::process::ExitStatusExt;
+        use std::time::Instant;
+        let dir = tempfile::Builder::new()
+            .prefix("srdma-steer-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("127.0.0.1-4791.steer");
+        let old = with_listeners(0x0106_0000, 3);
+        write_state(&path, &old).unwrap();
+        assert_eq!(read_state(&path).as_ref(), Some(&old));
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "steer::tests::listener_writer_child",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(LISTEN_WRITER_ENV, &path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the writer did not finish in 30 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGXFSZ),
+            "the writer was to be killed in its write: {status:?}"
+        );
+        assert_eq!(read_state(&path), Some(old));
     }
 
     #[test]

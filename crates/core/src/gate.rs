@@ -128,6 +128,13 @@ impl TxGate {
         self.acked = 0;
     }
 
+    /// Set the byte window alone, keeping the PSN window and its loss
+    /// back-off: for a window that moves with every ACK (HPCC's `W`), which
+    /// would otherwise undo the back-off at each one.
+    pub(crate) fn set_byte_window(&mut self, bytes: Option<u64>) {
+        self.max_bytes = bytes;
+    }
+
     /// Set the rate at `now` (`Some(0)` is refused by the caller). It takes
     /// effect at once, on the wait already running too: that wait is the
     /// last packet's bits, and what of them `now` has not yet paid for is

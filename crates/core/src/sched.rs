@@ -69,7 +69,10 @@ const NIL: u32 = u32::MAX;
 const MAX_PSN_COST: u64 = 4096 + crate::gate::PACKET_OVERHEAD;
 
 /// Put a controller's rate and window into its QP's gate, where changed
-/// (a new window resets the gate's loss back-off, so only when it moved).
+/// (a new PSN window resets the gate's loss back-off, so only when it
+/// moved). A byte window (HPCC's `W`) moves with nearly every ACK, so it
+/// leaves the PSN window and its back-off alone: a timeout's halving is
+/// undone by acknowledged progress, as without a controller.
 fn apply_cc(gate: &mut TxGate, cc: &Controller, now: Nanos) {
     let rate = cc.rate();
     if gate.rate() != rate {
@@ -82,8 +85,11 @@ fn apply_cc(gate: &mut TxGate, cc: &Controller, now: Nanos) {
         }
     }
     if let Some(b) = cc.window_bytes() {
-        if gate.max_bytes() != Some(b) {
+        if gate.max_psns() != crate::qp::MAX_UNACKED_PSNS {
+            // The first time: the window is W's bytes alone.
             gate.set_window(crate::qp::MAX_UNACKED_PSNS, Some(b));
+        } else if gate.max_bytes() != Some(b) {
+            gate.set_byte_window(Some(b));
         }
     }
 }

@@ -326,3 +326,39 @@ fn a_rate_raised_mid_wait_applies_to_that_wait() {
     assert_eq!(a.take(fast, 8).len(), 1, "the second packet leaves then");
     a.ep.check_scheduler().unwrap();
 }
+
+/// HPCC's window `W` moves with every ACK that echoes INT; a moving byte
+/// window must not undo the gate's loss back-off, which only acknowledged
+/// progress undoes (go-back-N: halved on a timeout, one packet back per
+/// window's worth acknowledged).
+#[test]
+fn hpcc_window_updates_keep_the_loss_back_off() {
+    use softrdma_core::cc::{hpcc, IntHop};
+    let (mut sim, qa, qb) = pair(7, 1 << 20, &Opts::default());
+    let cc = CcConfig::Hpcc(hpcc::Params::default());
+    sim.node_mut(0).ep.set_qp_cc(qa.qpn, &cc, G100).unwrap();
+    let a = sim.node_mut(0);
+    a.sync();
+    write(a, &qa, &qb, 1, 1024);
+    assert_eq!(a.take(0, 8).len(), 1, "sent, never answered");
+    let t = a.ep.poll_timeout().expect("the retransmission timer");
+    a.handle_timeout_at(t);
+    assert_eq!(a.ep.stats().window_backoffs, 1);
+    let backed_off = a.ep.qp_gate(qa.qpn).unwrap().psns();
+    assert_eq!(backed_off, 128);
+    let w0 = a.ep.qp_gate(qa.qpn).unwrap().max_bytes();
+    // ACKs echo INT: a full link with a queue, twice, moves W.
+    let hop = |qlen, tx_bytes, ts| IntHop {
+        qlen,
+        tx_bytes,
+        ts,
+        rate_bps: G100,
+    };
+    a.ep.on_int(qa.qpn, t + US, &[hop(100_000, 0, t)]).unwrap();
+    a.ep.on_int(qa.qpn, t + 14 * US, &[hop(100_000, 162_500, t + 13 * US)])
+        .unwrap();
+    let g = a.ep.qp_gate(qa.qpn).unwrap();
+    assert_ne!(g.max_bytes(), w0, "W moved");
+    assert_eq!(g.psns(), backed_off, "no progress: the back-off stays");
+    a.ep.check_scheduler().unwrap();
+}

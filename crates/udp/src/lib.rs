@@ -219,6 +219,10 @@ pub struct PortStats {
     pub pcap_errors: u64,
     /// errno of the last refused send.
     pub last_send_error: Option<i32>,
+    /// GSO trains the kernel refused for their size (a segment over the
+    /// path MTU: `EMSGSIZE`, or `EINVAL` on older kernels), sent again one
+    /// datagram at a time with GSO left on.
+    pub gso_split: u64,
     /// errno that turned GSO off, if it was.
     pub gso_disabled: Option<i32>,
 }

@@ -312,7 +312,9 @@ impl Port {
         self.sock.as_raw_fd()
     }
 
-    /// Whether UDP GSO is in use (it turns itself off on the first failure).
+    /// Whether UDP GSO is in use (it turns itself off when the kernel
+    /// refuses a train because the path cannot do GSO; a train refused
+    /// for its size is only split, see `PortStats::gso_split`).
     pub fn gso_enabled(&self) -> bool {
         self.txq.gso
     }

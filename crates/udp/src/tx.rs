@@ -22,9 +22,13 @@
 //! every socket gets one `sendmmsg` for its run; a train never spans two
 //! sockets.
 //!
-//! GSO is detected at run time: the first `EIO`/`EINVAL`-class failure of a
-//! GSO message turns it off for the port, and the affected datagrams are
-//! rebuilt (ICRCs recomputed with ID 0) and sent one by one.
+//! GSO is detected at run time. A train the kernel refuses for its size
+//! (a segment over the path MTU: `EMSGSIZE`, or `EINVAL` on older
+//! kernels) is rebuilt (ICRCs recomputed with ID 0) and sent one datagram at a
+//! time, and GSO stays on (`PortStats::gso_split`). A train refused
+//! because the path cannot do GSO at all (`EIO`: no checksum offload,
+//! IPsec; `ENOPROTOOPT`, `EOPNOTSUPP`) turns GSO off for the port, and its
+//! datagrams are sent the same way.
 
 use crate::capture::Capture;
 use crate::icrc::{self, Addrs};
@@ -308,8 +312,9 @@ impl TxQueue {
     }
 
     /// Group entries `from..` into messages and fill their ICRCs and
-    /// headers; returns the number of messages.
-    fn build(&mut self, from: usize, local: &Local) -> usize {
+    /// headers; returns the number of messages. Entries before `alone`
+    /// (a train the kernel refused for its size) go one per message.
+    fn build(&mut self, from: usize, local: &Local, alone: usize) -> usize {
         self.groups.clear();
         let n = self.entries.len();
         // One `sendmmsg` per send socket: order the entries by socket,
@@ -332,7 +337,7 @@ impl TxQueue {
             // from MAD to MAD, and it would steer a train whole by its first
             // (on loopback a train arrives as one entry). So a MAD is never
             // put in a train.
-            if self.gso && first.owned.is_none() && first.qpn != GSI_QPN {
+            if self.gso && start >= alone && first.owned.is_none() && first.qpn != GSI_QPN {
                 let (seg, mut total, mut iovn) = (first.len, first.len, first.iov_len);
                 while i < n && i - start < GSO_MAX_SEGMENTS {
                     let e = &self.entries[i];
@@ -479,8 +484,10 @@ impl TxQueue {
         let mut next = 0;
         let mut waited = Duration::ZERO;
         let mut backoff = Duration::from_micros(20);
+        // Entries before this go one by one (see `EMSGSIZE` below).
+        let mut alone = 0;
         'build: while next < self.entries.len() {
-            let m = self.build(next, local);
+            let m = self.build(next, local, alone);
             let mut sent = 0;
             while sent < m {
                 // The messages of one socket are consecutive (see `build`).
@@ -490,13 +497,19 @@ impl TxQueue {
                     .unwrap_or(m);
                 let fd = pool.fd(sock, main);
                 stats.sendmmsg_calls += 1;
-                // SAFETY: `build` pointed every header at `self.addrs`,
-                // `self.iovs` and `self.cmsgs`, and every head and trailer
-                // iovec at the arenas, none of which changes before the
-                // next `build`; owned iovecs point at `self.owned` buffers
-                // kept until the queue is cleared; payload iovecs point at
-                // memory the flushing `Tx` borrows (see `payload`).
-                match unsafe { sys::sendmmsg(fd, &mut self.msgs[sent..run]) } {
+                let train = self.groups[sent].end - self.groups[sent].start > 1;
+                let r = match refusal::injected(train) {
+                    Some(e) => Err(e),
+                    // SAFETY: `build` pointed every header at `self.addrs`,
+                    // `self.iovs` and `self.cmsgs`, and every head and
+                    // trailer iovec at the arenas, none of which changes
+                    // before the next `build`; owned iovecs point at
+                    // `self.owned` buffers kept until the queue is cleared;
+                    // payload iovecs point at memory the flushing `Tx`
+                    // borrows (see `payload`).
+                    None => unsafe { sys::sendmmsg(fd, &mut self.msgs[sent..run]) },
+                };
+                match r {
                     Ok(0) => {
                         // Nothing taken and no error: wait as for EAGAIN.
                         sys::poll_writable(fd, 1);
@@ -536,10 +549,31 @@ impl TxQueue {
                                 }
                                 waited += t.elapsed().max(Duration::from_micros(1));
                             }
-                            libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP
+                            libc::EMSGSIZE | libc::EINVAL if g.end - g.start > 1 => {
+                                // This train refused for its size: a
+                                // segment over the path MTU (`EMSGSIZE`;
+                                // `EINVAL` on kernels without 2025's "udp:
+                                // gso: do not drop small packets when PMTU
+                                // reduces"), more segments or bytes than
+                                // the kernel takes in one send. (`EINVAL`
+                                // for GSO itself needs UDP checksums off,
+                                // `SO_NO_CHECK` or `UDP_NO_CHECK6_TX`,
+                                // which these sockets never set.) Resend
+                                // these one by one — each then fits or
+                                // fails on its own — and keep GSO for the
+                                // next trains: smaller ones, or to another
+                                // path.
+                                stats.gso_split += 1;
+                                alone = g.end;
+                                next = g.start;
+                                continue 'build;
+                            }
+                            libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP
                                 if g.end - g.start > 1 =>
                             {
-                                // No UDP GSO on this path: resend these one by one.
+                                // No UDP GSO on this path (no checksum
+                                // offload on its device, IPsec): resend
+                                // these one by one, and everything after.
                                 self.gso = false;
                                 stats.gso_disabled = Some(code);
                                 next = g.start;
@@ -558,6 +592,39 @@ impl TxQueue {
             }
         }
         Ok(())
+    }
+}
+
+/// A send refusal a test makes the kernel's: the next run of messages
+/// that starts with a GSO train fails with the errno set for the thread.
+#[cfg(test)]
+mod refusal {
+    use std::cell::Cell;
+    use std::io;
+
+    thread_local! {
+        static NEXT_TRAIN: Cell<Option<i32>> = const { Cell::new(None) };
+    }
+
+    pub(super) fn refuse_next_train(errno: i32) {
+        NEXT_TRAIN.with(|n| n.set(Some(errno)));
+    }
+
+    pub(super) fn injected(train: bool) -> Option<io::Error> {
+        if !train {
+            return None;
+        }
+        NEXT_TRAIN
+            .with(|n| n.take())
+            .map(io::Error::from_raw_os_error)
+    }
+}
+
+#[cfg(not(test))]
+mod refusal {
+    #[inline(always)]
+    pub(super) fn injected(_train: bool) -> Option<std::io::Error> {
+        None
     }
 }
 
@@ -589,5 +656,163 @@ pub(crate) fn gid_of(ip: std::net::IpAddr) -> [u8; 16] {
     match ip {
         std::net::IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
         std::net::IpAddr::V6(v) => v.octets(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::txsock::MAIN;
+    use std::net::UdpSocket;
+    use std::os::fd::AsRawFd;
+
+    /// A sender and a receiver on one loopback address.
+    struct Rig {
+        tx: UdpSocket,
+        rx: UdpSocket,
+        pool: SendPool,
+        local: Local,
+        q: TxQueue,
+        stats: PortStats,
+    }
+
+    impl Rig {
+        fn new(ip: &str) -> Option<Rig> {
+            let tx = UdpSocket::bind((ip, 0)).ok()?;
+            let rx = UdpSocket::bind((ip, 0)).unwrap();
+            tx.set_nonblocking(true).unwrap();
+            rx.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let local = Local {
+                addr: tx.local_addr().unwrap(),
+            };
+            let pool = SendPool::new(local.addr.ip(), 0, None, local.addr.port());
+            Some(Rig {
+                tx,
+                rx,
+                pool,
+                local,
+                q: TxQueue::new(64, true),
+                stats: PortStats::default(),
+            })
+        }
+
+        /// Queue `n` datagrams of `len` payload bytes for one QP (a train)
+        /// and flush them (here, while the payload they point at lives).
+        fn send(&mut self, n: usize, len: usize) {
+            let mut head = [0u8; len::BTH];
+            head[0] = 0x04; // RC SEND ONLY
+            head[5..8].copy_from_slice(&[0x01, 0x00, 0x05]);
+            let payload = vec![0x5au8; len];
+            let dst = self.rx.local_addr().unwrap();
+            for _ in 0..n {
+                let size = TxQueue::validate(&head, &[&payload], 0).unwrap();
+                self.q.push(
+                    dst,
+                    (MAIN, self.local.addr.port()),
+                    &head,
+                    &[&payload],
+                    0,
+                    size,
+                );
+            }
+            let Rig {
+                tx,
+                pool,
+                local,
+                q,
+                stats,
+                ..
+            } = self;
+            q.flush((tx.as_raw_fd(), pool), local, stats, &mut None)
+                .unwrap();
+        }
+
+        /// The datagrams that arrived (until 200 ms pass without one).
+        fn received(&self) -> usize {
+            let mut buf = [0u8; 65536];
+            let mut n = 0;
+            while self.rx.recv(&mut buf).is_ok() {
+                n += 1;
+            }
+            n
+        }
+    }
+
+    /// A train the kernel refuses for its size (`EMSGSIZE`; `EINVAL` on
+    /// older kernels for a segment over the path MTU) is sent again
+    /// one datagram at a time, and GSO stays on for the next trains. It
+    /// used to cost the port GSO for good (`EINVAL`), or to drop the
+    /// whole train (`EMSGSIZE`).
+    #[test]
+    fn a_train_refused_for_its_size_is_split_and_gso_stays_on() {
+        for errno in [libc::EINVAL, libc::EMSGSIZE] {
+            let mut r = Rig::new("127.0.0.1").unwrap();
+            refusal::refuse_next_train(errno);
+            r.send(4, 200);
+            assert!(r.q.gso, "errno {errno}: GSO stays on");
+            assert_eq!(r.stats.gso_disabled, None, "errno {errno}");
+            assert_eq!(
+                (r.stats.tx_packets, r.stats.send_errors, r.stats.gso_batches),
+                (4, 0, 0),
+                "errno {errno}: the train's datagrams sent one by one"
+            );
+            assert_eq!(r.stats.gso_split, 1, "errno {errno}");
+            assert_eq!(r.received(), 4, "errno {errno}");
+            r.send(4, 200);
+            assert_eq!(
+                (r.stats.gso_batches, r.stats.gso_segments),
+                (1, 4),
+                "errno {errno}: the next run is a train again"
+            );
+            assert_eq!(r.received(), 4, "errno {errno}");
+        }
+    }
+
+    /// A train the kernel refuses because it cannot do GSO on the path
+    /// (`EIO`: no checksum offload, IPsec) turns GSO off; the train's
+    /// datagrams go one by one.
+    #[test]
+    fn a_path_without_gso_turns_it_off() {
+        let mut r = Rig::new("127.0.0.1").unwrap();
+        refusal::refuse_next_train(libc::EIO);
+        r.send(4, 200);
+        assert!(!r.q.gso);
+        assert_eq!(r.stats.gso_disabled, Some(libc::EIO));
+        assert_eq!((r.stats.tx_packets, r.stats.send_errors), (4, 0));
+        assert_eq!(r.received(), 4);
+        r.send(4, 200);
+        assert_eq!(r.stats.gso_batches, 0);
+        assert_eq!(r.received(), 4);
+    }
+
+    /// The real thing: over IPv6 with a socket MTU (`IPV6_MTU`) of 1280,
+    /// the kernel refuses a train of 2000-byte datagrams (each also too
+    /// big alone: the socket sets DF), and a later train of small ones
+    /// still goes as a train.
+    #[test]
+    fn a_train_over_the_path_mtu_leaves_gso_on() {
+        let Some(mut r) = Rig::new("::1") else {
+            eprintln!("no IPv6 loopback: skipped");
+            return;
+        };
+        let fd = r.tx.as_raw_fd();
+        sys::setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU, 1280).unwrap();
+        sys::setsockopt_int(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DO,
+        )
+        .unwrap();
+        r.send(4, 2000);
+        assert!(r.q.gso, "GSO stays on ({:?})", r.stats.last_send_error);
+        assert_eq!(r.stats.gso_disabled, None);
+        assert_eq!(r.stats.send_errors, 4, "each datagram too big alone");
+        assert_eq!(r.stats.last_send_error, Some(libc::EMSGSIZE));
+        assert_eq!(r.received(), 0);
+        r.send(4, 500);
+        assert_eq!((r.stats.gso_batches, r.stats.gso_segments), (1, 4));
+        assert_eq!(r.received(), 4);
     }
 }

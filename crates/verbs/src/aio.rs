@@ -16,9 +16,7 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{
-    AsyncEvent, CompChannel, Completion, Context, CoreError, Cq, Error, QpEndpoint, Result,
-};
+use crate::{AsyncEvent, CompChannel, Completion, Context, Cq, Error, QpEndpoint, Result};
 
 /// A context's async-event descriptor, lent to tokio's reactor by a
 /// borrow of the context (so it stays open while registered).
@@ -31,7 +29,10 @@ impl AsRawFd for EventsFd<'_> {
 }
 
 /// A completion queue whose completions are awaited. The CQ must have been
-/// created with a completion channel of its own (one CQ per channel).
+/// created with a completion channel of its own: `AsyncCq::new` refuses a
+/// channel another CQ shares, and while the `AsyncCq` lives no other CQ
+/// can be created on it (it takes the channel's events without looking
+/// whose they are).
 pub struct AsyncCq {
     cq: Cq,
     /// The CQ's channel, owned by the registration: its eventfd stays open
@@ -43,18 +44,19 @@ impl AsyncCq {
     /// Take `cq` (created with a completion channel) for async waiting.
     /// Needs a tokio runtime with IO enabled.
     pub fn new(cq: Cq) -> Result<AsyncCq> {
-        let ch = cq
-            .channel
-            .clone()
-            .ok_or(Error::Verbs(CoreError::InvalidArgument(
-                "AsyncCq needs a CQ created with a completion channel",
-            )))?;
+        cq.own_channel()?;
+        let ch = cq.channel.clone().expect("own_channel checked it");
         // SAFETY: the channel is owned by the `AsyncFd`; its eventfd is
         // closed only when the last clone of the channel drops, which
         // cannot happen before this registration does, and `as_raw_fd`
         // always returns that same descriptor.
-        let fd = unsafe { AsyncFd::register(ch) }.map_err(|e| Error::Io(e.into()))?;
-        Ok(AsyncCq { cq, fd })
+        match unsafe { AsyncFd::register(ch) } {
+            Ok(fd) => Ok(AsyncCq { cq, fd }),
+            Err(e) => {
+                cq.release_channel();
+                Err(Error::Io(e.into()))
+            }
+        }
     }
 
     /// The CQ, for posting against and polling.
@@ -100,6 +102,12 @@ impl AsyncCq {
                 Ok((self.cq.poll(&mut c)? == 1).then_some(c[0]))
             }
         }
+    }
+}
+
+impl Drop for AsyncCq {
+    fn drop(&mut self) {
+        self.cq.release_channel();
     }
 }
 

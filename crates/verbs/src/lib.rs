@@ -662,6 +662,7 @@ impl Context {
                 q: Default::default(),
                 change: Default::default(),
                 serving: Default::default(),
+                owned: Default::default(),
                 eng: Arc::downgrade(&self.eng),
             }),
         })
@@ -672,6 +673,11 @@ impl Context {
     /// `max_cq` CQs exist already.
     pub fn create_cq(&self, depth: u32, channel: Option<&CompChannel>) -> Result<Cq> {
         let mut st = self.eng.lock();
+        if channel.is_some_and(|ch| ch.inner.owned.load(std::sync::atomic::Ordering::Relaxed)) {
+            return Err(Error::Verbs(CoreError::InvalidArgument(
+                "this completion channel belongs to an AsyncCq, which takes every event of it: create the CQ with a channel of its own",
+            )));
+        }
         let id = st.ep.create_cq(depth)?;
         if let Some(ch) = channel {
             st.channels.insert(id.0, ch.inner.clone());
@@ -1582,6 +1588,11 @@ pub(crate) struct ChannelInner {
     change: std::sync::Condvar,
     /// `get_event` calls of this channel inside `Engine::serve_socket`.
     serving: std::sync::atomic::AtomicU32,
+    /// An `aio::AsyncCq` owns the channel: it takes the channel's events
+    /// without looking whose they are, so its CQ must be the channel's
+    /// only one. Set and read under the engine's lock, where CQs join
+    /// channels (`Context::create_cq`).
+    pub owned: std::sync::atomic::AtomicBool,
     /// The device whose socket a waiter watches too (weak: the engine's
     /// channel table holds this).
     pub eng: std::sync::Weak<Engine>,
@@ -1851,6 +1862,45 @@ impl Cq {
         // About to sleep on the channel: the engine thread serves the socket.
         self.eng.unmask(&mut st);
         Ok(())
+    }
+}
+
+impl Cq {
+    /// Make this CQ's channel its own for an `aio::AsyncCq`: refused if
+    /// another CQ shares the channel, and no CQ may join it until
+    /// [`Cq::release_channel`]. Under the engine's lock, as `create_cq`.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn own_channel(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let ch = self
+            .channel
+            .as_ref()
+            .ok_or(Error::Verbs(CoreError::InvalidArgument(
+                "AsyncCq needs a CQ created with a completion channel",
+            )))?;
+        let st = self.eng.lock();
+        let shared = st
+            .channels
+            .iter()
+            .any(|(&cq, c)| cq != self.id.0 && Arc::ptr_eq(c, &ch.inner));
+        if shared || ch.inner.owned.load(Relaxed) {
+            return Err(Error::Verbs(CoreError::InvalidArgument(
+                "AsyncCq needs a completion channel of its own: another CQ shares this CQ's channel, and AsyncCq would take that CQ's events",
+            )));
+        }
+        ch.inner.owned.store(true, Relaxed);
+        Ok(())
+    }
+
+    /// Undo [`Cq::own_channel`].
+    #[cfg(feature = "tokio")]
+    pub(crate) fn release_channel(&self) {
+        if let Some(ch) = &self.channel {
+            let _st = self.eng.lock();
+            ch.inner
+                .owned
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 
@@ -2646,6 +2696,7 @@ mod tests {
             q: Default::default(),
             change: Default::default(),
             serving: Default::default(),
+            owned: Default::default(),
             eng: std::sync::Weak::new(),
         });
         // A waiter serves the socket (`Engine::serve_socket`).

@@ -55,3 +55,37 @@ fn async_events_wake_a_tokio_task_once_per_event() {
         );
     });
 }
+
+/// `AsyncCq` takes its channel's events without looking whose they are, so
+/// its CQ must have the channel to itself: a channel another CQ shares is
+/// refused with an error saying so (the other CQ's events would have been
+/// swallowed), and while an `AsyncCq` holds a channel no CQ can join it;
+/// once the `AsyncCq` is gone one can. Before, both were accepted.
+#[test]
+fn async_cq_needs_a_channel_of_its_own() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ctx = open(V4);
+        let shared = ctx.create_comp_channel().unwrap();
+        let a = ctx.create_cq(8, Some(&shared)).unwrap();
+        let _b = ctx.create_cq(8, Some(&shared)).unwrap();
+        let e = aio::AsyncCq::new(a)
+            .err()
+            .expect("a shared channel was taken");
+        assert!(e.to_string().contains("of its own"), "{e}");
+
+        let own = ctx.create_comp_channel().unwrap();
+        let c = ctx.create_cq(8, Some(&own)).unwrap();
+        let acq = aio::AsyncCq::new(c).unwrap();
+        let e = ctx
+            .create_cq(8, Some(&own))
+            .err()
+            .expect("a CQ joined an AsyncCq's channel");
+        assert!(e.to_string().contains("belongs to an AsyncCq"), "{e}");
+        drop(acq);
+        ctx.create_cq(8, Some(&own)).unwrap();
+    });
+}

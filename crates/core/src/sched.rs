@@ -509,6 +509,7 @@ impl Sched {
             } else if qp.comp.psn.after(before.una) {
                 slot.gate.on_acked(before.una.distance_to(qp.comp.psn));
                 if let Some(cc) = slot.cc.as_mut() {
+                    cc.on_acked();
                     let mut heard = false;
                     while let Some((_, sent)) = slot.probes.pop_acked(qp.comp.psn) {
                         cc.on_rtt(now, now.saturating_sub(sent), qp.mtu());

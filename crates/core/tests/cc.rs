@@ -362,3 +362,45 @@ fn hpcc_window_updates_keep_the_loss_back_off() {
     assert_eq!(g.psns(), backed_off, "no progress: the back-off stays");
     a.ep.check_scheduler().unwrap();
 }
+
+/// Swift on retransmission timeouts: each cuts the window by max_mdf, the
+/// fifth in a row drops it to min_cwnd — and an ACK of progress in between
+/// starts the count again.
+#[test]
+fn swift_timeouts_cut_by_max_mdf_and_progress_restarts_the_count() {
+    let (mut sim, qa, qb) = pair(8, 1 << 20, &Opts::default());
+    let p = softrdma_core::cc::swift::Params::default();
+    let cc = CcConfig::Swift(p);
+    sim.node_mut(0).ep.set_qp_cc(qa.qpn, &cc, G100).unwrap();
+    let (cwnd0, _) = swift_cwnd(sim.node(0), &qa);
+    let a = sim.node_mut(0);
+    a.sync();
+    write(a, &qa, &qb, 1, 1024);
+    let mut last = a.take(0, 8);
+    assert_eq!(last.len(), 1, "sent and lost");
+    let mut t = 0;
+    for _ in 0..4 {
+        t = a.ep.poll_timeout().expect("the retransmission timer");
+        a.handle_timeout_at(t);
+        last = a.take(t, 8);
+        assert_eq!(last.len(), 1, "resent and lost");
+    }
+    assert_eq!(swift_cwnd(a, &qa).0, cwnd0 / 16.0, "four cuts by half");
+    // The fourth resend arrives: its ACK is progress.
+    let b = sim.node_mut(1);
+    b.deliver(t + US, 0, &last[0]);
+    let acks = b.take(t + US, 8);
+    let a = sim.node_mut(0);
+    for k in &acks {
+        a.deliver(t + 2 * US, 1, k);
+    }
+    assert_eq!(a.poll_cq(qa.scq).len(), 1);
+    // A fifth timeout, but the first since that progress: a cut, not the
+    // floor.
+    write(a, &qa, &qb, 2, 1024);
+    assert_eq!(a.take(t + 3 * US, 8).len(), 1, "sent and lost");
+    let t = a.ep.poll_timeout().expect("the retransmission timer");
+    a.handle_timeout_at(t);
+    assert_eq!(swift_cwnd(a, &qa).0, cwnd0 / 32.0);
+    a.ep.check_scheduler().unwrap();
+}

@@ -228,6 +228,13 @@ impl Controller {
         }
     }
 
+    /// An ACK acknowledged progress (the cumulative ACK moved).
+    pub fn on_acked(&mut self) {
+        if let Controller::Swift(c) = self {
+            c.on_acked();
+        }
+    }
+
     /// Request bytes per RTT sample, for a controller that updates per
     /// completed segment (`None`: one sample per round trip).
     pub fn sample_bytes(&self) -> Option<u32> {

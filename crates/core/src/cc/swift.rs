@@ -13,15 +13,19 @@
 //! `fs(cwnd) = clamp(α/√cwnd + β′, 0, fs_range)` is the flow-based scaling
 //! that raises the target for flows with small windows (many flows
 //! sharing a bottleneck), with α, β′ chosen so that fs is `fs_range` at
-//! `fs_min_cwnd` and 0 at `fs_max_cwnd`. A retransmission timeout drops the
-//! window to its floor. Windows below one packet are paced: the QP sends
+//! `fs_min_cwnd` and 0 at `fs_max_cwnd`. A retransmission timeout cuts the
+//! window by `max_mdf` (at most once per RTT), and the
+//! `retx_reset_threshold`-th timeout in a row drops it to `min_cwnd`; an
+//! ACK that acknowledges progress starts the count again (the paper's
+//! `retransmit_cnt`). Windows below one packet are paced: the QP sends
 //! one packet per `rtt/cwnd`.
 //!
 //! The endpoint does not know the hop count here (Swift reads it from the
 //! IP TTL), so `hops` is a parameter (0: the target is base + fs).
 //! Constants are htsim's (`swift.cpp`, which calls them guesses): ai 1,
 //! β 0.8, max_mdf 0.5, base target 20 µs, h = base/6.55, fs_range 5·base,
-//! fs cwnd range 0.1–100 packets.
+//! fs cwnd range 0.1–100 packets, 5 timeouts before the reset to
+//! `min_cwnd` (the paper gives no value).
 
 use crate::Nanos;
 
@@ -38,7 +42,12 @@ pub struct Params {
     pub fs_range: Nanos,
     pub fs_min_cwnd: f64,
     pub fs_max_cwnd: f64,
+    /// The window's floor, packets (below one, a pace).
     pub min_cwnd: f64,
+    /// Consecutive retransmission timeouts after which the window drops to
+    /// `min_cwnd` (the paper's `RETX_RESET_THRESHOLD`); before, each cuts it
+    /// by `max_mdf`.
+    pub retx_reset_threshold: u32,
     /// The window's ceiling, packets (the transmit gate's limit).
     pub max_cwnd: f64,
 }
@@ -57,6 +66,7 @@ impl Default for Params {
             fs_min_cwnd: 0.1,
             fs_max_cwnd: 100.0,
             min_cwnd: 0.01,
+            retx_reset_threshold: 5,
             max_cwnd: crate::qp::MAX_UNACKED_PSNS as f64,
         }
     }
@@ -69,6 +79,8 @@ pub struct Swift {
     cwnd: f64,
     last_decrease: Option<Nanos>,
     last_rtt: Nanos,
+    /// Retransmission timeouts since the last ACK of progress.
+    retransmits: u32,
     /// Bytes per packet the pacing assumes (the QP's path MTU, told with
     /// each sample).
     mtu: u32,
@@ -83,6 +95,7 @@ impl Swift {
             cwnd: p.max_cwnd,
             last_decrease: None,
             last_rtt: p.base_target,
+            retransmits: 0,
             mtu: 4096,
             samples: 0,
         }
@@ -124,9 +137,28 @@ impl Swift {
         self.cwnd = self.cwnd.clamp(self.p.min_cwnd, self.p.max_cwnd);
     }
 
+    /// A retransmission timeout (Swift's Algorithm 1): the
+    /// `retx_reset_threshold`-th in a row drops the window to `min_cwnd`;
+    /// one before cuts it by `max_mdf`, if no decrease came within the
+    /// last RTT.
     pub fn on_timeout(&mut self, now: Nanos) {
-        self.cwnd = self.p.min_cwnd.max(1.0).min(self.cwnd);
-        self.last_decrease = Some(now);
+        self.retransmits = self.retransmits.saturating_add(1);
+        if self.retransmits >= self.p.retx_reset_threshold {
+            self.cwnd = self.p.min_cwnd;
+            self.last_decrease = Some(now);
+        } else if self
+            .last_decrease
+            .is_none_or(|t| now.saturating_sub(t) >= self.last_rtt)
+        {
+            self.cwnd *= 1.0 - self.p.max_mdf;
+            self.last_decrease = Some(now);
+        }
+        self.cwnd = self.cwnd.clamp(self.p.min_cwnd, self.p.max_cwnd);
+    }
+
+    /// An ACK acknowledged progress: the timeouts in a row start again.
+    pub fn on_acked(&mut self) {
+        self.retransmits = 0;
     }
 
     /// The PSN window: ⌊cwnd⌋, at least one packet.
@@ -160,6 +192,31 @@ mod tests {
         // Within the same RTT: no second decrease.
         s.on_rtt(200 * US, 10_000 * US, 1024);
         assert_eq!(s.cwnd(), 5.5);
+    }
+
+    #[test]
+    fn timeouts_cut_by_max_mdf_until_the_threshold_drops_to_min_cwnd() {
+        let p = Params::default();
+        let mut s = Swift::new(p, 100_000_000_000);
+        s.cwnd = 64.0;
+        s.last_rtt = 20 * US;
+        s.on_timeout(0);
+        assert_eq!(s.cwnd(), 32.0, "cut by max_mdf, not to one packet");
+        // Another within the RTT: no second decrease.
+        s.on_timeout(10 * US);
+        assert_eq!(s.cwnd(), 32.0);
+        s.on_timeout(40 * US);
+        s.on_timeout(80 * US);
+        assert_eq!(s.cwnd(), 8.0);
+        // The fifth in a row: the window's floor.
+        s.on_timeout(120 * US);
+        assert_eq!(s.cwnd(), p.min_cwnd);
+        assert!(s.rate().is_some(), "below one packet, paced");
+        // Progress starts the count again.
+        s.on_acked();
+        s.cwnd = 64.0;
+        s.on_timeout(200 * US);
+        assert_eq!(s.cwnd(), 32.0);
     }
 
     #[test]

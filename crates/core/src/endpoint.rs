@@ -68,7 +68,9 @@ pub struct EndpointConfig {
     /// its RC QPs (counted as [`crate::gate`] says), so that a sender with
     /// many QPs cannot overrun its receiver's socket buffer. A larger value
     /// keeps more in flight on a long path; a smaller one protects a
-    /// smaller receive buffer. `u64::MAX` turns it off.
+    /// smaller receive buffer. `u64::MAX` turns it off. At least 1 (one
+    /// packet in flight at a time): 0 would hold every RC QP forever, and
+    /// [`EndpointConfig::validate`] refuses it.
     pub max_inflight_per_dest: u64,
     /// Bytes a ready QP sends per turn of the scheduler's round robin. A
     /// larger quantum gives longer runs from one QP (longer GSO trains,
@@ -123,6 +125,20 @@ impl Default for EndpointConfig {
             // once, 4.3 MB at most.
             reorder_slots: 1024,
         }
+    }
+}
+
+impl EndpointConfig {
+    /// Refuse a configuration the endpoint could not run with, naming the
+    /// field.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.max_inflight_per_dest == 0 {
+            return Err(Error::InvalidArgument(
+                "EndpointConfig::max_inflight_per_dest is 0, which no RC QP could ever send \
+                 under; it must be at least 1 (u64::MAX turns the budget off)",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -358,7 +374,23 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// An endpoint with `cfg`, or the error [`EndpointConfig::validate`]
+    /// finds in it.
+    pub fn try_new(cfg: EndpointConfig) -> Result<Endpoint, Error> {
+        cfg.validate()?;
+        Ok(Endpoint::new(cfg))
+    }
+
+    /// An endpoint with `cfg`.
+    ///
+    /// # Panics
+    ///
+    /// If [`EndpointConfig::validate`] refuses `cfg` (with its message;
+    /// [`Endpoint::try_new`] returns it instead).
     pub fn new(mut cfg: EndpointConfig) -> Endpoint {
+        if let Err(e) = cfg.validate() {
+            panic!("{e}");
+        }
         let keys = std::mem::take(&mut cfg.key_source);
         Endpoint {
             shared: Shared {

@@ -442,3 +442,36 @@ fn a_timeout_halves_the_window_and_progress_grows_it_back() {
         sim.node(0).mem.slice(region(0), len)
     );
 }
+
+/// A per-destination budget of 0 would hold every RC QP forever (no packet
+/// ever fits): the configuration is refused, naming the field. One byte is
+/// the smallest that works (one packet in flight at a time).
+#[test]
+fn a_zero_per_destination_budget_is_refused_naming_the_field() {
+    let zero = || EndpointConfig {
+        max_inflight_per_dest: 0,
+        ..Default::default()
+    };
+    let made = std::panic::catch_unwind(|| Endpoint::new(zero()));
+    let msg = match made {
+        Ok(_) => panic!("an endpoint was made with a budget of 0"),
+        Err(p) => p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+    };
+    assert!(msg.contains("max_inflight_per_dest"), "{msg}");
+    let e = Endpoint::try_new(zero()).unwrap_err();
+    assert!(e.to_string().contains("max_inflight_per_dest"), "{e}");
+    assert_eq!(zero().validate(), Err(e));
+    let one = EndpointConfig {
+        max_inflight_per_dest: 1,
+        ..Default::default()
+    };
+    assert!(Endpoint::try_new(one).is_ok());
+    // And with it, two QPs' WRITEs go through, a packet at a time.
+    let (mut sim, v) = through_bottleneck(2, 64 << 10, 1);
+    write_all(&mut sim, &v, 64 << 10, 10 * SEC);
+    assert_eq!(sim.node(0).ep.stats().retransmits, 0);
+}

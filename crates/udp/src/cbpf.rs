@@ -34,6 +34,18 @@ pub(crate) const PROBE_LEN: usize = softrdma_wire::dissect::STEERING_PROBE_LEN;
 /// First byte of a probe: a BTH opcode in the manufacturer-specific range,
 /// which no RoCE peer sends to us with the secret behind it.
 pub(crate) const PROBE_OPCODE: u8 = softrdma_wire::dissect::STEERING_PROBE_OPCODE;
+/// The kernel's limit on the length of a classic BPF program
+/// (`BPF_MAXINSNS`, linux/bpf_common.h): a longer one is refused with a
+/// bare `EINVAL`.
+pub(crate) const BPF_MAXINSNS: usize = 4096;
+/// Instructions of the group program besides its two tables (see
+/// [`group_program`]): the probe and QP1 checks, the tables' ends.
+const GROUP_FIXED_INSNS: usize = 35;
+/// Most listeners one address can have: two instructions each, with room
+/// kept for two per slot of all 255 members, so that no join is ever
+/// refused for the listeners already there (1775).
+pub(crate) const MAX_LISTENERS: usize = (BPF_MAXINSNS - GROUP_FIXED_INSNS - 2 * 255) / 2;
+
 /// The group program's answer for "no socket": past any array, so the
 /// kernel falls back to its hash and the member it picks drops the datagram
 /// as not its slot.
@@ -118,12 +130,26 @@ pub(crate) mod gsi {
 
 /// The group program for `table`, (slot, index of its socket) pairs, and
 /// `listeners`, (low 32 bits of a CM service ID, index of the socket of
-/// the member listening on it).
+/// the member listening on it). Fails, naming the limit, if it would be
+/// longer than the kernel takes.
 pub(crate) fn group_program(
     secret: [u8; 8],
     table: &[(u8, u16)],
     listeners: &[(u32, u16)],
-) -> Vec<Insn> {
+) -> io::Result<Vec<Insn>> {
+    let len = GROUP_FIXED_INSNS + 2 * listeners.len() + 2 * table.len();
+    if len > BPF_MAXINSNS {
+        return Err(io::Error::new(
+            io::ErrorKind::QuotaExceeded,
+            format!(
+                "the steering program for {} listened services and {} members would be \
+                 {len} instructions, and a classic BPF program may have at most \
+                 {BPF_MAXINSNS} (BPF_MAXINSNS)",
+                listeners.len(),
+                table.len()
+            ),
+        ));
+    }
     let (hi, lo) = secret_words(secret);
     // Offsets from the UDP payload; a load past the end would make the
     // program return 0 (index 0, a real socket), so the length is checked
@@ -182,7 +208,8 @@ pub(crate) fn group_program(
         p.push(op(RET_K, 0, 0, index as u32));
     }
     p.push(op(RET_K, 0, 0, NO_SOCKET));
-    p
+    debug_assert_eq!(p.len(), len);
+    Ok(p)
 }
 
 /// The probe filter: drop probes with `secret`, pass everything else.
@@ -209,8 +236,18 @@ pub(crate) fn drop_all() -> Vec<Insn> {
 }
 
 fn attach(fd: RawFd, name: libc::c_int, prog: &[Insn], what: &str) -> io::Result<()> {
+    if prog.len() > BPF_MAXINSNS {
+        return Err(io::Error::new(
+            io::ErrorKind::QuotaExceeded,
+            format!(
+                "{what}: a program of {} instructions, and a classic BPF program may have \
+                 at most {BPF_MAXINSNS} (BPF_MAXINSNS)",
+                prog.len()
+            ),
+        ));
+    }
     let fprog = Fprog {
-        len: prog.len() as libc::c_ushort,
+        len: libc::c_ushort::try_from(prog.len()).expect("at most BPF_MAXINSNS"),
         filter: prog.as_ptr(),
     };
     // SAFETY: `fprog` and the instructions it points to live across the
@@ -295,7 +332,7 @@ mod tests {
     #[test]
     fn group_program_steers_slots_and_probes() {
         let secret = *b"\x01\x02\x03\x04\xa5\xb6\xc7\xd8";
-        let p = group_program(secret, &[(3, 0), (7, 2), (200, 1)], &[]);
+        let p = group_program(secret, &[(3, 0), (7, 2), (200, 1)], &[]).unwrap();
         assert_eq!(run(&p, &bth(3)), 0);
         assert_eq!(run(&p, &bth(7)), 2);
         assert_eq!(run(&p, &bth(200)), 1);
@@ -307,9 +344,41 @@ mod tests {
         assert_eq!(run(&p, &probe(*b"12345678", 1)), NO_SOCKET);
         // 255 slots still fit the kernel's 4096-instruction limit.
         let all: Vec<(u8, u16)> = (1..=255u8).map(|s| (s, s as u16 - 1)).collect();
-        let p = group_program(secret, &all, &[]);
+        let p = group_program(secret, &all, &[]).unwrap();
         assert!(p.len() < 4096);
         assert_eq!(run(&p, &bth(255)), 254);
+    }
+
+    /// `MAX_LISTENERS` listeners fit with all 255 members; one more is
+    /// refused by an error naming the limit and the counts, not handed to
+    /// the kernel (whose answer is a bare `EINVAL`) or truncated.
+    #[test]
+    fn the_most_listeners_fit_with_all_members_and_one_more_is_refused() {
+        let secret = *b"\x01\x02\x03\x04\xa5\xb6\xc7\xd8";
+        let all: Vec<(u8, u16)> = (1..=255u8).map(|s| (s, s as u16 - 1)).collect();
+        let listeners: Vec<(u32, u16)> = (0..MAX_LISTENERS as u32)
+            .map(|i| (0x0106_0000 + i, (i % 255) as u16))
+            .collect();
+        let p = group_program(secret, &all, &listeners).unwrap();
+        assert!(p.len() <= BPF_MAXINSNS, "{}", p.len());
+        assert_eq!(run(&p, &mad(0x0010, 0, 0x0106_0000 + 1000)), 1000 % 255);
+        let mut more = listeners.clone();
+        more.push((0x0107_0000, 0));
+        let e = group_program(secret, &all, &more).unwrap_err().to_string();
+        assert!(
+            e.contains("1776 listened services and 255 members")
+                && e.contains("4097 instructions")
+                && e.contains("4096 (BPF_MAXINSNS)"),
+            "{e}"
+        );
+        // Attaching a too long program is refused here, not truncated to
+        // its low 16 bits.
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let long = vec![op(RET_K, 0, 0, 0); 65536 + 1];
+        let e = attach_filter(std::os::fd::AsRawFd::as_raw_fd(&s), &long)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("65537 instructions"), "{e}");
     }
 
     /// A CM MAD for QP1: `attr` at 36, `id` (the request or remote
@@ -341,7 +410,7 @@ mod tests {
         let secret = *b"\x01\x02\x03\x04\xa5\xb6\xc7\xd8";
         let table = [(3, 0), (7, 2), (200, 1)];
         let listeners = [(0x0106_4e20, 2), (0x0111_0007, 1)];
-        let p = group_program(secret, &table, &listeners);
+        let p = group_program(secret, &table, &listeners).unwrap();
         // REQ / SIDR_REQ by service (port space and port).
         assert_eq!(run(&p, &mad(0x0010, 0, 0x0000_0000_0106_4e20)), 2);
         assert_eq!(run(&p, &mad(0x0017, 0, 0x0000_0000_0111_0007)), 1);

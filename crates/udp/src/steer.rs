@@ -173,7 +173,7 @@ impl State {
 
     /// The group program for the socket array `array`: the members' slots,
     /// and the listeners of the members in it.
-    fn program(&self, array: &[Option<u64>]) -> Vec<cbpf::Insn> {
+    fn program(&self, array: &[Option<u64>]) -> io::Result<Vec<cbpf::Insn>> {
         let table = table_for(array, &self.members);
         let listeners: Vec<(u32, u16)> = self
             .listeners
@@ -530,7 +530,7 @@ pub(crate) fn join(sock: &Socket, addr: SocketAddr, dir: &Path) -> Result<Joined
         array: array.clone(),
     };
     st.prune_listeners();
-    cbpf::attach_group(fd, &st.program(&array)).map_err(failed)?;
+    cbpf::attach_group(fd, &st.program(&array).map_err(failed)?).map_err(failed)?;
     write_state(&state_path, &st).map_err(failed)?;
     Ok(Joined {
         slot,
@@ -564,7 +564,10 @@ impl Joined {
             if let Some(i) = array.iter().position(|&x| x == Some(self.inode)) {
                 // The kernel moves the last socket into the leaver's place.
                 array.swap_remove(i);
-                if cbpf::attach_group(sock.as_raw_fd(), &st.program(&array)).is_ok() {
+                let attached = st
+                    .program(&array)
+                    .and_then(|p| cbpf::attach_group(sock.as_raw_fd(), &p));
+                if attached.is_ok() {
                     st.array = array;
                     resteered = true;
                 }
@@ -619,6 +622,20 @@ impl Joined {
                 }
                 return Ok(());
             }
+            if st.listeners.len() >= cbpf::MAX_LISTENERS {
+                return Err(io::Error::new(
+                    io::ErrorKind::QuotaExceeded,
+                    format!(
+                        "cannot listen on service {service:#010x} at {}: {} services are \
+                         listened on at this address, the most its steering program holds \
+                         (a classic BPF program may have at most {} instructions, \
+                         BPF_MAXINSNS: two per service, with room for all 255 members)",
+                        self.addr.ip(),
+                        st.listeners.len(),
+                        cbpf::BPF_MAXINSNS
+                    ),
+                ));
+            }
             st.listeners.push(Listener {
                 slot: self.slot,
                 service,
@@ -628,7 +645,7 @@ impl Joined {
         } else {
             st.listeners.retain(|l| !ours(l));
         }
-        cbpf::attach_group(sock.as_raw_fd(), &st.program(&array))?;
+        cbpf::attach_group(sock.as_raw_fd(), &st.program(&array)?)?;
         // Members unchanged: the state file (and its version, which the
         // array's validity is keyed on) stays as it is.
         write_listeners(&self.state_path, &st)?;
@@ -669,7 +686,7 @@ impl Joined {
         st.members.retain(|m| live.contains(&m.inode));
         st.prune_listeners();
         st.array = array.clone();
-        cbpf::attach_group(sock.as_raw_fd(), &st.program(&array))?;
+        cbpf::attach_group(sock.as_raw_fd(), &st.program(&array)?)?;
         write_state(&self.state_path, &st)?;
         self.view = view_of(&self.state_path, &st);
         self.known = Some(array);

@@ -440,3 +440,52 @@ fn a_leave_that_cannot_resteer_leaves_the_group_to_be_repaired() {
 fn psn(d: &[u8]) -> u32 {
     u32::from_be_bytes([0, d[9], d[10], d[11]])
 }
+
+/// Listening on more services at one address than the group's classic-BPF
+/// program can hold (at most 4096 instructions, `BPF_MAXINSNS`; two per
+/// listener, with room kept for all 255 members) is refused by an error
+/// naming the limit and the number of services listened on, before
+/// anything changes. It used to build the longer program and show the
+/// kernel's bare "Invalid argument" from attaching it.
+#[test]
+fn listeners_past_the_program_limit_are_refused_by_name() {
+    // Some 1800 listener files rewritten: in memory where there is a
+    // tmpfs (a disk file system flushes each replacement).
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = tempfile::Builder::new()
+        .prefix("srdma-steering-")
+        .tempdir_in(if shm.is_dir() {
+            shm
+        } else {
+            std::path::Path::new("/tmp")
+        })
+        .unwrap();
+    let opts = PortOptions {
+        state_dir: dir.path().into(),
+        ..PortOptions::default()
+    };
+    let mut a = Port::open_with(PortConfig::new(v4(91)), opts).unwrap();
+    assert!(steered(&a), "{:?}", a.steering());
+    let base = 0x0106_0000u32;
+    let mut n = 0u32;
+    let err = loop {
+        match a.listen_service(base + n, true) {
+            Ok(()) => n += 1,
+            Err(e) => break e,
+        }
+        assert!(n < 20_000, "{n} services listened on, never refused");
+    };
+    let msg = err.to_string();
+    assert!(
+        msg.contains("4096") && msg.contains("BPF_MAXINSNS"),
+        "the limit named: {msg}"
+    );
+    assert!(msg.contains(&format!("{n} services")), "the count: {msg}");
+    // Listening on one already listened on is still fine, and stopping one
+    // makes room for another.
+    a.listen_service(base, true).unwrap();
+    a.listen_service(base, false).unwrap();
+    a.listen_service(base + n, true).unwrap();
+    assert!(a.listen_service(base + n + 1, true).is_err());
+    assert_eq!(a.listener_of(base + n), Some(a.slot()));
+}

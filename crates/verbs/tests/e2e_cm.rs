@@ -258,3 +258,104 @@ fn ud_sidr_resolve_and_send() {
         },
     );
 }
+
+/// The active side of an ID in the event model (`CmId`): resolved and
+/// connected (REQ sent for `qp`) to the listener at `addr`.
+fn connect_id(
+    ctx: &Context,
+    addr: SocketAddr,
+    qp: &Qp,
+    private: &[u8],
+) -> (cm::CmId, cm::EventChannel) {
+    let dev = ctx.connection_manager().unwrap();
+    let ch = cm::EventChannel::new().unwrap();
+    let id = cm::CmId::new(&ch, cm::PortSpace::Tcp);
+    id.resolve_addr(None, addr, std::slice::from_ref(&dev))
+        .unwrap();
+    assert_eq!(
+        ch.get(W).expect("ADDR_RESOLVED").kind,
+        cm::EventKind::AddrResolved
+    );
+    id.resolve_route().unwrap();
+    assert_eq!(
+        ch.get(W).expect("ROUTE_RESOLVED").kind,
+        cm::EventKind::RouteResolved
+    );
+    let param = cm::ConnParam {
+        private_data: private.to_vec(),
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    };
+    id.connect(&param, qp.qpn()).unwrap();
+    (id, ch)
+}
+
+/// A listening ID in the event model on the context's device (port 0
+/// picks one).
+fn listen_id(ctx: &Context) -> (cm::CmId, cm::EventChannel) {
+    let dev = ctx.connection_manager().unwrap();
+    let ch = cm::EventChannel::new().unwrap();
+    let id = cm::CmId::new(&ch, cm::PortSpace::Tcp);
+    id.bind(at(ctx, 0), std::slice::from_ref(&dev)).unwrap();
+    id.listen(std::slice::from_ref(&dev)).unwrap();
+    (id, ch)
+}
+
+/// An active side that gives up on its REQ (its ID destroyed before the
+/// REP: a connect timed out, the process is exiting) tells the passive
+/// side, as the kernel's CM does (a REJ "timeout"): the request's ID gets
+/// REJECTED, status 4, once — whether that REJ reached the server while
+/// it held the request (the accept then fails: there is nothing left to
+/// accept), or the port's steering took it elsewhere (it names no ID of
+/// the server's, so it goes by hash among the address's processes) and
+/// the server's REP is what the client answers with it. Before, nothing
+/// was sent and an unknown REP was dropped: the server's REP went
+/// unanswered for 15 retries (a minute) before UNREACHABLE.
+#[test]
+fn a_requester_that_gives_up_rejects_its_request() {
+    two_processes(
+        "a_requester_that_gives_up_rejects_its_request",
+        |mut oob| {
+            let ctx = open(V4);
+            let pd = ctx.alloc_pd();
+            let (l, ch) = listen_id(&ctx);
+            oob.send(&l.src_addr().unwrap().port().to_le_bytes());
+            let ev = ch.get(W).expect("the CONNECT_REQUEST");
+            assert_eq!(ev.kind, cm::EventKind::ConnectRequest);
+            assert_eq!(trim(&ev.conn.private_data), b"anyone home?");
+            let child = ev.id.clone();
+            oob.signal("requested");
+            oob.expect("gone");
+            let (qp, _cq) = rc_qp(&ctx, &pd);
+            let accepted = child.accept(&cm::ConnParam::default(), qp.qpn());
+            let ev = ch
+                .get(Some(Duration::from_secs(20)))
+                .expect("REJECTED for the abandoned request");
+            assert_eq!(ev.kind, cm::EventKind::Rejected, "accept: {accepted:?}");
+            assert!(ev.id == child, "REJECTED names the request's ID");
+            assert_eq!(ev.status, 4, "IB_CM_REJ_TIMEOUT");
+            assert_eq!(ev.conn.private_data.len(), cm::MAX_REJECT_PRIVATE);
+            assert!(
+                ch.get(Some(Duration::from_millis(300))).is_none(),
+                "one event"
+            );
+            child.destroy();
+            l.destroy();
+            oob.signal("done");
+        },
+        |mut oob| {
+            let port = u16::from_le_bytes(oob.recv().try_into().unwrap());
+            let ctx = open(V4);
+            let pd = ctx.alloc_pd();
+            let (qp, _cq) = rc_qp_init(&ctx, &pd);
+            let (id, _ch) = connect_id(&ctx, at(&ctx, port), &qp, b"anyone home?");
+            oob.expect("requested");
+            id.destroy();
+            oob.signal("gone");
+            oob.expect("done");
+        },
+    );
+}

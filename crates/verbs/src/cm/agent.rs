@@ -651,6 +651,7 @@ impl Agent {
             Some(State::ReqRcvd) | Some(State::RepRcvd) | Some(State::SidrReqRcvd) => {
                 let _ = self.reject(comm, w::rej_reason::CONSUMER_REJECT, &[]);
             }
+            Some(State::ReqSent) => self.abandon(comm),
             Some(State::Established) | Some(State::RepSent) => {
                 let _ = self.disconnect(comm);
             }
@@ -660,6 +661,34 @@ impl Agent {
         if let Some(c) = t.conns.remove(&comm) {
             t.remote.remove(&(c.peer_gid, c.remote_comm_id));
         }
+    }
+
+    /// Give up on the REQ of `comm` (its ID is going away before the REP):
+    /// tell the peer, which may hold the request or have answered it, as
+    /// the kernel's CM does (`cm_destroy_id` in REQ_SENT): a REJ "timeout"
+    /// whose ARI is our CA GUID, naming no remote ID (we learnt none), so
+    /// the peer finds its connection by ours (see the REJ in `on_mad`).
+    fn abandon(&self, comm: u32) {
+        let mut t = self.table();
+        let Some(c) = t.conns.get(&comm).filter(|c| c.state == State::ReqSent) else {
+            return;
+        };
+        let mut ari = [0u8; 72];
+        ari[..8].copy_from_slice(&self.guid.to_be_bytes());
+        let mad = CmMsg::Rej(Box::new(w::RejRepr {
+            local_comm_id: comm,
+            remote_comm_id: 0,
+            msg_rejected: w::msg_kind::OTHER,
+            reject_info_length: 8,
+            reason: w::rej_reason::TIMEOUT,
+            ari,
+            private: [0; w::private_len::REJ],
+        }))
+        .emit(c.tid);
+        let peer = c.peer_gid;
+        t.conns.remove(&comm);
+        drop(t);
+        self.send(peer, &mad);
     }
 
     /// The peer's QP number and communication state of `comm`.
@@ -772,7 +801,7 @@ impl Agent {
         match msg {
             CmMsg::Req(req) => self.on_req(sgid, h.tid, mad, &req),
             CmMsg::SidrReq(req) => self.on_sidr_req(sgid, h.tid, mad, &req),
-            CmMsg::Rep(rep) => self.on_rep(sgid, &rep),
+            CmMsg::Rep(rep) => self.on_rep(sgid, h.tid, &rep),
             CmMsg::Rtu(rtu) => {
                 let id = {
                     let mut t = self.table();
@@ -792,15 +821,25 @@ impl Agent {
             CmMsg::Rej(rej) => {
                 let id = {
                     let mut t = self.table();
-                    match t.conns.get(&rej.remote_comm_id) {
-                        Some(c)
+                    // A REJ from a requester that gave up names no ID of
+                    // ours (it learnt none): its own finds the request.
+                    let ours = if rej.remote_comm_id == 0 {
+                        t.remote.get(&(*sgid, rej.local_comm_id)).copied()
+                    } else {
+                        Some(rej.remote_comm_id)
+                    };
+                    match ours.and_then(|o| t.conns.get(&o).map(|c| (o, c))) {
+                        Some((o, c))
                             if c.peer_gid == *sgid
                                 && matches!(
                                     c.state,
-                                    State::ReqSent | State::RepSent | State::RepRcvd
+                                    State::ReqSent
+                                        | State::ReqRcvd
+                                        | State::RepSent
+                                        | State::RepRcvd
                                 ) =>
                         {
-                            let c = t.conns.remove(&rej.remote_comm_id).expect("present");
+                            let c = t.conns.remove(&o).expect("present");
                             t.remote.remove(&(c.peer_gid, c.remote_comm_id));
                             Some(c.id)
                         }
@@ -966,9 +1005,29 @@ impl Agent {
         listener.sidr_request(child, req);
     }
 
-    fn on_rep(&self, sgid: &[u8; 16], rep: &w::RepRepr) {
+    fn on_rep(&self, sgid: &[u8; 16], tid: u64, rep: &w::RepRepr) {
         let mut t = self.table();
         let Some(c) = t.conns.get_mut(&rep.remote_comm_id) else {
+            // An answer to a REQ we gave up on (its ID destroyed: see
+            // `abandon`, whose REJ names no ID of the peer's, so that the
+            // port's steering may have taken it to another process of the
+            // address). Say so again, now to the peer's ID, so that the
+            // accepting side learns it at once instead of after its REP's
+            // retries.
+            drop(t);
+            let mut ari = [0u8; 72];
+            ari[..8].copy_from_slice(&self.guid.to_be_bytes());
+            let rej = CmMsg::Rej(Box::new(w::RejRepr {
+                local_comm_id: rep.remote_comm_id,
+                remote_comm_id: rep.local_comm_id,
+                msg_rejected: w::msg_kind::REP,
+                reject_info_length: 8,
+                reason: w::rej_reason::TIMEOUT,
+                ari,
+                private: [0; w::private_len::REJ],
+            }))
+            .emit(tid);
+            self.send(*sgid, &rej);
             return;
         };
         if c.peer_gid != *sgid {

@@ -359,3 +359,71 @@ fn a_requester_that_gives_up_rejects_its_request() {
         },
     );
 }
+
+/// A server that disconnects right after its accept (before the client's
+/// RTU: `rdma_disconnect`, `rdma_destroy_id` or its exit) while the client
+/// has yet to take the REP: the client still establishes (CONNECT_RESPONSE,
+/// its QP moved with the REP's numbers, the RTU) and then gets
+/// DISCONNECTED, once; the server gets DISCONNECTED once. Before, the
+/// DREQ closed the client's connection under it: its QP could no longer be
+/// moved ("no peer yet"), the establishment failed (librdmacm's callers
+/// got CONNECT_ERROR) and DISCONNECTED came for a connection never
+/// established.
+#[test]
+fn a_dreq_before_the_rtu_follows_the_establishment() {
+    two_processes(
+        "a_dreq_before_the_rtu_follows_the_establishment",
+        |mut oob| {
+            let ctx = open(V4);
+            let pd = ctx.alloc_pd();
+            let (l, ch) = listen_id(&ctx);
+            oob.send(&l.src_addr().unwrap().port().to_le_bytes());
+            let ev = ch.get(W).expect("the CONNECT_REQUEST");
+            assert_eq!(ev.kind, cm::EventKind::ConnectRequest);
+            let child = ev.id.clone();
+            let (qp, _cq) = rc_qp(&ctx, &pd);
+            let param = cm::ConnParam {
+                private_data: b"welcome, and goodbye".to_vec(),
+                ..Default::default()
+            };
+            child.accept(&param, qp.qpn()).expect("accept");
+            child.disconnect().expect("disconnect before the RTU");
+            let ev = ch.get(W).expect("the client's DREP");
+            assert_eq!(ev.kind, cm::EventKind::Disconnected);
+            assert!(ev.id == child);
+            oob.signal("disconnected");
+            oob.expect("done");
+            assert!(ch.try_get().is_none(), "one event");
+            child.destroy();
+            l.destroy();
+        },
+        |mut oob| {
+            let port = u16::from_le_bytes(oob.recv().try_into().unwrap());
+            let ctx = open(V4);
+            let pd = ctx.alloc_pd();
+            let (qp, _cq) = rc_qp_init(&ctx, &pd);
+            let (id, ch) = connect_id(&ctx, at(&ctx, port), &qp, b"hello");
+            // The server's DREQ has been answered by now.
+            oob.expect("disconnected");
+            let ev = ch.get(W).expect("CONNECT_RESPONSE");
+            assert_eq!(ev.kind, cm::EventKind::ConnectResponse);
+            assert_eq!(trim(&ev.conn.private_data), b"welcome, and goodbye");
+            for s in [QpState::Rtr, QpState::Rts] {
+                let (attr, mask) = id.init_qp_attr(s).expect("the REP's numbers");
+                qp.modify(&attr, mask).expect("move the QP");
+            }
+            id.establish().expect("establish (the RTU)");
+            let ev = ch.get(W).expect("DISCONNECTED");
+            assert_eq!(ev.kind, cm::EventKind::Disconnected);
+            assert!(ev.id == id);
+            assert!(
+                ch.get(Some(Duration::from_millis(300))).is_none(),
+                "one event"
+            );
+            id.disconnect()
+                .expect("a disconnect after the peer's is a no-op");
+            id.destroy();
+            oob.signal("done");
+        },
+    );
+}

@@ -89,6 +89,10 @@ pub(crate) struct Conn {
     /// again (a REP for a repeated REQ, an RTU for a repeated REP, a DREP
     /// for a repeated DREQ, a SIDR_REP for a repeated SIDR_REQ).
     answer: Option<Box<[u8; MAD_LEN]>>,
+    /// Active: the peer's DREQ came between its REP and our RTU (the
+    /// application is still moving its QP): answered at once, reported
+    /// as DISCONNECTED once the connection is established.
+    peer_left: bool,
 }
 
 /// The CM message a MAD carries, for the trace.
@@ -463,6 +467,7 @@ impl Agent {
                     at: Instant::now() + every,
                 }),
                 answer: None,
+                peer_left: false,
             },
         );
         drop(t);
@@ -511,8 +516,9 @@ impl Agent {
     }
 
     /// Active side, after the REP: send the RTU; the connection is
-    /// established.
-    pub fn establish(&self, comm: u32) -> io::Result<()> {
+    /// established. Returns whether the peer has disconnected meanwhile
+    /// (its DREQ came before this: the connection is closed already).
+    pub fn establish(&self, comm: u32) -> io::Result<bool> {
         let mut t = self.table();
         let c = t
             .conns
@@ -532,12 +538,17 @@ impl Agent {
             }))
             .emit(c.tid),
         );
-        c.state = State::Established;
+        c.state = if c.peer_left {
+            State::Closed
+        } else {
+            State::Established
+        };
         c.answer = Some(mad.clone());
         let peer = c.peer_gid;
+        let left = c.peer_left;
         drop(t);
         self.send(peer, &mad);
-        Ok(())
+        Ok(left)
     }
 
     /// Reject the REQ (or REP, or SIDR_REQ) of `comm` and forget it.
@@ -952,6 +963,7 @@ impl Agent {
                 tid,
                 resend: None,
                 answer: None,
+                peer_left: false,
             },
         );
         t.remote.insert((*sgid, req.local_comm_id), comm);
@@ -998,6 +1010,7 @@ impl Agent {
                 tid,
                 resend: None,
                 answer: None,
+                peer_left: false,
             },
         );
         t.remote.insert((*sgid, req.request_id), comm);
@@ -1080,10 +1093,21 @@ impl Agent {
             }))
             .emit(tid),
         );
+        if c.state == State::RepRcvd {
+            // The peer disconnects before our RTU, while the application
+            // moves its QP with the REP's numbers: answer now, and leave
+            // the connection to be established (CONNECT_RESPONSE, then
+            // ESTABLISHED, is already the application's), reporting
+            // DISCONNECTED after it (`establish`). Closing it here failed
+            // the establishment (CONNECT_ERROR) and reported DISCONNECTED
+            // for a connection never established.
+            c.peer_left = true;
+            drop(t);
+            self.send(*sgid, &drep);
+            return;
+        }
         let notify = match c.state {
-            State::Established | State::RepSent | State::RepRcvd | State::DreqSent => {
-                Some(c.id.clone())
-            }
+            State::Established | State::RepSent | State::DreqSent => Some(c.id.clone()),
             _ => None,
         };
         c.state = State::Closed;

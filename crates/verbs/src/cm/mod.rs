@@ -1184,7 +1184,8 @@ impl CmId {
     /// `rdma_establish`, and the second half of a connect: after the REP
     /// (CONNECT_RESPONSE) and the caller's move of its QP to RTS, send the
     /// RTU; reports nothing (the caller turns CONNECT_RESPONSE into
-    /// ESTABLISHED).
+    /// ESTABLISHED) unless the peer disconnected before it: then
+    /// DISCONNECTED follows.
     pub fn establish(&self) -> Result<()> {
         let (dev, comm) = {
             let s = self.st();
@@ -1193,8 +1194,13 @@ impl CmId {
             };
             (d, c)
         };
-        dev.0.establish(comm).map_err(Error::Io)?;
+        let left = dev.0.establish(comm).map_err(Error::Io)?;
         self.st().phase = Phase::Connected;
+        if left {
+            // The peer's DREQ came before the RTU (answered then):
+            // reported now, after the connection it ends.
+            self.disconnected();
+        }
         Ok(())
     }
 

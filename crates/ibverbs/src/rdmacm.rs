@@ -618,10 +618,15 @@ fn complete(p: *mut rdma_cm_id, want: &[EventKind]) -> Res<()> {
             kind.map_or("unknown event", |k| k.name()),
             e.status
         );
+        // librdmacm's `ucma_complete`: REJECTED is ECONNREFUSED, another
+        // event's status is the errno (negated if negative: UNREACHABLE's
+        // -ETIMEDOUT). An event of the wrong kind with no status, which
+        // librdmacm would let pass, is EIO here.
         Err(Fail::new(
-            match kind {
-                Some(EventKind::Rejected) => libc::ECONNREFUSED,
-                Some(EventKind::Unreachable) => libc::ETIMEDOUT,
+            match (kind, e.status) {
+                (Some(EventKind::Rejected), _) => libc::ECONNREFUSED,
+                (_, s) if s < 0 => s.saturating_neg(),
+                (_, s) if s > 0 => s,
                 _ => libc::EIO,
             },
             why,
@@ -1005,7 +1010,9 @@ pub unsafe extern "C" fn softrdma_rdma_connect(
         }
         let qpn = qp_num(i, &c);
         i.id.connect(&c, qpn).map_err(Fail::from)?;
-        complete(p, &[EventKind::Established])?;
+        // Without a QP on the ID the connection stops at CONNECT_RESPONSE:
+        // the application moves its QP and calls rdma_establish.
+        complete(p, &[EventKind::Established, EventKind::ConnectResponse])?;
         Ok(0)
     })
 }

@@ -362,3 +362,40 @@ fn perftest_ud_send_tests_over_rdma_cm() {
         }
     }
 }
+
+/// A synchronous client (`rdma_create_id` with no event channel) connects
+/// an ID that has no QP, as librdmacm lets it (`tests/c/cm_sync_noqp.c`):
+/// `rdma_connect` returns 0 with CONNECT_RESPONSE in `id->event`, the
+/// client moves its own QP with `rdma_init_qp_attr` and calls
+/// `rdma_establish`, and both sides see the connection made and ended.
+/// (librdmacm's synchronous completion fails a call only on the event's
+/// status; ours wanted ESTABLISHED and failed this one with EIO.)
+#[test]
+fn a_synchronous_connect_without_a_qp_returns_the_connect_response() {
+    common::require_rdmacm();
+    let exe = common::compile_c("cm_sync_noqp", &["-lrdmacm"]);
+    let _one = ONE_PAIR.lock().unwrap_or_else(|p| p.into_inner());
+    let p = common::next_port();
+    let cmd = |role: &str| {
+        let mut c = Command::new(&exe);
+        c.args([role, &p.to_string()])
+            .env("LD_LIBRARY_PATH", common::lib_dir())
+            .env("SOFTRDMA_DEVICES", "srdma0=127.0.0.1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let mut srv = cmd("server").spawn().expect("spawn the server");
+    wait_listening(&mut srv, "127.0.0.1", p, Instant::now() + TIMEOUT);
+    let cli = common::run(cmd("client"), TIMEOUT);
+    let s = common::wait(srv, TIMEOUT);
+    assert!(
+        cli.ok() && s.ok(),
+        "=== server:\n{}\n=== client:\n{}",
+        s.text(),
+        cli.text()
+    );
+    assert_eq!(s.stdout, "listening\nestablished\ndisconnected\n");
+    assert_eq!(cli.stdout, "connected\n");
+}

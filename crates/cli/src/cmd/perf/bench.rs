@@ -615,36 +615,48 @@ fn whose(msg: &[u8], qp: usize, qps: usize, slots: u64, step: u64, want: u64) ->
 /// perftest's latency statistics over consecutive post intervals.
 fn lat_stats(size: u64, iters: u64, stamps: &[u64], rtt_factor: f64) -> LatResult {
     let clock = clock();
-    let mut d: Vec<f64> = stamps
+    let d: Vec<f64> = stamps
         .windows(2)
         .map(|w| clock.delta_as_nanos(w[0], w[1]) as f64 / 1e3 / rtt_factor)
         .collect();
+    lat_summary(size, iters, d)
+}
+
+/// perftest's `print_report_lat` over the intervals `d` (µs): sorted, the
+/// two largest left out (`LAT_MEASURE_TAIL`) of the `m` the minimum,
+/// median, average and deviation are taken over — but `t_max` is
+/// `delta[m]` and the percentiles `delta[ceil(m × q)]`, indexed in the
+/// whole sorted array, so `t_max` is the second largest interval and the
+/// 99.9 % percentile of 1000 iterations is `t_max`.
+fn lat_summary(size: u64, iters: u64, mut d: Vec<f64>) -> LatResult {
+    if d.is_empty() {
+        d.push(0.0);
+    }
     d.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-    let m = d.len().saturating_sub(2).max(1);
-    let d = &d[..m.min(d.len())];
-    let m = d.len().max(1);
-    let typical = if m.is_multiple_of(2) && m >= 2 {
+    let all = d.len();
+    let m = all.saturating_sub(2).max(1);
+    let typical = if m.is_multiple_of(2) {
         (d[m / 2 - 1] + d[m / 2]) / 2.0
     } else {
         d[m / 2]
     };
-    let avg = d.iter().sum::<f64>() / m as f64;
-    let var = d
+    let avg = d[..m].iter().sum::<f64>() / m as f64;
+    let var = d[..m]
         .iter()
         .map(|x| ((avg - x) as i64 as f64).powi(2))
         .sum::<f64>()
         / m as f64;
-    let at = |q: f64| d[((m as f64 * q).ceil() as usize).min(m - 1)];
+    let at = |i: usize| d[i.min(all - 1)];
     LatResult {
         size,
         iters,
         min: d[0],
-        max: d[m - 1],
+        max: at(m),
         typical,
         avg,
         stdev: var.sqrt(),
-        p99: at(0.99),
-        p999: at(0.999),
+        p99: at((m as f64 * 0.99).ceil() as usize),
+        p999: at((m as f64 * 0.999).ceil() as usize),
     }
 }
 
@@ -891,6 +903,27 @@ pub fn check_atomic_target(r: &Res, p: &Params) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// perftest 4.5's `print_report_lat` on 1000 iterations: 999 intervals
+    /// sorted, m = 997; t_max is delta[997], the 99 % percentile
+    /// delta[ceil(987.03)] = delta[988], the 99.9 % one delta[ceil(996.003)]
+    /// = delta[997]; min, median, average over delta[0..997].
+    #[test]
+    fn latency_columns_index_as_perftest() {
+        // Intervals 1..=999 µs, shuffled.
+        let d: Vec<f64> = (0..999u64).map(|k| ((k * 389) % 999 + 1) as f64).collect();
+        let r = lat_summary(2, 1000, d);
+        assert_eq!(r.min, 1.0);
+        assert_eq!(r.max, 998.0, "t_max is delta[m], the second largest");
+        assert_eq!(r.p99, 989.0);
+        assert_eq!(r.p999, 998.0);
+        assert_eq!(r.typical, 499.0, "median of delta[0..997]");
+        assert_eq!(r.avg, 499.0);
+        // The minimum iterations (5): 4 intervals, m = 2.
+        let r = lat_summary(2, 5, vec![4.0, 1.0, 3.0, 2.0]);
+        assert_eq!((r.min, r.max, r.typical), (1.0, 3.0, 1.5));
+        assert_eq!((r.p99, r.p999), (3.0, 3.0));
+    }
 
     /// perftest's peak over a stamp for every post and every completed
     /// message, as the tool computed it before it sampled.

@@ -221,6 +221,33 @@ fn bidirectional_runs_verify_both_directions() {
     );
 }
 
+/// `#iterations` of a bandwidth row is perftest's `iters × num_of_qps`:
+/// the messages of all QPs, on the client, on a send_bw server (which
+/// counts what it received) and in a bidirectional row.
+#[test]
+fn iterations_column_counts_every_qp() {
+    let out = checked(&["write_bw", "-q", "2", "-s", "100", "-n", "50"]);
+    assert_eq!(row(&out, 100).split_whitespace().nth(1), Some("100"));
+    let out = checked(&["send_bw", "-b", "-q", "3", "-s", "100", "-n", "50"]);
+    assert_eq!(row(&out, 100).split_whitespace().nth(1), Some("150"));
+    let port = free_port();
+    let common = ["send_bw", "-p", &port, "-q", "2", "-s", "100", "-n", "50"];
+    let server = spawn(&common);
+    let mut ca = common.to_vec();
+    ca.push("127.0.0.1");
+    let c = finish(spawn(&ca), "send_bw -q 2 client");
+    let s = finish(server, "send_bw -q 2 server");
+    for (who, o) in [("server", &s), ("client", &c)] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{who}: {}\n{out}", o.status);
+        assert_eq!(
+            row(&out, 100).split_whitespace().nth(1),
+            Some("100"),
+            "send_bw -q 2 -n 50, {who}"
+        );
+    }
+}
+
 /// `-N` cancels the peak, as perftest's: the peak column reads 0.00 while
 /// the average is measured.
 #[test]

@@ -387,7 +387,13 @@ pub fn bw_both(r: &Res, p: &Params, size: u64, mut rx: Option<&mut RecvSide<'_>>
     };
     Ok(BwResult {
         size,
-        iters: if p.duration.is_some() { count } else { iters },
+        // perftest's `#iterations`: the messages of every QP (`iters ×
+        // num_of_qps`), or those counted in duration mode.
+        iters: if p.duration.is_some() {
+            count
+        } else {
+            iters * n as u64
+        },
         peak,
         avg,
         msg_rate: count as f64 / t,
@@ -583,7 +589,7 @@ impl<'a> RecvSide<'a> {
                 iters: if self.p.duration.is_some() {
                     total
                 } else {
-                    self.p.iters
+                    self.p.iters * self.recvd.len() as u64
                 },
                 peak: 0.0,
                 avg: self.size as f64 * total as f64 / t,

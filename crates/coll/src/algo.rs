@@ -257,6 +257,7 @@ impl Comm {
         dt: DataType,
         op: ReduceOp,
     ) -> Result<()> {
+        self.begin();
         let bytes = nbytes(count, dt.size(), 1)?;
         let s = send.check(bytes, "send")?;
         let d = recv.check(bytes, "receive")?;
@@ -477,6 +478,7 @@ impl Comm {
         count: usize,
         dt: DataType,
     ) -> Result<()> {
+        self.begin();
         let (n, r) = (self.size(), self.rank());
         let bytes = nbytes(count, dt.size(), 1)?;
         let s = send.check(bytes, "send")?;
@@ -514,6 +516,7 @@ impl Comm {
         dt: DataType,
         op: ReduceOp,
     ) -> Result<()> {
+        self.begin();
         let (n, r) = (self.size(), self.rank());
         let es = dt.size();
         let bytes = nbytes(count, es, 1)?;
@@ -573,6 +576,7 @@ impl Comm {
         dt: DataType,
         root: usize,
     ) -> Result<()> {
+        self.begin();
         let (n, r) = (self.size(), self.rank());
         self.check_root(root)?;
         let bytes = nbytes(count, dt.size(), 1)?;
@@ -613,6 +617,7 @@ impl Comm {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
+        self.begin();
         let (n, r) = (self.size(), self.rank());
         self.check_root(root)?;
         let es = dt.size();
@@ -675,6 +680,7 @@ impl Comm {
         count: usize,
         dt: DataType,
     ) -> Result<()> {
+        self.begin();
         let (n, r) = (self.size(), self.rank());
         let bytes = nbytes(count, dt.size(), 1)?;
         let s = send.check(nbytes(count, dt.size(), n)?, "send")?;
@@ -709,6 +715,7 @@ impl Comm {
         count: usize,
         dt: DataType,
     ) -> Result<()> {
+        self.begin();
         let bytes = nbytes(count, dt.size(), 1)?;
         let s = send.check(bytes, "send")?;
         let d = recv.check(bytes, "receive")?;

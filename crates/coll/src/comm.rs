@@ -10,7 +10,8 @@
 //! of p's FIFO for it (fewer than `slots` of its chunks unconsumed there):
 //!
 //! 1. it RDMA WRITEs the chunk into the slot, then RDMA ATOMIC WRITEs the
-//!    slot's flag — one 64-bit word, the chunk's sequence number and length
+//!    slot's flag — one 64-bit word, the chunk's sequence number, its
+//!    call number and its length
 //!    — on the same QP, so the flag lands after the data (RC executes a
 //!    QP's requests in order; the ATOMIC WRITE is one 8-byte store);
 //! 2. p sees the flag (an acquire load of its own memory), consumes the
@@ -29,7 +30,11 @@
 //! against the figures in `docs/PERFORMANCE.md` this way).
 //!
 //! Chunks of one peer arrive, and are consumed, in order; sequence numbers
-//! tell a new flag from the one the slot held before. Nothing a rank sends
+//! tell a new flag from the one the slot held before. The call number
+//! counts, per direction of a link, the collective calls that sent chunks
+//! along it: a chunk of another call than the receiver's — ranks that
+//! called with different counts, so that one sends more chunks than the
+//! other consumes — is refused rather than taken for the next call's data. Nothing a rank sends
 //! consumes a receive request, so no peer is ever RNR-NAKed, and nothing
 //! waits for a peer's engine thread. Sends and the memory they read are
 //! tracked per peer: a buffer that will be overwritten waits for the sends
@@ -246,6 +251,17 @@ impl Scratch {
 /// place in the receiver's buffer (not into the slot).
 const PLACED: u64 = 1 << 31;
 
+/// A flag word: the chunk's sequence number (16 bits: enough to tell it
+/// from the slot's previous flag, `slots` ≤ 64 chunks before), the call
+/// number of the collective that sent it on this link (16 bits), the
+/// [`PLACED`] bit and the length (below; a chunk is at most 1 GiB).
+fn flag_word(seq: u64, call: u16, placed: bool, len: usize) -> u64 {
+    ((seq as u16 as u64) << 48)
+        | (u64::from(call) << 32)
+        | if placed { PLACED } else { 0 }
+        | len as u64
+}
+
 impl Link {
     /// Where our credit word is in the peer's memory (after our `slots`
     /// flag words).
@@ -273,6 +289,10 @@ struct Link {
     /// retires it and every unsignalled request before it).
     posted: u64,
     retired: u64,
+    /// Per direction, the link's call number (see the module's notes) and
+    /// the [`Comm::calls`] value it was last advanced for.
+    send_call: (u16, u64),
+    recv_call: (u16, u64),
 }
 
 /// A communicator of `size` ranks.
@@ -311,6 +331,8 @@ pub struct Comm {
     /// The AllReduce algorithm forced (`SOFTRDMA_COLL_ALGO`,
     /// [`Comm::set_all_reduce_algo`]), else chosen per call.
     pub(crate) algo: Option<crate::Algo>,
+    /// Collective calls begun ([`Comm::begin`]).
+    calls: u64,
 }
 
 const ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
@@ -464,6 +486,8 @@ impl Comm {
                 credited: 0,
                 posted: 0,
                 retired: 0,
+                send_call: (0, 0),
+                recv_call: (0, 0),
             }));
         }
         // Every QP is connected before anyone writes.
@@ -540,6 +564,7 @@ impl Comm {
             scratch_use: vec![None; slots],
             scratch_next: 0,
             algo,
+            calls: 0,
         })
     }
 
@@ -792,10 +817,14 @@ impl Comm {
                 l.remote_fifo.rkey,
             ),
         };
-        let placed = if to.is_some() { PLACED } else { 0 };
         let flag_at = l.remote_flags.addr + (slot * 8) as u64;
         let seq = l.sent + 1;
-        let flag = ((seq as u32 as u64) << 32) | placed | len as u64;
+        // This call's number on the link: the next one for its first chunk.
+        let call = match l.send_call {
+            (c, at) if at == self.calls => c,
+            (c, _) => c.wrapping_add(1),
+        };
+        let flag = flag_word(seq, call, to.is_some(), len);
         let t = if len > 0 {
             let scratch = self.scratch.mr.addr();
             if src.addr < scratch || src.addr >= scratch + self.scratch.len() as u64 {
@@ -846,7 +875,9 @@ impl Comm {
         } else {
             self.put_word(p, flag_at, flag)?
         };
-        self.links[p].as_mut().expect("checked").sent = seq;
+        let l = self.links[p].as_mut().expect("checked");
+        l.sent = seq;
+        l.send_call = (call, self.calls);
         Ok(t)
     }
 
@@ -867,16 +898,33 @@ impl Comm {
         let (chunk, slots) = (self.config.chunk, self.config.slots);
         let l = self.link(p)?;
         let slot = (l.consumed % slots as u64) as usize;
-        let want = (l.consumed + 1) as u32;
+        let want = (l.consumed + 1) as u16;
+        // This call's number on the link: the next one for its first chunk.
+        let call = match l.recv_call {
+            (c, at) if at == self.calls => c,
+            (c, _) => c.wrapping_add(1),
+        };
         let flag = self.flag_ptr(p, slot);
         // SAFETY: the flag word of `p`'s slot, aligned, in `flags`.
-        let seen = |_: &Comm| (unsafe { load(flag) } >> 32) as u32 == want;
+        let seen = |_: &Comm| (unsafe { load(flag) } >> 48) as u16 == want;
         if !seen(self) {
             self.flush_credits()?;
             self.wait_for(&seen, "a chunk from a peer")?;
         }
         // SAFETY: as above.
         let word = unsafe { load(flag) };
+        let theirs = (word >> 32) as u16;
+        if theirs != call {
+            let (ahead, by) = if theirs.wrapping_sub(call) < 1 << 15 {
+                ("a later", theirs.wrapping_sub(call))
+            } else {
+                ("an earlier", call.wrapping_sub(theirs))
+            };
+            return Err(Error::Protocol(format!(
+                "rank {p} sent a chunk of {ahead} collective call ({by} call(s) apart) where this rank waits for one of its current call: the ranks called different collectives, or the same with different counts"
+            )));
+        }
+        self.links[p].as_mut().expect("checked").recv_call = (call, self.calls);
         let placed = word & PLACED != 0;
         let len = (word & (PLACED - 1)) as usize;
         if len > chunk {
@@ -1014,6 +1062,13 @@ impl Comm {
             self.user_sends = false;
         }
         Ok(())
+    }
+
+    /// Start a collective call: its chunks carry the next call number on
+    /// each link they use (every rank must make the same calls, with the
+    /// same counts, in the same order).
+    pub(crate) fn begin(&mut self) {
+        self.calls += 1;
     }
 
     /// Wait for every send this rank posted to complete.

@@ -474,3 +474,68 @@ fn misuse_is_refused_with_a_reason() {
     comm.all_reduce(b.at(0), b.at(64), 16, f, ReduceOp::Sum)
         .unwrap();
 }
+
+const MISMATCH: &str = "SOFTRDMA_COLL_TEST_MISMATCH";
+
+/// One rank of `mismatched_counts_are_refused`: rank 0 gathers two chunks
+/// of its own, rank 1 one (the first of rank 0's chunk sequence, so every
+/// chunk it waits for has the length it expects), then both gather one
+/// chunk again. Prints "OK:" if the mismatch was refused with a reason.
+#[test]
+fn mismatch_child() {
+    if std::env::var(MISMATCH).is_err() {
+        return;
+    }
+    let mut comm = Comm::from_env().unwrap_or_else(|e| fail(format!("joining: {e}")));
+    let r = comm.rank();
+    let f = DataType::Float;
+    let send = comm.alloc(8192).unwrap();
+    let recv = comm.alloc(2 * 8192).unwrap();
+    let first = if r == 0 { 2048 } else { 1024 };
+    let res = comm
+        .all_gather(send.at(0), recv.at(0), first, f)
+        .and_then(|()| comm.all_gather(send.at(0), recv.at(0), 1024, f));
+    match res {
+        Err(e @ softrdma_coll::Error::Protocol(_)) if e.to_string().contains("count") => {
+            println!("RANK {r} OK: refused: {e}")
+        }
+        Err(e) => fail(format!("rank {r}: an error not naming the mismatch: {e}")),
+        Ok(()) => fail(format!(
+            "rank {r}: AllGathers of {first} and then 1024 elements, against another rank's other count, both succeeded"
+        )),
+    }
+}
+
+/// Ranks that call a collective with different counts get an error saying
+/// so — not a result made of the next call's data, nor a wait for a chunk
+/// that never comes.
+#[test]
+fn mismatched_counts_are_refused() {
+    let job = format!("test-mismatch-{}", std::process::id());
+    let kids = (0..2)
+        .map(|r| {
+            let exe = std::env::current_exe().unwrap();
+            let mut c = Command::new(&exe);
+            c.args([
+                "mismatch_child",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(MISMATCH, "1")
+            .env("SOFTRDMA_COLL_CHUNK", "4096")
+            .env("SOFTRDMA_COLL_TIMEOUT", "30")
+            .env("SOFTRDMA_COLL_OP_TIMEOUT", "20")
+            .env("OMPI_COMM_WORLD_RANK", r.to_string())
+            .env("OMPI_COMM_WORLD_SIZE", "2")
+            .env("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+            .env("OMPI_MCA_ess_base_jobid", &job)
+            .env_remove("MASTER_ADDR")
+            .env_remove("MASTER_PORT")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+            (r, c.spawn().unwrap())
+        })
+        .collect();
+    wait_all(kids, "2 ranks with mismatched counts");
+}

@@ -248,6 +248,41 @@ fn iterations_column_counts_every_qp() {
     }
 }
 
+/// `-l` (perftest's post list): send WRs posted a list per call, CQ
+/// moderation the list size unless `-Q` says otherwise, the banner's
+/// `Post List` line; refused where perftest refuses it.
+#[test]
+fn post_list_posts_whole_lists() {
+    let out = checked(&["write_bw", "-l", "8", "-s", "1000", "-n", "200"]);
+    assert!(out.contains(" Post List       : 8\n"), "{out}");
+    assert!(out.contains(" CQ Moderation   : 8\n"), "{out}");
+    assert_eq!(row(&out, 1000).split_whitespace().nth(1), Some("200"));
+    let out = checked(&["send_bw", "-l", "4", "-Q", "2", "-q", "2", "-n", "100"]);
+    assert!(out.contains(" CQ Moderation   : 2\n"), "{out}");
+    checked(&["read_bw", "-l", "16", "-s", "100", "-n", "160"]);
+    checked(&["atomic_bw", "-b", "-l", "4", "-n", "100"]);
+    for (args, says) in [
+        (
+            &["write_lat", "-l", "2"][..],
+            "Post list is supported in BW tests only",
+        ),
+        (
+            &["write_bw", "-l", "3", "-n", "100"][..],
+            "multiple of post list size",
+        ),
+        (
+            &["write_bw", "-l", "4", "-Q", "3"][..],
+            "multiple of CQ moderation",
+        ),
+    ] {
+        let mut a = args.to_vec();
+        a.push("--loopback");
+        let o = finish(spawn(&a), &a.join(" "));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(says), "{a:?}: {err}");
+    }
+}
+
 /// `-N` cancels the peak, as perftest's: the peak column reads 0.00 while
 /// the average is measured.
 #[test]

@@ -252,6 +252,9 @@ pub fn bw_both(r: &Res, p: &Params, size: u64, mut rx: Option<&mut RecvSide<'_>>
     // made room on, so that a pass costs per QP with work, not per QP (at
     // 10,000 QPs a scan of every QP for each batch of completions was the
     // benchmark's own cost, not the device's).
+    // -l: the WRs of the list being built (posted by one call when full).
+    let list = p.post_list.max(1) as u64;
+    let mut batch: Vec<(Sge, SendOp, SendFlags)> = Vec::with_capacity(list as usize);
     let mut ready: std::collections::VecDeque<usize> = (0..n).collect();
     let mut queued = vec![true; n];
     let mut finished = 0usize;
@@ -272,6 +275,8 @@ pub fn bw_both(r: &Res, p: &Params, size: u64, mut rx: Option<&mut RecvSide<'_>>
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 room = 0;
             }
+            // -l: whole lists only (perftest posts while a list fits).
+            room -= room % list;
             let base = r.local_off(i);
             let qp = &r.qps[i];
             let ud = uds[i];
@@ -310,7 +315,15 @@ pub fn bw_both(r: &Res, p: &Params, size: u64, mut rx: Option<&mut RecvSide<'_>>
                 if !p.no_peak && posted_total.is_multiple_of(stamp_every) {
                     tposted.push((posted_total, ns(Instant::now())));
                 }
-                qp.post_send(&wr)?;
+                if list == 1 {
+                    qp.post_send(&wr)?;
+                } else {
+                    batch.push((sge[0], wr.op, wr.flags));
+                    if batch.len() as u64 == list {
+                        post_list(qp, i, ud, &batch)?;
+                        batch.clear();
+                    }
+                }
                 k += 1;
                 posted_total += 1;
             }
@@ -397,6 +410,26 @@ pub fn bw_both(r: &Res, p: &Params, size: u64, mut rx: Option<&mut RecvSide<'_>>
         peak,
         avg,
         msg_rate: count as f64 / t,
+    })
+}
+
+/// One post list (`-l`): the WRs chained into a single `post_send` call, as
+/// perftest posts its `wr[]` chain.
+fn post_list(qp: &Qp, i: usize, ud: Option<UdDest>, batch: &[(Sge, SendOp, SendFlags)]) -> R<()> {
+    let sges: Vec<[Sge; 1]> = batch.iter().map(|b| [b.0]).collect();
+    let wrs: Vec<SendWr<'_>> = batch
+        .iter()
+        .zip(&sges)
+        .map(|(b, sgl)| SendWr {
+            wr_id: i as u64,
+            op: b.1,
+            sgl,
+            flags: b.2,
+            ud,
+        })
+        .collect();
+    qp.post_send_list(&wrs).map_err(|(k, e)| {
+        format!("Couldn't post send: qp {i}, entry {k} of a post list: {e}").into()
     })
 }
 

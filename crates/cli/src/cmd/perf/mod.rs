@@ -187,6 +187,10 @@ pub struct Args {
     /// QP local ACK timeout exponent.
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
     pub qp_timeout: u8,
+    /// Post lists of this many send WRs (one `post_send` call for a list,
+    /// bandwidth tests); CQ moderation defaults to the list size.
+    #[arg(short = 'l', long = "post_list", value_parser = clap::value_parser!(u32).range(1..))]
+    pub post_list: Option<u32>,
     /// Outstanding reads/atomics.
     #[arg(short = 'o', long = "outs")]
     pub outs: Option<u16>,
@@ -283,6 +287,8 @@ pub struct Params {
     pub tx_depth: u32,
     pub rx_depth: u32,
     pub cq_mod: u32,
+    /// `-l`: send WRs posted per call, in lists (1: one at a time).
+    pub post_list: u32,
     pub inline: u32,
     pub mtu: Option<Mtu>,
     pub timeout: u8,
@@ -424,6 +430,30 @@ impl Params {
             cq_mod = 1;
         }
         cq_mod = cq_mod.min(tx_depth).max(1);
+        // perftest's post list: BW tests only, iterations a multiple of the
+        // list, CQ moderation the list size unless -Q asks otherwise (and
+        // then one that divides the list).
+        let post_list = a.post_list.unwrap_or(1);
+        if post_list > 1 {
+            if !t.is_bw() {
+                return Err(fail("Post list is supported in BW tests only"));
+            }
+            if a.duration.is_none() && !iters.is_multiple_of(post_list as u64) {
+                return Err(fail(
+                    "Number of iterations must be a multiple of post list size",
+                ));
+            }
+            if a.cq_mod.is_none() {
+                cq_mod = post_list;
+            } else if !post_list.is_multiple_of(cq_mod) {
+                return Err(fail("Post list size must be a multiple of CQ moderation"));
+            }
+            if post_list > tx_depth {
+                return Err(fail(&format!(
+                    " Post list size {post_list} is larger than the TX depth {tx_depth}: no list would fit in the send queue"
+                )));
+            }
+        }
         let inline = if matches!(verb, Verb::Read | Verb::Atomic) {
             0
         } else {
@@ -442,6 +472,7 @@ impl Params {
             tx_depth,
             rx_depth,
             cq_mod,
+            post_list,
             inline: inline.min(softrdma_core::MAX_INLINE as u32),
             mtu,
             timeout: a.qp_timeout,
@@ -641,6 +672,7 @@ fn server_args(a: &Args, port: u16) -> Vec<String> {
     push("-r", a.rx_depth.map(|s| s.to_string()));
     push("-Q", a.cq_mod.map(|s| s.to_string()));
     push("-o", a.outs.map(|s| s.to_string()));
+    push("-l", a.post_list.map(|s| s.to_string()));
     push("-I", a.inline.map(|s| s.to_string()));
     push("-u", Some(a.qp_timeout.to_string()));
     push("-d", a.device.clone());

@@ -89,6 +89,8 @@ pub struct Banner<'a> {
     pub tx_depth: u32,
     pub rx_depth: Option<u32>,
     pub cq_mod: Option<u32>,
+    /// `-l` above 1.
+    pub post_list: Option<u32>,
     pub mtu: u32,
     pub gid_index: i32,
     pub inline: u32,
@@ -117,6 +119,9 @@ impl Banner<'_> {
         let _ = writeln!(o, " PCIe relax order: OFF");
         let _ = writeln!(o, " ibv_wr* API     : OFF");
         let _ = writeln!(o, " TX depth        : {}", self.tx_depth);
+        if let Some(l) = self.post_list {
+            let _ = writeln!(o, " Post List       : {}", l);
+        }
         if let Some(r) = self.rx_depth {
             let _ = writeln!(o, " RX depth        : {}", r);
         }

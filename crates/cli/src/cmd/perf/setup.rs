@@ -374,6 +374,7 @@ pub fn run_test(
         tx_depth: p.tx_depth,
         rx_depth: (verb == Verb::Send && !client).then_some(p.rx_depth),
         cq_mod: p.test.is_bw().then_some(p.cq_mod),
+        post_list: (p.post_list > 1).then_some(p.post_list),
         mtu: mtu.bytes(),
         gid_index: gid_index.into(),
         inline: p.inline,

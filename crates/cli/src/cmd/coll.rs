@@ -73,6 +73,10 @@ impl Coll {
             Coll::AlltoAll => (base, base * n, base * n),
         }
     }
+    /// Whether it combines the ranks' data by its operator.
+    fn reduces(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+    }
     /// In-place rows of these are timed but not checked (N/A), as in
     /// nccl-tests.
     fn checks_in_place(self) -> bool {
@@ -212,18 +216,37 @@ pub fn c_g(v: f64) -> String {
     }
 }
 
-/// The value of element `i` of rank `rank`'s input: small integers, so
-/// every reduction is exact in every type whatever order the ranks'
-/// contributions are combined in (sums of up to 85 ranks fit bfloat16's 8
-/// bits of mantissa; products are powers of two).
-fn pattern(op: ReduceOp, rank: usize, i: usize, rep: usize, dt: DataType) -> i64 {
-    let x = (i.wrapping_mul(7) + rank * 3 + rep) as i64;
+/// A 64-bit mix (splitmix64's finaliser): neighbouring inputs give
+/// unrelated outputs.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The value of element `i` of rank `rank`'s input in check `rep`, for a
+/// reduction by `op` (None: a collective that only moves data). Each is a
+/// hash of all three, so an element from another rank, another block or
+/// another offset differs from the one due (a formula linear in them
+/// repeats every few ranks and elements: a block delivered to the wrong
+/// rank went unseen). Small integers, so every reduction is exact in every
+/// type whatever order the ranks' contributions are combined in (sums of
+/// up to 85 ranks fit bfloat16's 8 bits of mantissa; products are powers
+/// of two); data only moved takes 256 values (exact in every type).
+fn pattern(op: Option<ReduceOp>, seed: u64, i: usize, dt: DataType) -> i64 {
+    let h = mix(seed ^ i as u64);
     let signed = !matches!(dt, DataType::Uint8 | DataType::Uint32 | DataType::Uint64);
-    match op {
-        ReduceOp::Prod => x % 2 + 1,
-        _ if signed => x % 4 - 1,
-        _ => x % 4,
-    }
+    let (m, lo) = match op {
+        Some(ReduceOp::Prod) => return (h % 2) as i64 + 1,
+        Some(_) => (4, 1),
+        None => (256, 128),
+    };
+    (h % m) as i64 - if signed { lo } else { 0 }
+}
+
+/// The seed of `rank`'s input in check `rep`.
+fn seed(rank: usize, rep: usize) -> u64 {
+    mix(mix(rep as u64) ^ rank as u64)
 }
 
 fn encode(dt: DataType, v: i64, out: &mut [u8]) {
@@ -238,22 +261,24 @@ fn encode(dt: DataType, v: i64, out: &mut [u8]) {
     }
 }
 
-/// Elements `first..first + out.len()/ws` of `rank`'s input.
-fn fill(dt: DataType, op: ReduceOp, rank: usize, rep: usize, first: usize, out: &mut [u8]) {
+/// Elements `first..first + out.len()/ws` of `rank`'s input (for a
+/// reduction by `op`; None: data only moved).
+fn fill(dt: DataType, op: Option<ReduceOp>, rank: usize, rep: usize, first: usize, out: &mut [u8]) {
     let ws = dt.size();
+    let seed = seed(rank, rep);
     for (k, e) in out.chunks_exact_mut(ws).enumerate() {
-        encode(dt, pattern(op, rank, first + k, rep, dt), e);
+        encode(dt, pattern(op, seed, first + k, dt), e);
     }
 }
 
 /// The reduction over `ranks` of elements `first..` (`out.len()/ws` of
 /// them), as the collective must compute it.
 fn reduced(dt: DataType, op: ReduceOp, ranks: usize, rep: usize, first: usize, out: &mut [u8]) {
-    fill(dt, op, 0, rep, first, out);
+    fill(dt, Some(op), 0, rep, first, out);
     let mut tmp = vec![0u8; out.len()];
     let n = out.len() / dt.size();
     for j in 1..ranks {
-        fill(dt, op, j, rep, first, &mut tmp);
+        fill(dt, Some(op), j, rep, first, &mut tmp);
         // SAFETY: both are local vectors of `n` elements.
         unsafe { softrdma_coll::reduce::reduce_into(dt, op, out.as_mut_ptr(), tmp.as_ptr(), n) };
     }
@@ -337,7 +362,7 @@ fn init_data(
     let mut v = vec![0u8; send_n * ws];
     // Rank r's input: for AllGather its `count` elements; for
     // ReduceScatter and AlltoAll `n` blocks, element indices global.
-    fill(c.dt, c.op, r, rep, 0, &mut v);
+    fill(c.dt, c.coll.reduces().then_some(c.op), r, rep, 0, &mut v);
     let zeros = vec![0u8; recv_n * ws];
     b.recv.write_bytes(0, &zeros)?;
     if in_place {
@@ -379,7 +404,7 @@ fn check(
             for k in 0..n {
                 fill(
                     dt,
-                    op,
+                    None,
                     k,
                     rep,
                     0,
@@ -388,19 +413,19 @@ fn check(
             }
         }
         Coll::ReduceScatter => reduced(dt, op, n, rep, r * count, &mut want),
-        Coll::Broadcast => fill(dt, op, c.root, rep, 0, &mut want),
+        Coll::Broadcast => fill(dt, None, c.root, rep, 0, &mut want),
         Coll::Reduce => {
             if r == c.root {
                 reduced(dt, op, n, rep, 0, &mut want)
             } else if in_place {
-                fill(dt, op, r, rep, 0, &mut want)
+                fill(dt, Some(op), r, rep, 0, &mut want)
             }
         }
         Coll::AlltoAll => {
             for j in 0..n {
                 fill(
                     dt,
-                    op,
+                    None,
                     j,
                     rep,
                     r * count,
@@ -408,7 +433,7 @@ fn check(
                 );
             }
         }
-        Coll::SendRecv => fill(dt, op, (r + n - 1) % n, rep, 0, &mut want),
+        Coll::SendRecv => fill(dt, None, (r + n - 1) % n, rep, 0, &mut want),
     }
     Ok(got
         .chunks_exact(ws)
@@ -820,6 +845,38 @@ mod tests {
         assert_eq!(c_g(3.456789), "3.45679");
         assert_eq!(c_g(1234567.0), "1.23457e+06");
         assert_eq!(c_g(0.000123), "0.000123");
+    }
+
+    /// Every rank's input differs from every other's, and every block of
+    /// one rank's input from its other blocks, at the counts the tools use
+    /// (multiples of 4 elements): else a block delivered to the wrong rank,
+    /// or the wrong block reduced, checks as right.
+    #[test]
+    fn inputs_tell_ranks_and_blocks_apart() {
+        for dt in DataType::ALL {
+            let ws = dt.size();
+            for (coll, op) in [
+                (Coll::AlltoAll, ReduceOp::Sum),
+                (Coll::ReduceScatter, ReduceOp::Sum),
+                (Coll::ReduceScatter, ReduceOp::Prod),
+            ] {
+                let op = coll.reduces().then_some(op);
+                for count in [64, 1024] {
+                    let mut seen = std::collections::HashSet::new();
+                    for rank in 0..8 {
+                        for block in 0..8 {
+                            let mut v = vec![0u8; count * ws];
+                            fill(dt, op, rank, 1, block * count, &mut v);
+                            assert!(
+                                seen.insert(v),
+                                "{} {coll:?} {op:?}: rank {rank} block {block} of {count} is another's",
+                                dt.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -283,6 +283,40 @@ fn post_list_posts_whole_lists() {
     }
 }
 
+/// perftest's flags softrdma does not implement are refused by name (with
+/// what they do), never run as if they had not been given.
+#[test]
+fn unsupported_perftest_flags_are_refused_by_name() {
+    for (args, says) in [
+        (
+            &["write_bw", "--run_infinitely"][..],
+            "perftest's --run_infinitely",
+        ),
+        (&["write_lat", "-U"][..], "perftest's -U/--report-unsorted"),
+        (&["read_lat", "-H"][..], "perftest's -H/--report-histogram"),
+        (&["send_bw", "-S", "3"][..], "perftest's -S/--sl"),
+        (&["write_bw", "--out_json"][..], "perftest's --out_json"),
+        (
+            &["write_bw", "-f", "1", "-D", "4"][..],
+            "perftest's -f/--margin",
+        ),
+        (&["send_lat", "--use-srq"][..], "perftest's --use-srq"),
+        (
+            &["write_lat", "-D", "2"][..],
+            "perftest's -D/--duration on latency tests",
+        ),
+    ] {
+        let mut a = args.to_vec();
+        a.push("--loopback");
+        let o = finish(spawn(&a), &a.join(" "));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(says) && err.contains("does not support"),
+            "{a:?}: {err}"
+        );
+    }
+}
+
 /// `-N` cancels the peak, as perftest's: the peak column reads 0.00 while
 /// the average is measured.
 #[test]

@@ -19,6 +19,7 @@ mod bench;
 pub(crate) mod oob;
 pub mod report;
 mod setup;
+mod unsupported;
 
 use std::net::IpAddr;
 use std::process::ExitCode;
@@ -237,6 +238,9 @@ pub struct Args {
     /// (default: as SOFTRDMA_SR says, else sr).
     #[arg(long, value_parser = ["sr", "gbn"])]
     pub recovery: Option<String>,
+    /// perftest's flags not implemented here, refused by name.
+    #[command(flatten)]
+    pub unsupported: unsupported::Unsupported,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -314,6 +318,11 @@ impl Params {
     pub fn from_args(a: &Args) -> Result<Params, Box<dyn std::error::Error>> {
         let t = a.test;
         let verb = t.verb();
+        if let Some((flag, what)) = a.unsupported.given() {
+            return Err(fail(&format!(
+                " softrdma perf does not support perftest's {flag} ({what})"
+            )));
+        }
         let conn = match a.conn {
             Conn::Rc => QpType::Rc,
             Conn::Uc => QpType::Uc,
@@ -349,7 +358,7 @@ impl Params {
         }
         if a.duration.is_some() && !t.is_bw() {
             return Err(fail(
-                " Duration mode (-D) is supported for bandwidth tests only",
+                " softrdma perf does not support perftest's -D/--duration on latency tests (their t_avg and tps report): it runs -D on bandwidth tests only",
             ));
         }
         if a.duration.is_some() && (a.all || a.events) {

@@ -243,7 +243,7 @@ pub fn bw_both(r: &Res, p: &Params, size: u64, mut rx: Option<&mut RecvSide<'_>>
     let start = Instant::now();
     let ns = |t: Instant| t.duration_since(start).as_nanos() as u64;
     let deadline = p.duration.map(|d| start + Duration::from_secs(d));
-    let margin = p.duration.map(|d| Duration::from_secs(d) / 4);
+    let margin = p.duration.map(duration_margin);
     let mut sample: Option<(Instant, u64)> = None;
     let mut sample_end: Option<(Instant, u64)> = None;
     let mut completed_total = 0u64;
@@ -411,6 +411,13 @@ pub fn bw_both(r: &Res, p: &Params, size: u64, mut rx: Option<&mut RecvSide<'_>>
         avg,
         msg_rate: count as f64 / t,
     })
+}
+
+/// The margin a `-D` run leaves out at each end of its measured interval:
+/// perftest's `duration / 4` in whole seconds (so -D 2 and -D 3 measure
+/// the whole run and -D 5 leaves 1 s, not 1.25 s, at each end).
+fn duration_margin(secs: u64) -> Duration {
+    Duration::from_secs(secs / 4)
 }
 
 /// One post list (`-l`): the WRs chained into a single `post_send` call, as
@@ -947,6 +954,13 @@ mod tests {
     /// sorted, m = 997; t_max is delta[997], the 99 % percentile
     /// delta[ceil(987.03)] = delta[988], the 99.9 % one delta[ceil(996.003)]
     /// = delta[997]; min, median, average over delta[0..997].
+    #[test]
+    fn duration_margin_is_perftests_whole_seconds() {
+        for (d, m) in [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (10, 2)] {
+            assert_eq!(duration_margin(d), Duration::from_secs(m), "-D {d}");
+        }
+    }
+
     #[test]
     fn latency_columns_index_as_perftest() {
         // Intervals 1..=999 µs, shuffled.

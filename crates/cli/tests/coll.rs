@@ -234,6 +234,57 @@ fn check_off_prints_na() {
     assert!(out.contains(" validation: 0 "));
 }
 
+/// `-N` repeats the sweep of sizes for each type (and operator and root)
+/// in turn, as nccl-tests' `TimeTest` does: not the whole run.
+#[test]
+fn run_cycles_repeat_each_types_sweep() {
+    let out = ok(
+        &coll(&[
+            "reduce_perf",
+            "--np",
+            "2",
+            "-b",
+            "64",
+            "-e",
+            "128",
+            "-f",
+            "2",
+            "-d",
+            "all",
+            "-o",
+            "max",
+            "-r",
+            "-1",
+            "-N",
+            "2",
+            "-n",
+            "1",
+            "-w",
+            "0",
+        ]),
+        "-N 2",
+    );
+    let rows = check_report(&out, "reduce_perf", 2);
+    let got: Vec<(String, String, String)> = rows
+        .iter()
+        .map(|r| (r[2].clone(), r[4].clone(), r[0].clone()))
+        .collect();
+    let mut want = Vec::new();
+    for t in [
+        "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double",
+        "bfloat16",
+    ] {
+        for root in ["0", "1"] {
+            for _ in 0..2 {
+                for size in ["64", "128"] {
+                    want.push((t.to_string(), root.to_string(), size.to_string()));
+                }
+            }
+        }
+    }
+    assert_eq!(got, want, "{out}");
+}
+
 #[test]
 fn mpirun_starts_the_ranks() {
     let o = Command::new("mpirun")

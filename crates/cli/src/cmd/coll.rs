@@ -721,22 +721,24 @@ fn run_ranks(
     let mut bw_sum = 0.0;
     let mut bw_rows = 0u64;
     let mut errors = 0u64;
-    for _ in 0..a.cycles.max(1) {
-        for &dt in types {
-            for &op in ops {
-                for &root in &roots {
-                    let c = Case { coll, dt, op, root };
-                    let ws = dt.size();
-                    comm.barrier()?;
-                    // Warm-up: every size from the smallest, doubling.
-                    let mut s = minb.max(1);
-                    while s <= maxb {
-                        let (count, _, _) = coll.counts(s, ws, n);
-                        for _ in 0..a.warmup {
-                            run_once(&mut comm, &c, &bufs, count, false)?;
-                        }
-                        s *= 2;
+    for &dt in types {
+        for &op in ops {
+            for &root in &roots {
+                let c = Case { coll, dt, op, root };
+                let ws = dt.size();
+                comm.barrier()?;
+                // Warm-up: every size from the smallest, doubling.
+                let mut s = minb.max(1);
+                while s <= maxb {
+                    let (count, _, _) = coll.counts(s, ws, n);
+                    for _ in 0..a.warmup {
+                        run_once(&mut comm, &c, &bufs, count, false)?;
                     }
+                    s *= 2;
+                }
+                // nccl-tests' `do { … } while (--repeat)`: -N 0 never ends.
+                let mut repeat = i64::from(a.cycles);
+                loop {
                     let mut s = minb;
                     while s <= maxb {
                         let (count, send_n, recv_n) = coll.counts(s, ws, n);
@@ -789,6 +791,10 @@ fn run_ranks(
                         if s == 0 {
                             break;
                         }
+                    }
+                    repeat -= 1;
+                    if repeat == 0 {
+                        break;
                     }
                 }
             }

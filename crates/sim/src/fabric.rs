@@ -352,8 +352,17 @@ struct FlowState {
     status: Option<WcStatus>,
     deps_left: u32,
     sport: u16,
-    /// Payload bytes delivered so far (tracked for runs of few flows).
+    /// Payload bytes delivered so far (tracked for runs of few flows):
+    /// each PSN's payload once, when it is in order at the receiver.
     rx_bytes: u64,
+    /// The PSN of the flow's first data packet (the requester's first:
+    /// a WRITE's or SEND's first packet, a READ's first response).
+    psn0: u32,
+    /// Data packets delivered in order so far (PSN offset expected next).
+    rx_next: u32,
+    /// Selective repeat: packets received ahead of `rx_next` (PSN offset,
+    /// payload bytes), held by the responder until the gap fills.
+    rx_ahead: std::collections::BTreeMap<u32, u64>,
 }
 
 struct Host {
@@ -769,6 +778,9 @@ impl Fabric {
                 deps_left: f.after.len() as u32,
                 sport: 0,
                 rx_bytes: 0,
+                psn0: 0,
+                rx_next: 0,
+                rx_ahead: Default::default(),
             });
         }
         let flows_left = flows.len();
@@ -1153,6 +1165,7 @@ impl Fabric {
         st.req_qpn = qa;
         st.resp_qpn = qb;
         st.started = Some(self.now);
+        st.psn0 = p_req;
         // The UDP source port of the flow's data packets.
         st.sport = if op == Op::Read {
             udp_sport(node_b, qb)
@@ -1448,14 +1461,42 @@ impl Fabric {
         self.rxbuf[..hl].copy_from_slice(&self.heads[pkt as usize][..hl]);
         let len = p.udp_len as usize;
         if self.track_goodput && p.class as usize == DATA && hl >= 12 {
-            // Payload delivered to the flow the BTH's QP belongs to.
+            // Payload delivered to the flow the BTH's QP belongs to, at the
+            // host its data goes to. Goodput counts each PSN's payload once,
+            // when it is in order: a duplicate (a go-back-N resend of what
+            // arrived) adds nothing, nor does a packet past a gap that the
+            // receiver discards (go-back-N, UC, READ responses); selective
+            // repeat's responder holds such a packet, and it counts when
+            // the gap before it fills.
             let qpn = u32::from_be_bytes([0, self.rxbuf[5], self.rxbuf[6], self.rxbuf[7]]);
             let slot = qpn.wrapping_sub(host.qpn_base) as usize;
             if let Some(&f) = host.qp_flow.get(slot) {
-                if let Some(st) = self.flows.get_mut(f as usize) {
-                    // Minus the ICRC and the BTH's pad count.
-                    let pad = ((self.rxbuf[1] >> 4) & 3) as usize;
-                    st.rx_bytes += (len - hl).saturating_sub(4 + pad) as u64;
+                let op = self.traffic.flows.get(f as usize).map(|fl| fl.op);
+                if let (Some(st), Some(op)) = (self.flows.get_mut(f as usize), op) {
+                    let receiver = if op == Op::Read {
+                        st.req_host
+                    } else {
+                        st.resp_host
+                    };
+                    if receiver == h {
+                        // Minus the ICRC and the BTH's pad count.
+                        let pad = ((self.rxbuf[1] >> 4) & 3) as usize;
+                        let bytes = (len - hl).saturating_sub(4 + pad) as u64;
+                        let psn =
+                            u32::from_be_bytes([0, self.rxbuf[9], self.rxbuf[10], self.rxbuf[11]]);
+                        let off = psn.wrapping_sub(st.psn0) & 0xff_ffff;
+                        let held = self.cfg.selective_repeat && matches!(op, Op::Write | Op::Send);
+                        if off == st.rx_next {
+                            st.rx_bytes += bytes;
+                            st.rx_next += 1;
+                            while let Some(b) = st.rx_ahead.remove(&st.rx_next) {
+                                st.rx_bytes += b;
+                                st.rx_next += 1;
+                            }
+                        } else if off > st.rx_next && held {
+                            st.rx_ahead.entry(off).or_insert(bytes);
+                        }
+                    }
                 }
             }
         }

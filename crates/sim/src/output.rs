@@ -310,26 +310,37 @@ pub fn goodput_rates(r: &Report) -> Vec<(Ps, u32, u64, f64)> {
 }
 
 /// Jain's fairness index of the flows' goodput over `[from, to)` (1 is
-/// perfectly fair), over the flows that were active then.
+/// perfectly fair), over the flows that were active then: sampled (so
+/// started) by `to` and not finished by `from`. A flow that was active and
+/// delivered nothing counts as a zero share — a starved flow makes the
+/// split less fair, it does not leave the set. `None` if no flow was
+/// active or none delivered a byte.
 pub fn jain(r: &Report, from: Ps, to: Ps) -> Option<f64> {
+    // Bytes delivered by `from` and by `to` (0 before a flow's first sample).
     let mut at: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
     for &(t, f, b) in &r.goodput {
+        if t > to {
+            continue;
+        }
+        let e = at.entry(f).or_insert((0, 0));
         if t <= from {
-            at.entry(f).or_insert((b, b)).0 = b;
+            e.0 = b;
         }
-        if t <= to {
-            at.entry(f).or_insert((b, b)).1 = b;
-        }
+        e.1 = b;
     }
     let x: Vec<f64> = at
-        .values()
-        .map(|&(a, b)| (b - a) as f64)
-        .filter(|&d| d > 0.0)
+        .iter()
+        .filter(|(&f, _)| {
+            r.flows
+                .get(f as usize)
+                .is_none_or(|fl| fl.start < to && fl.end.is_none_or(|e| e > from))
+        })
+        .map(|(_, &(a, b))| b.saturating_sub(a) as f64)
         .collect();
-    if x.is_empty() {
+    let sum: f64 = x.iter().sum();
+    if x.is_empty() || sum <= 0.0 {
         return None;
     }
-    let sum: f64 = x.iter().sum();
     let sq: f64 = x.iter().map(|v| v * v).sum();
     Some(sum * sum / (x.len() as f64 * sq))
 }

@@ -459,3 +459,68 @@ fn goodput_counts_each_payload_byte_once_under_loss() {
         assert!(r.goodput.windows(2).all(|w| w[1].2 >= w[0].2));
     }
 }
+
+/// Jain's index is over the flows active in the window, a starved one
+/// included: two flows at 1 MB each and one, active throughout, at nothing
+/// is 4/6, not the 1.0 of the two that moved (the starved flow used to
+/// leave the set). Flows done before the window, or started after it, are
+/// not in it.
+#[test]
+fn jain_counts_a_starved_active_flow() {
+    use softrdma_sim::fabric::{Counters, FlowResult};
+    use softrdma_sim::PS_PER_MS;
+    let ms = PS_PER_MS;
+    let f = |start: u64, end: Option<u64>| FlowResult {
+        src: 0,
+        dst: 1,
+        sport: 0,
+        size: 10_000_000,
+        start,
+        end,
+        status: end.map(|_| WcStatus::Success),
+        standalone: 1,
+    };
+    // Flows 0 and 1 share the link, 2 is starved (paused, or waiting out a
+    // timeout), 3 finished at 0.5 ms, 4 starts at 3 ms.
+    let flows = vec![
+        f(0, None),
+        f(0, None),
+        f(0, None),
+        f(0, Some(ms / 2)),
+        f(3 * ms, None),
+    ];
+    let mut goodput = Vec::new();
+    for t in 0..=4u64 {
+        goodput.push((t * ms, 0, t * 1_000_000));
+        goodput.push((t * ms, 1, t * 1_000_000));
+        goodput.push((t * ms, 2, 5_000));
+        goodput.push((t * ms, 3, 700_000));
+        if t >= 3 {
+            goodput.push((t * ms, 4, (t - 3) * 2_000_000));
+        }
+    }
+    let r = Report {
+        topology: "t".into(),
+        traffic: "t".into(),
+        hosts: 2,
+        switches: 1,
+        now: 4 * ms,
+        wall_s: 0.0,
+        counters: Counters::default(),
+        flows,
+        pfc: Vec::new(),
+        qlen: Vec::new(),
+        ports: Vec::new(),
+        deadlock: None,
+        peak_packets: 0,
+        goodput,
+        sample: ms,
+    };
+    let j = output::jain(&r, ms, 2 * ms).unwrap();
+    assert!((j - 4.0 / 6.0).abs() < 1e-9, "Jain {j}");
+    // Without the starved flow in the window (it finished at 0.5 ms in
+    // this variant), the two that shared are perfectly fair.
+    let mut r2 = r.clone();
+    r2.flows[2].end = Some(ms / 2);
+    assert_eq!(output::jain(&r2, ms, 2 * ms), Some(1.0));
+}

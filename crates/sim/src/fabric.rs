@@ -28,7 +28,8 @@
 //! follows HPCC's `SwitchMmu`: each ingress port has a 4 KB reserve and
 //! `3 × rate × delay` of headroom, the rest of the buffer is shared with a
 //! dynamic threshold `(buffer − Σheadroom − Σreserve − shared_used) >> shift`
-//! (shift 3 at host rate, one less per doubling of port rate). With PFC on,
+//! (shift 3 at host rate, one less per halving it takes to bring the port's
+//! rate down to the host rate, as HPCC's `third.cc` sets it). With PFC on,
 //! an ingress sends XOFF when it uses headroom or its shared use reaches the
 //! threshold, and XON when headroom is empty and shared use is 3 KB under
 //! the threshold; packets are dropped only when headroom overflows. With
@@ -664,7 +665,7 @@ impl Fabric {
             port_base.push(all_ports.len() as u32);
             for pe in node_ends {
                 let l = &topo.links[pe.link];
-                let doublings = (l.rate_bps / host_rate.max(1)).max(1).ilog2();
+                let shift = pfc_shift(l.rate_bps, host_rate);
                 let headroom =
                     (3 * l.rate_bps as u128 * l.delay as u128 / 8 / PS_PER_S as u128) as u64;
                 all_ports.push(Port {
@@ -699,7 +700,7 @@ impl Fabric {
                     ing_bytes: 0,
                     hdrm_bytes: 0,
                     headroom: headroom.max(3 * 9000),
-                    shift: 3u32.saturating_sub(doublings),
+                    shift,
                     xoff: false,
                     tx_bytes: 0,
                     tx_pkts: 0,
@@ -2140,6 +2141,21 @@ fn max_base_rtt(topo: &Topology, ends: &[Vec<PortEnd>], routes: &Routes, mtu: u3
     worst
 }
 
+/// The PFC threshold's shift of a port (α = 2^−shift): 3 at the host
+/// rate, one less for each halving it takes to bring the port's rate down
+/// to the host rate or below (HPCC's `third.cc`: `while (rate > nic_rate
+/// && shift > 0) { shift--; rate /= 2; }`), so a 100G port over 40G hosts
+/// gets 1, as a 400G port over 100G hosts does.
+fn pfc_shift(rate: u64, host_rate: u64) -> u32 {
+    let mut shift = 3;
+    let mut rate = rate;
+    while rate > host_rate && shift > 0 {
+        shift -= 1;
+        rate /= 2;
+    }
+    shift
+}
+
 /// A cycle in a directed graph given as adjacency lists, as its vertices
 /// (smallest vertex first, so the same cycle is always named the same).
 fn find_cycle(next: &[Vec<u32>]) -> Option<Vec<u32>> {
@@ -2190,6 +2206,38 @@ fn find_cycle(next: &[Vec<u32>]) -> Option<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// HPCC's shift per port rate over the host rate: one less per
+    /// halving while the rate is still above the host's, so a rate between
+    /// two powers of two of the host rate takes the larger step (100G over
+    /// 40G hosts: 2.5×, shift 1, not the 2 of a whole doubling).
+    #[test]
+    fn pfc_shift_follows_hpcc_per_port_rate() {
+        let g = 1_000_000_000u64;
+        let topo = Topology::from_spec("leafspine:leaves=2,spines=1,hosts=1,rate=40G,fabric=100G")
+            .unwrap();
+        let traffic = Traffic {
+            name: "none".into(),
+            flows: Vec::new(),
+        };
+        let fab = Fabric::new(Config::default(), topo, traffic).unwrap();
+        for p in &fab.ports {
+            let want = if p.rate == 100 * g { 1 } else { 3 };
+            assert_eq!(p.shift, want, "port of {} Gb/s", p.rate / g);
+        }
+        for (rate, host, shift) in [
+            (100, 100, 3),
+            (400, 100, 1),
+            (200, 100, 2),
+            (100, 40, 1),
+            (40, 25, 2),
+            (25, 10, 1),
+            (10, 100, 3),
+            (1600, 100, 0),
+        ] {
+            assert_eq!(pfc_shift(rate * g, host * g), shift, "{rate}G over {host}G");
+        }
+    }
 
     #[test]
     fn cycles() {

@@ -1525,6 +1525,9 @@ fn receives_flushed_as_the_lane_closes_wake_an_armed_cq() {
             let buf = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
             post_recv(&qp, 7, buf.sge(0, 16));
             exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 77);
+            // In RTS before the SEND comes: in RTR its error would leave
+            // the QP in ERR before this side's move to RTS.
+            oob.signal("connected");
             let c = wait_cq(&cq, 1, "the short receive")[0];
             assert_eq!((c.wr_id, c.status), (7, WcStatus::LocLenErr), "{c:?}");
             oob.expect("done");
@@ -1543,6 +1546,7 @@ fn receives_flushed_as_the_lane_closes_wake_an_armed_cq() {
             exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 77);
             assert_eq!(qp.transport(), "shm");
             rcq.req_notify(false).unwrap();
+            oob.expect("connected");
             qp.post_send(&wr(1, SendOp::Send, &[buf.sge(0, 64)], SendFlags::SIGNALED))
                 .unwrap();
             assert_eq!(

@@ -16,22 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(c, ...)                                                          \
-	do {                                                                   \
-		if (!(c)) {                                                    \
-			fprintf(stderr, "FAIL line %d: ", __LINE__);           \
-			fprintf(stderr, __VA_ARGS__);                          \
-			fprintf(stderr, " (errno %d: %s)\n", errno,            \
-				strerror(errno));                              \
-			exit(1);                                               \
-		}                                                              \
-	} while (0)
-
-static void say(const char *s)
-{
-	printf("%s\n", s);
-	fflush(stdout);
-}
+#include "check.h"
 
 static struct sockaddr_in addr(int port)
 {

@@ -14,16 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CHECK(c, ...)                                                          \
-	do {                                                                   \
-		if (!(c)) {                                                    \
-			fprintf(stderr, "FAIL line %d: ", __LINE__);           \
-			fprintf(stderr, __VA_ARGS__);                          \
-			fprintf(stderr, " (errno %d: %s)\n", errno,            \
-				strerror(errno));                              \
-			exit(1);                                               \
-		}                                                              \
-	} while (0)
+#include "check.h"
 
 #define N 4096
 

@@ -19,16 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define CHECK(c, ...)                                                          \
-	do {                                                                   \
-		if (!(c)) {                                                    \
-			fprintf(stderr, "FAIL line %d: ", __LINE__);           \
-			fprintf(stderr, __VA_ARGS__);                          \
-			fprintf(stderr, " (errno %d: %s)\n", errno,            \
-				strerror(errno));                              \
-			exit(1);                                               \
-		}                                                              \
-	} while (0)
+#include "check.h"
 
 #define LEN 64
 #define GOOD 0x11111111u
@@ -124,12 +115,6 @@ static void line(const char *want)
 	char got[64];
 	CHECK(fgets(got, sizeof(got), stdin) && !strncmp(got, want, strlen(want)),
 	      "expected '%s' on stdin", want);
-}
-
-static void say(const char *s)
-{
-	printf("%s\n", s);
-	fflush(stdout);
 }
 
 static int receiver(void)

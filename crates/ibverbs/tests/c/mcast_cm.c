@@ -18,16 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(c, ...)                                                          \
-	do {                                                                   \
-		if (!(c)) {                                                    \
-			fprintf(stderr, "FAIL line %d: ", __LINE__);           \
-			fprintf(stderr, __VA_ARGS__);                          \
-			fprintf(stderr, " (errno %d: %s)\n", errno,            \
-				strerror(errno));                              \
-			exit(1);                                               \
-		}                                                              \
-	} while (0)
+#include "check.h"
 
 #define LEN 48
 #define GROUP "230.1.2.6"
@@ -44,12 +35,6 @@ struct node {
 
 static struct rdma_event_channel *ch;
 static struct sockaddr_in group, local;
-
-static void say(const char *s)
-{
-	printf("%s\n", s);
-	fflush(stdout);
-}
 
 static struct rdma_cm_event *next(enum rdma_cm_event_type want,
 				  struct rdma_cm_id *id)

@@ -294,14 +294,18 @@ fn connect_id(
 }
 
 /// A listening ID in the event model on the context's device (port 0
-/// picks one).
-fn listen_id(ctx: &Context) -> (cm::CmId, cm::EventChannel) {
+/// picks one), its port sent to the peer over `oob`, and the first
+/// request it gets: the listener, its channel and the request's event.
+fn listen_for_request(ctx: &Context, oob: &mut Oob) -> (cm::CmId, cm::EventChannel, cm::CmEvent) {
     let dev = ctx.connection_manager().unwrap();
     let ch = cm::EventChannel::new().unwrap();
     let id = cm::CmId::new(&ch, cm::PortSpace::Tcp);
     id.bind(at(ctx, 0), std::slice::from_ref(&dev)).unwrap();
     id.listen(std::slice::from_ref(&dev)).unwrap();
-    (id, ch)
+    oob.send(&id.src_addr().unwrap().port().to_le_bytes());
+    let ev = ch.get(W).expect("the CONNECT_REQUEST");
+    assert_eq!(ev.kind, cm::EventKind::ConnectRequest);
+    (id, ch, ev)
 }
 
 /// An active side that gives up on its REQ (its ID destroyed before the
@@ -321,10 +325,7 @@ fn a_requester_that_gives_up_rejects_its_request() {
         |mut oob| {
             let ctx = open(V4);
             let pd = ctx.alloc_pd();
-            let (l, ch) = listen_id(&ctx);
-            oob.send(&l.src_addr().unwrap().port().to_le_bytes());
-            let ev = ch.get(W).expect("the CONNECT_REQUEST");
-            assert_eq!(ev.kind, cm::EventKind::ConnectRequest);
+            let (l, ch, ev) = listen_for_request(&ctx, &mut oob);
             assert_eq!(trim(&ev.conn.private_data), b"anyone home?");
             let child = ev.id.clone();
             oob.signal("requested");
@@ -376,10 +377,7 @@ fn a_dreq_before_the_rtu_follows_the_establishment() {
         |mut oob| {
             let ctx = open(V4);
             let pd = ctx.alloc_pd();
-            let (l, ch) = listen_id(&ctx);
-            oob.send(&l.src_addr().unwrap().port().to_le_bytes());
-            let ev = ch.get(W).expect("the CONNECT_REQUEST");
-            assert_eq!(ev.kind, cm::EventKind::ConnectRequest);
+            let (l, ch, ev) = listen_for_request(&ctx, &mut oob);
             let child = ev.id.clone();
             let (qp, _cq) = rc_qp(&ctx, &pd);
             let param = cm::ConnParam {

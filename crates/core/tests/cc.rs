@@ -7,8 +7,23 @@ mod support;
 use softrdma_core::cc::{dcqcn, CcConfig, Controller};
 use softrdma_core::wr::{SendFlags, SendOp};
 use softrdma_core::RxMeta;
+use softrdma_netsim::Sim;
 use softrdma_wire::Packet;
 use support::*;
+
+/// Node 1 (B) gets `pkts` from node 0 (A) at `at` and answers at once;
+/// its ACKs reach A 1 µs later.
+fn answer(sim: &mut Sim<Host>, pkts: &[Vec<u8>], at: u64) {
+    let b = sim.node_mut(1);
+    for p in pkts {
+        b.deliver(at, 0, p);
+    }
+    let acks = b.take(at, 64);
+    let a = sim.node_mut(0);
+    for k in &acks {
+        a.deliver(at + US, 1, k);
+    }
+}
 
 const G100: u64 = 100_000_000_000;
 
@@ -235,15 +250,8 @@ fn a_probe_resent_after_a_nak_gives_no_rtt_sample() {
     let resent = a.take(late, 64);
     assert_eq!(resent.len(), 4, "go-back-N resends all four");
     // B answers the resend at once; its ACKs reach A 2 µs later.
-    let b = sim.node_mut(1);
-    for p in &resent {
-        b.deliver(late + US, 0, p);
-    }
-    let acks = b.take(late + US, 64);
+    answer(&mut sim, &resent, late + US);
     let a = sim.node_mut(0);
-    for k in &acks {
-        a.deliver(late + 2 * US, 1, k);
-    }
     assert_eq!(
         a.poll_cq(qa.scq).len(),
         1,
@@ -285,13 +293,8 @@ fn a_probe_from_before_a_reset_gives_no_rtt_sample() {
     write(sim.node_mut(0), &qa, &qb, 2, 1024);
     let pkts = sim.node_mut(0).take(t, 8);
     assert_eq!(pkts.len(), 1);
-    let b = sim.node_mut(1);
-    b.deliver(t + US, 0, &pkts[0]);
-    let acks = b.take(t + US, 8);
+    answer(&mut sim, &pkts, t + US);
     let a = sim.node_mut(0);
-    for k in &acks {
-        a.deliver(t + 2 * US, 1, k);
-    }
     let (cwnd, samples) = swift_cwnd(a, &qa);
     assert_eq!(samples, 1);
     assert!(
@@ -387,13 +390,8 @@ fn swift_timeouts_cut_by_max_mdf_and_progress_restarts_the_count() {
     }
     assert_eq!(swift_cwnd(a, &qa).0, cwnd0 / 16.0, "four cuts by half");
     // The fourth resend arrives: its ACK is progress.
-    let b = sim.node_mut(1);
-    b.deliver(t + US, 0, &last[0]);
-    let acks = b.take(t + US, 8);
+    answer(&mut sim, &last, t + US);
     let a = sim.node_mut(0);
-    for k in &acks {
-        a.deliver(t + 2 * US, 1, k);
-    }
     assert_eq!(a.poll_cq(qa.scq).len(), 1);
     // A fifth timeout, but the first since that progress: a cut, not the
     // floor.

@@ -11,13 +11,18 @@ use std::time::Duration;
 use softrdma_verbs::*;
 use support::*;
 
-#[test]
-fn async_events_wake_a_tokio_task_once_per_event() {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// A current-thread runtime with IO (the async types register their
+/// descriptors with its reactor).
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
-    rt.block_on(async {
+        .unwrap()
+}
+
+#[test]
+fn async_events_wake_a_tokio_task_once_per_event() {
+    runtime().block_on(async {
         let ctx = open(V4);
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(8, None).unwrap();
@@ -63,11 +68,7 @@ fn async_events_wake_a_tokio_task_once_per_event() {
 /// once the `AsyncCq` is gone one can. Before, both were accepted.
 #[test]
 fn async_cq_needs_a_channel_of_its_own() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    runtime().block_on(async {
         let ctx = open(V4);
         let shared = ctx.create_comp_channel().unwrap();
         let a = ctx.create_cq(8, Some(&shared)).unwrap();

@@ -674,6 +674,23 @@ impl Agent {
         }
     }
 
+    /// A REJ "timeout" from `local` to `remote` (0: not known), its ARI our
+    /// CA GUID as the kernel's CM sends it, rejecting message kind `msg`.
+    fn timeout_rej(&self, local: u32, remote: u32, msg: u8, tid: u64) -> [u8; MAD_LEN] {
+        let mut ari = [0u8; 72];
+        ari[..8].copy_from_slice(&self.guid.to_be_bytes());
+        CmMsg::Rej(Box::new(w::RejRepr {
+            local_comm_id: local,
+            remote_comm_id: remote,
+            msg_rejected: msg,
+            reject_info_length: 8,
+            reason: w::rej_reason::TIMEOUT,
+            ari,
+            private: [0; w::private_len::REJ],
+        }))
+        .emit(tid)
+    }
+
     /// Give up on the REQ of `comm` (its ID is going away before the REP):
     /// tell the peer, which may hold the request or have answered it, as
     /// the kernel's CM does (`cm_destroy_id` in REQ_SENT): a REJ "timeout"
@@ -684,18 +701,7 @@ impl Agent {
         let Some(c) = t.conns.get(&comm).filter(|c| c.state == State::ReqSent) else {
             return;
         };
-        let mut ari = [0u8; 72];
-        ari[..8].copy_from_slice(&self.guid.to_be_bytes());
-        let mad = CmMsg::Rej(Box::new(w::RejRepr {
-            local_comm_id: comm,
-            remote_comm_id: 0,
-            msg_rejected: w::msg_kind::OTHER,
-            reject_info_length: 8,
-            reason: w::rej_reason::TIMEOUT,
-            ari,
-            private: [0; w::private_len::REJ],
-        }))
-        .emit(c.tid);
+        let mad = self.timeout_rej(comm, 0, w::msg_kind::OTHER, c.tid);
         let peer = c.peer_gid;
         t.conns.remove(&comm);
         drop(t);
@@ -1028,18 +1034,8 @@ impl Agent {
             // accepting side learns it at once instead of after its REP's
             // retries.
             drop(t);
-            let mut ari = [0u8; 72];
-            ari[..8].copy_from_slice(&self.guid.to_be_bytes());
-            let rej = CmMsg::Rej(Box::new(w::RejRepr {
-                local_comm_id: rep.remote_comm_id,
-                remote_comm_id: rep.local_comm_id,
-                msg_rejected: w::msg_kind::REP,
-                reject_info_length: 8,
-                reason: w::rej_reason::TIMEOUT,
-                ari,
-                private: [0; w::private_len::REJ],
-            }))
-            .emit(tid);
+            let rej =
+                self.timeout_rej(rep.remote_comm_id, rep.local_comm_id, w::msg_kind::REP, tid);
             self.send(*sgid, &rej);
             return;
         };

@@ -16,7 +16,7 @@ use crate::qp::state::{check_modify, QpState, QpType};
 use crate::qp::{Qp, QpCap, MAX_UNACKED_PSNS};
 use crate::sched::{Before, Sched};
 use crate::stats::Stats;
-use crate::transmit::Transmit;
+use crate::transmit::{Transmit, HEAD_ROOM};
 use crate::wc::Completion;
 use crate::wr::{RecvWr, SendOp, SendWr};
 use crate::{Error, Nanos, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE};
@@ -1625,15 +1625,36 @@ impl Endpoint {
         buf: &mut [u8],
         mem: &impl Memory,
     ) -> Option<Transmit> {
+        let mut one = [Transmit::default()];
+        (self.poll_transmit_burst(now, buf, &mut one, mem) == 1).then_some(one[0])
+    }
+
+    /// The next packets to send, as a NIC's send engine fetches a run of
+    /// one QP's packets per scheduling decision: up to `out.len()`, all of
+    /// one QP, the `k`th with its head written into
+    /// `bufs[k * HEAD_ROOM..(k + 1) * HEAD_ROOM]` (`bufs` must hold at least
+    /// one [`HEAD_ROOM`]; it bounds the burst too). Returns how many were
+    /// written to `out`; 0 when nothing is ready. The packets are exactly
+    /// those as many `poll_transmit` calls would give, in the same order;
+    /// the scheduler's bookkeeping (filing, budget, timers) runs once per
+    /// burst instead of once per packet. Their payload segments stay valid
+    /// until the next call into the endpoint, as [`Transmit`] says.
+    pub fn poll_transmit_burst(
+        &mut self,
+        now: Nanos,
+        bufs: &mut [u8],
+        out: &mut [Transmit],
+        mem: &impl Memory,
+    ) -> usize {
         assert!(
-            buf.len() >= 4096 + 128,
+            bufs.len() >= HEAD_ROOM,
             "poll_transmit needs a 4224-byte buffer"
         );
         // A completion lost in the previous call stops its QP before it
         // sends again.
         self.fail_qps_of_dead_cqs();
         self.sched
-            .poll_transmit(&mut self.qps, &mut self.shared, now, buf, mem)
+            .poll_transmit(&mut self.qps, &mut self.shared, now, bufs, out, mem)
     }
 
     /// Whether all this endpoint has to send now is lone positive ACKs (or

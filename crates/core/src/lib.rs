@@ -49,7 +49,7 @@ pub use endpoint::{
     Endpoint, EndpointConfig, Event, Offload, OffloadLocal, QpInit, RecvCheck, RxMeta,
 };
 pub use error::Error;
-pub use transmit::Transmit;
+pub use transmit::{Transmit, HEAD_ROOM};
 
 /// Virtual or real time, in nanoseconds from an origin the caller picks.
 pub type Nanos = u64;

@@ -59,7 +59,7 @@ use crate::qp::state::QpState;
 use crate::qp::{Qp, Stop};
 use crate::stats::Stats;
 use crate::timer::TimerHeap;
-use crate::transmit::Transmit;
+use crate::transmit::{Transmit, HEAD_ROOM};
 use crate::Nanos;
 
 const NIL: u32 = u32::MAX;
@@ -861,21 +861,44 @@ impl Sched {
         true
     }
 
+    /// The next packets to send, one QP's: up to `out.len()` of them, the
+    /// `k`th written into `bufs[k * HEAD_ROOM..]` (see
+    /// [`crate::Endpoint::poll_transmit_burst`]). Returns how many.
+    ///
+    /// The first packet is chosen as a lone one would be. A burst goes on
+    /// only where every packet after it would be the same QP's request
+    /// anyway: no congestion controller (which times and reacts per
+    /// packet), no ACK passed, not a waiter woken for one new PSN, the rate
+    /// gate open, the QP's round-robin turn not spent (or no other QP
+    /// ready). Between the packets of a burst nothing reaches the endpoint,
+    /// so its queued responses (none: they went first) cannot change, nor
+    /// the QP's limit: its window ends where the last ACK put it, and its
+    /// destination's room shrinks by one PSN's cost for each new PSN sent
+    /// while the high-water mark grows by one, so the PSN bound computed
+    /// for the first packet is the one each later packet would have been
+    /// computed. Its filing, charge and timers are brought up to date once,
+    /// after the last packet.
     pub fn poll_transmit(
         &mut self,
         qps: &mut [Option<Qp>],
         shared: &mut Shared,
         now: Nanos,
-        buf: &mut [u8],
+        bufs: &mut [u8],
+        out: &mut [Transmit],
         mem: &impl crate::mr::Memory,
-    ) -> Option<Transmit> {
+    ) -> usize {
         self.now = self.now.max(now);
+        let max = out.len().min(bufs.len() / HEAD_ROOM);
+        if max == 0 {
+            return 0;
+        }
+        let buf = &mut bufs[..HEAD_ROOM];
         let mut empty = 0usize;
         loop {
             let s = self.ready.head;
             if s == NIL {
                 self.settle_timers(qps);
-                return None;
+                return 0;
             }
             let s = s as usize;
             shared.stats.sched_visits += 1;
@@ -884,6 +907,11 @@ impl Sched {
             }
             let qp = qps[s].as_mut().expect("a ready slot holds a QP");
             let mut t = None;
+            // The limit a request was built under, if the packet is one.
+            let mut burst = None;
+            // A QP woken from its destination's wait list may start one new
+            // PSN, then waits at the back again: no burst.
+            let woken = self.slots[s].woken;
             if self.slots[s].cnp_owed {
                 // The notification point's CNP goes ahead of everything: it
                 // is what slows the sender filling the marked queue.
@@ -928,6 +956,7 @@ impl Sched {
                     qp.req.ask_ack = probe || every;
                     t = qp.poll_request(now, buf, shared, limit, mem);
                     qp.req.ask_ack = false;
+                    burst = (t.is_some() && !pass).then_some(limit);
                     if t.is_some() {
                         let psn = Psn::new(u32::from_be_bytes([0, buf[9], buf[10], buf[11]]));
                         if psn.before(hwm) {
@@ -980,7 +1009,31 @@ impl Sched {
                 }
                 continue;
             };
-            self.slots[s].deficit -= t.wire_len() as i64;
+            out[0] = t;
+            let mut n = 1;
+            let mut bytes = t.wire_len() as u64;
+            if let Some(limit) = burst.filter(|_| max > 1 && !woken && self.slots[s].cc.is_none()) {
+                let alone = self.ready.len == 1;
+                let slot = &mut self.slots[s];
+                while n < max && slot.gate.rate_open(now) {
+                    if slot.deficit <= bytes as i64 {
+                        if !alone {
+                            break;
+                        }
+                        // The only QP ready: its next turn comes at once.
+                        slot.deficit += self.quantum;
+                    }
+                    let buf = &mut bufs[n * HEAD_ROOM..(n + 1) * HEAD_ROOM];
+                    let Some(t) = qp.poll_request(now, buf, shared, limit, mem) else {
+                        break;
+                    };
+                    slot.gate.on_sent(now, t.wire_len());
+                    bytes += t.wire_len() as u64;
+                    out[n] = t;
+                    n += 1;
+                }
+            }
+            self.slots[s].deficit -= bytes as i64;
             self.sync(s, qp, now, None);
             let slot = &self.slots[s];
             if slot.place == Place::Parked
@@ -1000,9 +1053,9 @@ impl Sched {
                 self.ready.push_back(&mut self.slots, s as u32);
             }
             self.settle_timers(qps);
-            shared.stats.tx_packets += 1;
-            shared.stats.tx_bytes += t.wire_len() as u64;
-            return Some(t);
+            shared.stats.tx_packets += n as u64;
+            shared.stats.tx_bytes += bytes;
+            return n;
         }
     }
 

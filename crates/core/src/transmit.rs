@@ -13,6 +13,11 @@
 /// scatter/gather list, which has at most [`crate::MAX_SGE`] entries.
 pub const MAX_SEGS: usize = crate::MAX_SGE;
 
+/// Room each packet's head needs in the buffer `poll_transmit` writes it
+/// into: the headers, and up to one MTU of payload the core may copy there
+/// (inline data, an implicit region's bytes).
+pub const HEAD_ROOM: usize = 4096 + 128;
+
 /// A run of payload bytes in local memory, translated through its memory
 /// region when it was handed out (see [`Transmit`] for how long it holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -87,7 +92,7 @@ impl Segs {
 /// layer must have copied or sent the bytes (e.g. `sendmsg` returned)
 /// before it calls into the endpoint again, and must not hold a `Transmit`
 /// across such a call.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Transmit {
     /// Destination GID (IPv6, or IPv4-mapped).
     pub dgid: [u8; 16],

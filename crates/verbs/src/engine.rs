@@ -50,7 +50,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use softrdma_core::{Endpoint, Event, Nanos, RxMeta};
+use softrdma_core::{Endpoint, Event, Nanos, RxMeta, Transmit, HEAD_ROOM};
 use softrdma_shm::Withdrawal;
 use softrdma_udp::Port;
 
@@ -62,6 +62,12 @@ use crate::sys::{Epoll, EventFd, TimerFd};
 /// post or a poll holds the lock (a 4 KiB-MTU pass is at most ~1 MiB of
 /// payload), and so how long inbound packets wait behind a long send.
 const TX_BUDGET: usize = 256;
+
+/// Most packets taken from the core per scheduling decision
+/// (`Endpoint::poll_transmit_burst`): a GSO train's worth of 4 KiB packets
+/// and one more (a train holds 15 of 4 112 bytes).
+const TX_BURST: usize = 16;
+
 /// Packets one pass takes from each ring of a peer on this host: the
 /// same bound as the transmit budget, so a pass stays short either way.
 const RING_BUDGET: usize = 256;
@@ -200,7 +206,9 @@ pub(crate) struct State {
     /// deregistration is refused, as `ibv_dereg_mr`'s EBUSY): deregistered,
     /// and their buffers freed, when the last window goes.
     pub orphans: Vec<(u32, Box<dyn Send>)>,
+    /// Heads and descriptors of one burst of packets from the core.
     head: Vec<u8>,
+    txs: Box<[Transmit; TX_BURST]>,
     origin: Instant,
     /// The deadline the engine's timerfd is armed to (core time), so a pass
     /// re-arms it only when the core's next deadline moved.
@@ -218,14 +226,15 @@ pub(crate) struct State {
     /// Packets a peer on this host refused (it is gone, or broke the ring's
     /// protocol): lost, and counted. A full ring loses nothing (`stalled`).
     pub ring_drops: u64,
-    /// The packet a full ring of a peer on this host could not take yet,
-    /// with the zero bytes that follow it (pad and ICRC), its bytes in
-    /// `stall_buf`. While it waits nothing else is built: it goes first,
-    /// when the peer has freed space and rung our bell (see
-    /// `softrdma_shm`'s ring, "Back-pressure").
-    stalled: Option<(Arc<softrdma_shm::Peer>, usize)>,
-    /// Room for one packet, allocated once.
-    stall_buf: Vec<u8>,
+    /// The packets a full ring of a peer on this host could not take yet
+    /// (the rest of a burst behind one it refused), each with the zero
+    /// bytes that follow it (pad and ICRC). While they wait nothing else is
+    /// built: they go first, when the peer has freed space and rung our
+    /// bell (see `softrdma_shm`'s ring, "Back-pressure"). At most one
+    /// burst.
+    stalled: std::collections::VecDeque<(Arc<softrdma_shm::Peer>, usize, Vec<u8>)>,
+    /// Buffers of stalled packets that went, for the next stall.
+    stall_bufs: Vec<Vec<u8>>,
     /// Times a full ring held our transmission back.
     pub ring_stalls: u64,
     /// This device's GID (what packets from rings are addressed to).
@@ -727,114 +736,35 @@ impl State {
     fn transmit(&mut self, now: Nanos) -> (usize, bool) {
         self.tx_deferred = false;
         let mut sent = 0;
-        let mut more = false;
-        if let Some((peer, zeros)) = self.stalled.take() {
+        // Packets a full ring held back go first, in order.
+        while let Some((peer, zeros, buf)) = self.stalled.front() {
             // SAFETY: one producer: this pass holds the engine lock; the
             // stalled bytes are our own buffer.
-            match unsafe { push_or_wait(&peer, &[&self.stall_buf], zeros) } {
-                softrdma_shm::Push::Full => {
-                    self.stalled = Some((peer, zeros));
-                    return (0, false);
-                }
+            match unsafe { push_or_wait(peer, &[buf], *zeros) } {
+                softrdma_shm::Push::Full => return (sent, false),
                 softrdma_shm::Push::Refused => self.ring_drops += 1,
                 softrdma_shm::Push::Done => sent += 1,
             }
+            let (_, _, buf) = self.stalled.pop_front().expect("front seen");
+            self.stall_bufs.push(buf);
         }
-        while let Some(t) = self.ep.poll_transmit(now, &mut self.head, &self.mem) {
-            let mut slices: [&[u8]; softrdma_core::MAX_SGE] = [&[]; softrdma_core::MAX_SGE];
-            let segs = t.segs.as_slice();
-            for (s, g) in slices.iter_mut().zip(segs) {
-                // SAFETY: the core translated each segment through the
-                // region table just now, so it lies in a registered region;
-                // a region's buffer is freed only after `dereg_mr` returns,
-                // which needs this lock, and the core never hands out an
-                // address of a deregistered region.
-                *s = unsafe { segment(g.addr, g.len) };
+        while sent < TX_BUDGET {
+            let room = TX_BURST.min(TX_BUDGET - sent);
+            let n =
+                self.ep
+                    .poll_transmit_burst(now, &mut self.head, &mut self.txs[..room], &self.mem);
+            if n == 0 {
+                break;
             }
-            // A connection to a context on this host, or a UD datagram to
-            // one: into its ring.
-            let direct = self
-                .direct
-                .get((t.src_qpn & 0xffff) as usize)
-                .and_then(Option::as_ref)
-                .filter(|d| d.qps.local == t.src_qpn && d.peer.alive())
-                .map(|d| &d.peer);
-            let ud = match direct {
-                None => ud_peer(self.shm.as_deref(), &t.dgid, &self.head[..t.head_len]),
-                Some(_) => None,
-            };
-            if let Some(peer) = direct.or(ud.as_ref()) {
-                let mut parts: [&[u8]; softrdma_core::MAX_SGE + 1] =
-                    [&[]; softrdma_core::MAX_SGE + 1];
-                parts[0] = &self.head[..t.head_len];
-                parts[1..=segs.len()].copy_from_slice(&slices[..segs.len()]);
-                let parts = &parts[..=segs.len()];
-                let zeros = t.pad as usize + 4;
-                // SAFETY: one producer: this pass holds the engine lock. The
-                // slices are valid as above; the pad and the ICRC's place
-                // are zeros.
-                match unsafe { push_or_wait(peer, parts, zeros) } {
-                    softrdma_shm::Push::Done => {}
-                    softrdma_shm::Push::Refused => self.ring_drops += 1,
-                    softrdma_shm::Push::Full => {
-                        // Kept, and nothing more built until it goes: the
-                        // core has counted it sent (its timers run), and
-                        // what follows may be for the same ring.
-                        self.stall_buf.clear();
-                        for p in parts {
-                            self.stall_buf.extend_from_slice(p);
-                        }
-                        self.stalled = Some((peer.clone(), zeros));
-                        self.ring_stalls += 1;
-                        more = false;
-                        break;
-                    }
-                }
-                sent += 1;
-                if sent == TX_BUDGET {
-                    more = true;
-                    break;
-                }
-                continue;
+            for k in 0..n {
+                let t = self.txs[k];
+                self.transmit_one(k, &t);
             }
-            if t.head_len > softrdma_udp::MAX_HEAD {
-                // Payload the core copied into the head (an implicit
-                // region's, checked): longer than a queued head may be, and
-                // in `self.head`, which the next `poll_transmit` rewrites.
-                // Sent now, the part past MAX_HEAD as its payload.
-                let (head, rest) = self.head[..t.head_len].split_at(softrdma_udp::MAX_HEAD);
-                let r = self.port.send(t.dgid, t.src_qpn, head, &[rest], t.pad);
-                if r.is_err() {
-                    self.tx_refused += 1;
-                }
-                sent += 1;
-                if sent == TX_BUDGET {
-                    more = true;
-                    break;
-                }
-                continue;
-            }
-            // SAFETY: the slices stay valid until `flush` below returns: it
-            // runs before this pass lets the lock go, and no region can be
-            // deregistered (nor its buffer freed) without the lock.
-            let r = unsafe {
-                self.port.push(
-                    t.dgid,
-                    t.src_qpn,
-                    &self.head[..t.head_len],
-                    &slices[..segs.len()],
-                    t.pad,
-                )
-            };
-            if r.is_err() {
-                // One unusable destination must not stop the device: the
-                // packet is lost like any other (RC retransmits, UD is
-                // unreliable) and counted.
-                self.tx_refused += 1;
-            }
-            sent += 1;
-            if sent == TX_BUDGET {
-                more = true;
+            sent += n;
+            if !self.stalled.is_empty() {
+                // Nothing more is built while a ring is full: what waits
+                // goes first, when the peer has freed space and rung our
+                // bell.
                 break;
             }
         }
@@ -843,7 +773,95 @@ impl State {
                 eprintln!("softrdma: send failed: {e}");
             }
         }
-        (sent, more)
+        (sent, sent >= TX_BUDGET && self.stalled.is_empty())
+    }
+
+    /// Hand packet `k` of a burst (its head at `k * HEAD_ROOM` in
+    /// `self.head`) to its ring or its socket.
+    fn transmit_one(&mut self, k: usize, t: &Transmit) {
+        let head = &self.head[k * HEAD_ROOM..k * HEAD_ROOM + t.head_len];
+        let mut slices: [&[u8]; softrdma_core::MAX_SGE] = [&[]; softrdma_core::MAX_SGE];
+        let segs = t.segs.as_slice();
+        for (s, g) in slices.iter_mut().zip(segs) {
+            // SAFETY: the core translated each segment through the region
+            // table in this pass's `poll_transmit_burst`, so it lies in a
+            // registered region; a region's buffer is freed only after
+            // `dereg_mr` returns, which needs this lock, and the core never
+            // hands out an address of a deregistered region.
+            *s = unsafe { segment(g.addr, g.len) };
+        }
+        // A connection to a context on this host, or a UD datagram to one:
+        // into its ring.
+        let direct = self
+            .direct
+            .get((t.src_qpn & 0xffff) as usize)
+            .and_then(Option::as_ref)
+            .filter(|d| d.qps.local == t.src_qpn && d.peer.alive())
+            .map(|d| &d.peer);
+        let ud = match direct {
+            None => ud_peer(self.shm.as_deref(), &t.dgid, head),
+            Some(_) => None,
+        };
+        if let Some(peer) = direct.or(ud.as_ref()) {
+            let mut parts: [&[u8]; softrdma_core::MAX_SGE + 1] = [&[]; softrdma_core::MAX_SGE + 1];
+            parts[0] = head;
+            parts[1..=segs.len()].copy_from_slice(&slices[..segs.len()]);
+            let parts = &parts[..=segs.len()];
+            let zeros = t.pad as usize + 4;
+            // SAFETY: one producer: this pass holds the engine lock. The
+            // slices are valid as above; the pad and the ICRC's place are
+            // zeros.
+            let r = if self.stalled.is_empty() {
+                unsafe { push_or_wait(peer, parts, zeros) }
+            } else {
+                // Behind a packet a ring held back: in order, after it.
+                softrdma_shm::Push::Full
+            };
+            match r {
+                softrdma_shm::Push::Done => {}
+                softrdma_shm::Push::Refused => self.ring_drops += 1,
+                softrdma_shm::Push::Full => {
+                    // Kept: the core has counted it sent (its timers run).
+                    // At most one burst waits (nothing more is built while
+                    // one does), so the buffers are bounded by TX_BURST.
+                    let mut buf = self.stall_bufs.pop().unwrap_or_default();
+                    buf.clear();
+                    for p in parts {
+                        buf.extend_from_slice(p);
+                    }
+                    self.stalled.push_back((peer.clone(), zeros, buf));
+                    self.ring_stalls += 1;
+                }
+            }
+            return;
+        }
+        if t.head_len > softrdma_udp::MAX_HEAD {
+            // Payload the core copied into the head (an implicit region's,
+            // checked): longer than a queued head may be. Sent now, the
+            // part past MAX_HEAD as its payload.
+            let (head, rest) = head.split_at(softrdma_udp::MAX_HEAD);
+            if self
+                .port
+                .send(t.dgid, t.src_qpn, head, &[rest], t.pad)
+                .is_err()
+            {
+                self.tx_refused += 1;
+            }
+            return;
+        }
+        // SAFETY: the slices stay valid until `flush` in `transmit` returns:
+        // it runs before this pass lets the lock go, and no region can be
+        // deregistered (nor its buffer freed) without the lock.
+        let r = unsafe {
+            self.port
+                .push(t.dgid, t.src_qpn, head, &slices[..segs.len()], t.pad)
+        };
+        if r.is_err() {
+            // One unusable destination must not stop the device: the packet
+            // is lost like any other (RC retransmits, UD is unreliable) and
+            // counted.
+            self.tx_refused += 1;
+        }
     }
 
     /// Count QP `qpn` (created, or no longer connected through shared
@@ -1653,7 +1671,8 @@ impl Engine {
                 channels: HashMap::new(),
                 async_events: Default::default(),
                 orphans: Vec::new(),
-                head: vec![0; 4096 + 256],
+                head: vec![0; TX_BURST * HEAD_ROOM],
+                txs: Box::new([Transmit::default(); TX_BURST]),
                 origin,
                 armed: None,
                 tx_deferred: false,
@@ -1661,8 +1680,8 @@ impl Engine {
                 tx_refused: 0,
                 shm: shm.clone(),
                 ring_drops: 0,
-                stalled: None,
-                stall_buf: Vec::with_capacity(4096 + 512),
+                stalled: Default::default(),
+                stall_bufs: Vec::new(),
                 ring_stalls: 0,
                 dgid,
                 direct: Vec::new(),

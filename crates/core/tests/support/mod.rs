@@ -20,6 +20,7 @@ mod guarded;
 pub use guarded::GuardedMemory;
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::rc::Rc;
 
 use softrdma_core::cq::CqId;
@@ -29,7 +30,7 @@ use softrdma_core::qp::state::{required_mask, QpState, QpType};
 use softrdma_core::qp::QpCap;
 use softrdma_core::wc::{Completion, WcStatus};
 use softrdma_core::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
-use softrdma_core::{Endpoint, EndpointConfig, Error, QpInit, RxMeta};
+use softrdma_core::{Endpoint, EndpointConfig, Error, QpInit, RxMeta, Transmit, HEAD_ROOM};
 use softrdma_netsim::{Node, NodeId, Sim};
 use softrdma_wire::bth::{BthRepr, DEFAULT_PKEY};
 use softrdma_wire::ext::{NakCode, RethRepr, Syndrome};
@@ -37,6 +38,10 @@ use softrdma_wire::packet::ExtRepr;
 use softrdma_wire::{icrc, Opcode, Packet, PacketRepr, Psn};
 
 pub const MEM_BASE: u64 = 0x1000_0000;
+
+/// Most packets a host takes from its endpoint per scheduling decision, as
+/// the engine does (`softrdma_verbs`' `TX_BURST`).
+pub const BURST: usize = 16;
 
 pub fn gid_of(node: NodeId) -> [u8; 16] {
     let mut g = [0u8; 16];
@@ -88,7 +93,14 @@ pub struct Host {
     /// Pacing: datagrams sent in the current batch, and when the next may go.
     batch: usize,
     next_tx: u64,
-    head: Vec<u8>,
+    /// Heads of a burst (`Endpoint::poll_transmit_burst`), and the
+    /// datagrams built from it and not yet handed to the network: the
+    /// engine's way, one scheduling decision per run of a QP's packets.
+    heads: Vec<u8>,
+    built: VecDeque<(NodeId, Vec<u8>)>,
+    /// Most packets per burst (1 while `pace` is set: a paced sender's
+    /// built packets would otherwise wait in `built` across its pauses).
+    pub burst: usize,
     /// Check the scheduler's invariants (`Endpoint::check_scheduler`, a
     /// scan of every QP) each time the host has sent all it can and after
     /// each timer; tests with thousands of QPs turn it off and check at
@@ -115,7 +127,9 @@ impl Host {
             pace: None,
             batch: 0,
             next_tx: 0,
-            head: vec![0; 4096 + 128],
+            heads: vec![0; BURST * HEAD_ROOM],
+            built: VecDeque::new(),
+            burst: BURST,
             check_sched: true,
         }
     }
@@ -298,28 +312,43 @@ impl Host {
 
 impl Host {
     /// What the real UDP backend does with a `Transmit`: one datagram with
-    /// payload, pad and ICRC, into `buf`.
+    /// payload, pad and ICRC, built from each packet of a burst.
     fn build(&mut self, now: u64, buf: &mut [u8]) -> Option<(NodeId, usize)> {
-        self.sync();
-        let t = self.ep.poll_transmit(now, &mut self.head, &self.mem)?;
-        let mut n = t.head_len;
-        buf[..n].copy_from_slice(&self.head[..n]);
-        for s in t.segs.as_slice() {
-            self.mem.read(s.addr, &mut buf[n..n + s.len as usize]);
-            n += s.len as usize;
+        if self.built.is_empty() {
+            self.sync();
+            let max = if self.pace.is_some() {
+                1
+            } else {
+                self.burst.clamp(1, BURST)
+            };
+            let mut out = [Transmit::default(); BURST];
+            let n = self
+                .ep
+                .poll_transmit_burst(now, &mut self.heads, &mut out[..max], &self.mem);
+            for (k, t) in out[..n].iter().enumerate() {
+                let head = &self.heads[k * HEAD_ROOM..k * HEAD_ROOM + t.head_len];
+                let mut d = head.to_vec();
+                for s in t.segs.as_slice() {
+                    let at = d.len();
+                    d.resize(at + s.len as usize, 0);
+                    self.mem.read(s.addr, &mut d[at..]);
+                }
+                d.resize(d.len() + t.pad as usize + 4, 0);
+                let dst_node = (t.dgid[15] - 1) as NodeId;
+                let src = v4(&gid_of(self.id));
+                let udp_len = (d.len() + 8) as u16;
+                let ip = icrc::ipv4_header(src, v4(&t.dgid), 0, true, udp_len);
+                let udp = icrc::udp_header(4791, 4791, udp_len);
+                icrc::fill(&ip, &udp, &mut d);
+                if self.record {
+                    self.sent.push(d.clone());
+                }
+                self.built.push_back((dst_node, d));
+            }
         }
-        buf[n..n + t.pad as usize].fill(0);
-        n += t.pad as usize + 4;
-        let dst_node = (t.dgid[15] - 1) as NodeId;
-        let src = v4(&gid_of(self.id));
-        let udp_len = (n + 8) as u16;
-        let ip = icrc::ipv4_header(src, v4(&t.dgid), 0, true, udp_len);
-        let udp = icrc::udp_header(4791, 4791, udp_len);
-        icrc::fill(&ip, &udp, &mut buf[..n]);
-        if self.record {
-            self.sent.push(buf[..n].to_vec());
-        }
-        Some((dst_node, n))
+        let (to, d) = self.built.pop_front()?;
+        buf[..d.len()].copy_from_slice(&d);
+        Some((to, d.len()))
     }
 }
 
@@ -645,12 +674,17 @@ impl Host {
     pub fn take(&mut self, now: u64, max: usize) -> Vec<Vec<u8>> {
         let mut buf = vec![0u8; softrdma_netsim::MAX_DATAGRAM];
         let mut out = Vec::new();
+        // A burst of no more than asked for: what is not taken is not built
+        // (a test deregisters memory or delivers packets in between).
+        let burst = self.burst;
         while out.len() < max {
+            self.burst = burst.min(max - out.len());
             let Some((_, n)) = Node::poll_transmit(self, now, &mut buf) else {
                 break;
             };
             out.push(buf[..n].to_vec());
         }
+        self.burst = burst;
         out
     }
 

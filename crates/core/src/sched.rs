@@ -330,6 +330,16 @@ fn inflight_bytes(qp: &Qp) -> u64 {
     qp.comp.psn.distance_to(qp.req.hwm) as u64 * psn_cost(qp.mtu())
 }
 
+/// What a burst goes on with after its first packet (see
+/// [`Sched::poll_transmit`]).
+#[derive(Debug, Clone, Copy)]
+enum Run {
+    /// The QP's requests, under the PSN limit the first was built under.
+    Requests(Psn),
+    /// Its queued responses (a READ's response stream, ACKs, NAKs).
+    Responses,
+}
+
 /// The scheduler of one endpoint.
 #[derive(Debug)]
 pub(crate) struct Sched {
@@ -866,11 +876,12 @@ impl Sched {
     /// [`crate::Endpoint::poll_transmit_burst`]). Returns how many.
     ///
     /// The first packet is chosen as a lone one would be. A burst goes on
-    /// only where every packet after it would be the same QP's request
-    /// anyway: no congestion controller (which times and reacts per
-    /// packet), no ACK passed, not a waiter woken for one new PSN, the rate
-    /// gate open, the QP's round-robin turn not spent (or no other QP
-    /// ready). Between the packets of a burst nothing reaches the endpoint,
+    /// only with what a run of single polls would send next, the QP's
+    /// turn not spent (or no other QP ready): after a response, more of its
+    /// responses, up to a lone ACK (which a request may pass); after a
+    /// request, more requests, with no congestion controller (it times and
+    /// reacts per packet), no ACK passed, not a waiter woken for one new
+    /// PSN, the rate gate open. Between the packets of a burst nothing reaches the endpoint,
     /// so its queued responses (none: they went first) cannot change, nor
     /// the QP's limit: its window ends where the last ACK put it, and its
     /// destination's room shrinks by one PSN's cost for each new PSN sent
@@ -907,7 +918,8 @@ impl Sched {
             }
             let qp = qps[s].as_mut().expect("a ready slot holds a QP");
             let mut t = None;
-            // The limit a request was built under, if the packet is one.
+            // What more of this QP's may follow in the burst: requests
+            // under the limit the first was built under, or responses.
             let mut burst = None;
             // A QP woken from its destination's wait list may start one new
             // PSN, then waits at the back again: no burst.
@@ -936,6 +948,7 @@ impl Sched {
                 self.slots[s].passed_ack = false;
                 if !pass {
                     t = qp.poll_response(buf, shared, mem);
+                    burst = t.is_some().then_some(Run::Responses);
                 }
                 if t.is_none() && self.slots[s].gate.rate_open(now) {
                     let limit = self.limit(s, qp);
@@ -956,7 +969,7 @@ impl Sched {
                     qp.req.ask_ack = probe || every;
                     t = qp.poll_request(now, buf, shared, limit, mem);
                     qp.req.ask_ack = false;
-                    burst = (t.is_some() && !pass).then_some(limit);
+                    burst = (t.is_some() && !pass).then_some(Run::Requests(limit));
                     if t.is_some() {
                         let psn = Psn::new(u32::from_be_bytes([0, buf[9], buf[10], buf[11]]));
                         if psn.before(hwm) {
@@ -1012,10 +1025,10 @@ impl Sched {
             out[0] = t;
             let mut n = 1;
             let mut bytes = t.wire_len() as u64;
-            if let Some(limit) = burst.filter(|_| max > 1 && !woken && self.slots[s].cc.is_none()) {
+            if let Some(run) = burst.filter(|_| max > 1) {
                 let alone = self.ready.len == 1;
                 let slot = &mut self.slots[s];
-                while n < max && slot.gate.rate_open(now) {
+                while n < max {
                     if slot.deficit <= bytes as i64 {
                         if !alone {
                             break;
@@ -1024,10 +1037,25 @@ impl Sched {
                         slot.deficit += self.quantum;
                     }
                     let buf = &mut bufs[n * HEAD_ROOM..(n + 1) * HEAD_ROOM];
-                    let Some(t) = qp.poll_request(now, buf, shared, limit, mem) else {
+                    let next = match run {
+                        Run::Requests(limit) => {
+                            if woken || slot.cc.is_some() || !slot.gate.rate_open(now) {
+                                break;
+                            }
+                            let t = qp.poll_request(now, buf, shared, limit, mem);
+                            if let Some(t) = &t {
+                                slot.gate.on_sent(now, t.wire_len());
+                            }
+                            t
+                        }
+                        // A lone ACK left: the next call may let a request
+                        // pass it, so the burst ends here.
+                        Run::Responses if qp.only_ack_queued() => break,
+                        Run::Responses => qp.poll_response(buf, shared, mem),
+                    };
+                    let Some(t) = next else {
                         break;
                     };
-                    slot.gate.on_sent(now, t.wire_len());
                     bytes += t.wire_len() as u64;
                     out[n] = t;
                     n += 1;

@@ -151,7 +151,7 @@ fn through_bottleneck(n: usize, len: usize, budget: u64) -> (Sim<Host>, Vec<(QpE
         timeout: 14,
         ..Default::default()
     };
-    let (mut sim, v) = pairs(n, 2 * n * len, 1, &o, |c| {
+    let (mut sim, v) = pairs(n, 2 * n * len, 2, &o, |c| {
         c.max_inflight_per_dest = budget;
     });
     sim.set_default_link(
@@ -481,11 +481,13 @@ fn a_zero_per_destination_budget_is_refused_naming_the_field() {
 fn a_burst_sends_exactly_what_packet_by_packet_polls_send() {
     // Sixteen QPs share one destination whose budget holds eight packets,
     // through a lossy 10 Gbit/s link: waiters woken for one new PSN,
-    // round-robin turns, resends after losses. Taking packets sixteen per
+    // round-robin turns, resends after losses; then each READs back, so
+    // the other host bursts READ responses among its ACKs. Taking packets sixteen per
     // scheduling decision must send the same datagrams at the same times
     // as taking them one at a time.
     let run = |burst: usize| {
         let (mut sim, v) = through_bottleneck(16, 64 << 10, 8 * psn_cost(4096));
+        let half = sim.node(0).mem.bytes.len() as u64 / 2;
         sim.set_default_link(
             LinkConfig::default()
                 .delay(5 * US)
@@ -495,9 +497,94 @@ fn a_burst_sends_exactly_what_packet_by_packet_polls_send() {
         );
         for h in 0..2 {
             sim.node_mut(h).burst = burst;
+            // A finite packet rate (40 packets per 10 µs), so that packets
+            // arrive while a host's responses and requests are still queued.
+            sim.node_mut(h).pace = Some((40, 10 * US));
         }
         let t = trace(&mut sim, &[0, 1]);
         write_all(&mut sim, &v, 64 << 10, 10 * SEC);
+        // Then every QP READs its WRITE back into its source range's second
+        // half: response streams from node 1, in bursts of their own.
+        let a = sim.node_mut(0);
+        for (i, (qa, qb)) in v.iter().enumerate() {
+            let op = SendOp::Read {
+                remote_addr: MEM_BASE + half + (i << 16) as u64,
+                rkey: qb.rkey,
+            };
+            a.post(
+                qa,
+                100 + i as u64,
+                op,
+                MEM_BASE + (i << 16) as u64 + (32 << 10),
+                32 << 10,
+                SIG,
+            )
+            .unwrap();
+            // And a one-packet WRITE behind it, whose ACK queues behind the
+            // READ's response stream at node 1.
+            let op = SendOp::Write {
+                remote_addr: MEM_BASE + half + (i << 16) as u64 + (60 << 10),
+                rkey: qb.rkey,
+            };
+            a.post(
+                qa,
+                300 + i as u64,
+                op,
+                MEM_BASE + (i << 16) as u64,
+                64,
+                SendFlags::default(),
+            )
+            .unwrap();
+        }
+        // Node 1 WRITEs at the same time, so its QPs hold requests beside
+        // their responses (a request may pass a lone ACK, not a stream).
+        let b = sim.node_mut(1);
+        for (i, (qa, qb)) in v.iter().enumerate() {
+            let src = MEM_BASE + (i << 16) as u64;
+            pattern(b, src, 48 << 10, 50 + i as u8);
+            let op = SendOp::Write {
+                remote_addr: MEM_BASE + half + (i << 16) as u64,
+                rkey: qa.rkey,
+            };
+            b.post(qb, 200 + i as u64, op, src, 48 << 10, SIG).unwrap();
+        }
+        sim.run_until_idle(10 * SEC).unwrap();
+        let done = sim.node_mut(1).poll_cq(v[0].1.scq);
+        assert_eq!(done.len(), 16);
+        assert!(
+            done.iter().all(|c| c.status == WcStatus::Success),
+            "{done:?}"
+        );
+        for i in 0..16u64 {
+            let src = sim
+                .node(1)
+                .mem
+                .slice(MEM_BASE + (i << 16), 48 << 10)
+                .to_vec();
+            assert_eq!(
+                sim.node(0).mem.slice(MEM_BASE + half + (i << 16), 48 << 10),
+                &src[..]
+            );
+        }
+        let done = sim.node_mut(0).poll_cq(v[0].0.scq);
+        assert_eq!(done.len(), 16);
+        assert!(
+            done.iter().all(|c| c.status == WcStatus::Success),
+            "{done:?}"
+        );
+        for i in 0..16u64 {
+            let src = sim
+                .node(0)
+                .mem
+                .slice(MEM_BASE + (i << 16), 32 << 10)
+                .to_vec();
+            assert_eq!(
+                sim.node(0)
+                    .mem
+                    .slice(MEM_BASE + (i << 16) + (32 << 10), 32 << 10),
+                &src[..]
+            );
+        }
         let st = *sim.node(0).ep.stats();
         let pkts: Vec<_> = t
             .borrow()
@@ -520,4 +607,48 @@ fn a_burst_sends_exactly_what_packet_by_packet_polls_send() {
         visits_burst < visits_one,
         "{visits_burst} visits against {visits_one}"
     );
+}
+
+#[test]
+fn a_burst_of_responses_stops_at_a_lone_ack_a_request_may_pass() {
+    // B holds a READ's response stream with an ACK queued behind it, and a
+    // WRITE of its own: one at a time, the stream goes, then B's request
+    // passes the lone ACK, then the ACK. A burst must send the same.
+    let o = Opts {
+        mtu: Mtu::B4096,
+        ..Default::default()
+    };
+    let run = |burst: usize| {
+        let (mut sim, qa, qb) = pair(3, 4 << 20, &o);
+        let a = sim.node_mut(0);
+        let read = SendOp::Read {
+            remote_addr: MEM_BASE,
+            rkey: qb.rkey,
+        };
+        a.post(&qa, 1, read, MEM_BASE + (1 << 20), 32 << 10, SIG)
+            .unwrap();
+        let write = SendOp::Write {
+            remote_addr: MEM_BASE + (2 << 20),
+            rkey: qb.rkey,
+        };
+        a.post(&qa, 2, write, MEM_BASE, 64, SIG).unwrap();
+        let to_b = a.take(0, 2);
+        assert_eq!(to_b.len(), 2);
+        let b = sim.node_mut(1);
+        let write = SendOp::Write {
+            remote_addr: MEM_BASE + (3 << 20),
+            rkey: qa.rkey,
+        };
+        b.post(&qb, 3, write, MEM_BASE, 64, SIG).unwrap();
+        for p in &to_b {
+            b.deliver(0, 0, p);
+        }
+        b.burst = burst;
+        describe_all(1, &b.take(0, 64))
+    };
+    let one = run(1);
+    assert_eq!(one.len(), 10, "{one:#?}");
+    assert!(one[8].starts_with("B WRITE_ONLY"), "{one:#?}");
+    assert!(one[9].starts_with("B ACKNOWLEDGE"), "{one:#?}");
+    assert_eq!(run(support::BURST), one);
 }

@@ -98,8 +98,8 @@ pub struct Host {
     /// engine's way, one scheduling decision per run of a QP's packets.
     heads: Vec<u8>,
     built: VecDeque<(NodeId, Vec<u8>)>,
-    /// Most packets per burst (1 while `pace` is set: a paced sender's
-    /// built packets would otherwise wait in `built` across its pauses).
+    /// Most packets per burst (and no more than a paced host's batch has
+    /// room for: what is built never waits in `built` across a pause).
     pub burst: usize,
     /// Check the scheduler's invariants (`Endpoint::check_scheduler`, a
     /// scan of every QP) each time the host has sent all it can and after
@@ -316,10 +316,12 @@ impl Host {
     fn build(&mut self, now: u64, buf: &mut [u8]) -> Option<(NodeId, usize)> {
         if self.built.is_empty() {
             self.sync();
-            let max = if self.pace.is_some() {
-                1
-            } else {
-                self.burst.clamp(1, BURST)
+            let burst = self.burst.clamp(1, BURST);
+            // A paced host builds no more than its batch has room for, so
+            // nothing built waits across a pause.
+            let max = match self.pace {
+                Some((batch, _)) => burst.min(batch.saturating_sub(self.batch)).max(1),
+                None => burst,
             };
             let mut out = [Transmit::default(); BURST];
             let n = self

@@ -1042,22 +1042,31 @@ impl Sched {
                             if woken || slot.cc.is_some() || !slot.gate.rate_open(now) {
                                 break;
                             }
-                            let t = qp.poll_request(now, buf, shared, limit, mem);
-                            if let Some(t) = &t {
-                                slot.gate.on_sent(now, t.wire_len());
+                            // Built in its slot of `out`.
+                            if qp
+                                .poll_request_into(now, buf, shared, limit, mem, &mut out[n])
+                                .is_none()
+                            {
+                                break;
                             }
-                            t
+                            slot.gate.on_sent(now, out[n].wire_len());
+                            true
                         }
                         // A lone ACK left: the next call may let a request
                         // pass it, so the burst ends here.
                         Run::Responses if qp.only_ack_queued() => break,
-                        Run::Responses => qp.poll_response(buf, shared, mem),
+                        Run::Responses => match qp.poll_response(buf, shared, mem) {
+                            Some(t) => {
+                                out[n] = t;
+                                true
+                            }
+                            None => false,
+                        },
                     };
-                    let Some(t) = next else {
+                    if !next {
                         break;
-                    };
-                    bytes += t.wire_len() as u64;
-                    out[n] = t;
+                    }
+                    bytes += out[n].wire_len() as u64;
                     n += 1;
                 }
             }

@@ -52,7 +52,7 @@ impl Checker {
             src: [0; 4],
             dst: [0; 4],
         };
-        let crc = |ident| icrc::compute(z, (0, 0), ident, head, &[rest], 0);
+        let crc = |ident| icrc::compute(z, (0, 0), ident, head, [rest], 0);
         let base = crc(0);
         const ID_BITS: usize = N.trailing_zeros() as usize;
         let mut bits = [0u32; ID_BITS];
@@ -87,7 +87,7 @@ impl Checker {
             dst: dst.ip().octets(),
         };
         let (head, rest) = d[..n - len::ICRC].split_at(len::BTH);
-        let got = icrc::compute(addrs, (src.port(), dst.port()), 0, head, &[rest], 0);
+        let got = icrc::compute(addrs, (src.port(), dst.port()), 0, head, [rest], 0);
         if got == want {
             return HiddenCheck::Exact;
         }
@@ -120,7 +120,7 @@ impl Checker {
                 (src.port(), dst.port()),
                 0,
                 head,
-                &[rest],
+                [rest],
                 0,
             ))
     }

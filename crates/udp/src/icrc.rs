@@ -24,15 +24,20 @@ const HEAD_RUN: usize = 128;
 /// IPv4 header carrying `ident` and DF (what an unconnected socket with
 /// `IP_PMTUDISC_DO` sends: `ident` 0, or the segment index in a GSO train).
 /// `head` must hold at least a BTH.
-pub(crate) fn compute(
+pub(crate) fn compute<'a, P>(
     addrs: Addrs,
     ports: (u16, u16),
     ident: u16,
     head: &[u8],
-    payload: &[&[u8]],
+    payload: P,
     pad: u8,
-) -> u32 {
-    let body: usize = head.len() + payload.iter().map(|p| p.len()).sum::<usize>() + pad as usize;
+) -> u32
+where
+    P: IntoIterator<Item = &'a [u8]>,
+    P::IntoIter: Clone,
+{
+    let payload = payload.into_iter();
+    let body: usize = head.len() + payload.clone().map(|p| p.len()).sum::<usize>() + pad as usize;
     let udp_len = (8 + body + len::ICRC) as u16;
     // The masked IP, UDP and base transport headers, and as much of the
     // rest of `head` as fits, go to the CRC as one run: each `update` of a
@@ -107,7 +112,7 @@ mod tests {
                 (4791, 4791),
                 ident,
                 head,
-                &[a, b],
+                [a, b],
                 pad,
             );
             let want = softrdma_wire::icrc::compute(
@@ -123,7 +128,7 @@ mod tests {
             (1234, 4791),
             0,
             head,
-            &[a, b],
+            [a, b],
             pad,
         );
         let want = softrdma_wire::icrc::compute(

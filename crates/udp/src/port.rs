@@ -464,7 +464,14 @@ impl Port {
                     }
                     buf.extend_from_slice(&[0u8; 3][..pad as usize]);
                     let addrs = tx::addrs_of(self.local.addr, dst);
-                    let c = icrc::compute(addrs, (via.1, dst.port()), 0, head, payload, pad);
+                    let c = icrc::compute(
+                        addrs,
+                        (via.1, dst.port()),
+                        0,
+                        head,
+                        payload.iter().copied(),
+                        pad,
+                    );
                     buf.extend_from_slice(&c.to_le_bytes());
                     if let Some(bit) = v.corrupt_bit {
                         buf[bit / 8] ^= 1 << (bit % 8);

@@ -258,17 +258,15 @@ impl TxQueue {
 
     /// The payload segments of entry `e` (not owned), from the caller's
     /// memory.
-    fn payload(&self, e: &Entry) -> ([&[u8]; MAX_PAYLOAD_SEGS], usize) {
-        let mut parts: [&[u8]; MAX_PAYLOAD_SEGS] = [&[]; MAX_PAYLOAD_SEGS];
+    fn payload(&self, e: &Entry) -> impl Iterator<Item = &[u8]> + Clone {
         let segs = &self.iovs[e.iov_start + 1..e.iov_start + e.iov_len - 1];
-        for (p, v) in parts.iter_mut().zip(segs) {
+        segs.iter().map(|v| {
             // SAFETY: these iovecs were made in `push` from `&[u8]` slices
             // the flushing `Tx` still borrows (a leaked `Tx`'s entries are
             // discarded before anything else can flush), so the memory is
             // alive and, being shared-borrowed, unchanged.
-            *p = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
-        }
-        (parts, segs.len())
+            unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) }
+        })
     }
 
     /// Append the bytes of entry `i` (as sent) to `out`.
@@ -280,8 +278,7 @@ impl TxQueue {
         }
         let a = e.arena;
         out.extend_from_slice(&self.heads[a * MAX_HEAD..a * MAX_HEAD + e.head_len]);
-        let (parts, np) = self.payload(e);
-        for p in &parts[..np] {
+        for p in self.payload(e) {
             out.extend_from_slice(p);
         }
         out.extend_from_slice(
@@ -296,15 +293,15 @@ impl TxQueue {
         if e.owned.is_some() {
             return;
         }
-        let (parts, np) = self.payload(&e);
         let a = e.arena;
         let head = &self.heads[a * MAX_HEAD..a * MAX_HEAD + e.head_len];
+        let parts = self.payload(&e);
         let c = icrc::compute(
             addrs_of(local.addr, e.dst),
             (e.sport, e.dst.port()),
             ident,
             head,
-            &parts[..np],
+            parts,
             e.pad,
         );
         let p = a * TRAILER + e.pad as usize;

@@ -757,8 +757,7 @@ impl State {
                 break;
             }
             for k in 0..n {
-                let t = self.txs[k];
-                self.transmit_one(k, &t);
+                self.transmit_one(k);
             }
             sent += n;
             if !self.stalled.is_empty() {
@@ -776,9 +775,10 @@ impl State {
         (sent, sent >= TX_BUDGET && self.stalled.is_empty())
     }
 
-    /// Hand packet `k` of a burst (its head at `k * HEAD_ROOM` in
-    /// `self.head`) to its ring or its socket.
-    fn transmit_one(&mut self, k: usize, t: &Transmit) {
+    /// Hand packet `k` of a burst (`self.txs[k]`, its head at
+    /// `k * HEAD_ROOM` in `self.head`) to its ring or its socket.
+    fn transmit_one(&mut self, k: usize) {
+        let t = &self.txs[k];
         let head = &self.head[k * HEAD_ROOM..k * HEAD_ROOM + t.head_len];
         let mut slices: [&[u8]; softrdma_core::MAX_SGE] = [&[]; softrdma_core::MAX_SGE];
         let segs = t.segs.as_slice();

@@ -17,7 +17,7 @@ use super::state::{QpState, QpType};
 use super::{Qp, ACK_REQ_EVERY};
 use crate::endpoint::Ctx;
 use crate::mr::Memory;
-use crate::transmit::{Segs, Transmit};
+use crate::transmit::Transmit;
 use crate::wc::{Completion, WcStatus};
 use crate::wr::SendOp;
 use crate::Nanos;
@@ -285,6 +285,23 @@ impl Qp {
         limit: Psn,
         mem: &impl Memory,
     ) -> Option<Transmit> {
+        let mut t = Transmit::default();
+        self.poll_request_into(now, buf, ctx, limit, mem, &mut t)
+            .map(|()| t)
+    }
+
+    /// [`Qp::poll_request`] into `out` (a burst's slot: no packet-sized
+    /// value built and moved per packet). `out` is unspecified when it
+    /// returns `None`.
+    pub(crate) fn poll_request_into(
+        &mut self,
+        now: Nanos,
+        buf: &mut [u8],
+        ctx: &mut Ctx<'_>,
+        limit: Psn,
+        mem: &impl Memory,
+        out: &mut Transmit,
+    ) -> Option<()> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.comp.rnr_waiting() {
             return None;
         }
@@ -321,7 +338,7 @@ impl Qp {
         let off = k as u64 * mtu as u64;
         let mut ext = ExtRepr::default();
         let mut payload_len = 0usize;
-        let mut segs = Segs::default();
+        out.segs.clear();
         match wqe.op {
             SendOp::Read { remote_addr, rkey } => {
                 ext.reth = Some(RethRepr {
@@ -464,13 +481,17 @@ impl Qp {
                 self.sq.sges(idx),
                 off,
                 payload_len as u64,
-                &mut segs,
+                &mut out.segs,
             )
             .and_then(|checked| {
                 // Bytes of an implicit region are copied in here, checked,
                 // rather than handed on as segments.
                 if checked {
-                    copy_checked(&mut segs, mem, &mut buf[head_len..head_len + payload_len])?;
+                    copy_checked(
+                        &mut out.segs,
+                        mem,
+                        &mut buf[head_len..head_len + payload_len],
+                    )?;
                     head_len += payload_len;
                 }
                 Ok(())
@@ -549,13 +570,10 @@ impl Qp {
                 ctx.complete(self.send_cq, c, false);
             }
         }
-        let pad = repr.pad_len() as u8;
-        Some(Transmit {
-            dgid,
-            src_qpn: self.qpn,
-            head_len,
-            segs,
-            pad,
-        })
+        out.dgid = dgid;
+        out.src_qpn = self.qpn;
+        out.head_len = head_len;
+        out.pad = repr.pad_len() as u8;
+        Some(())
     }
 }

@@ -881,13 +881,14 @@ impl Sched {
     /// responses, up to a lone ACK (which a request may pass); after a
     /// request, more requests, with no congestion controller (it times and
     /// reacts per packet), no ACK passed, not a waiter woken for one new
-    /// PSN, the rate gate open. Between the packets of a burst nothing reaches the endpoint,
-    /// so its queued responses (none: they went first) cannot change, nor
-    /// the QP's limit: its window ends where the last ACK put it, and its
+    /// PSN, the rate gate open. Between the packets of a burst nothing
+    /// reaches the endpoint, so a request run's response queue (empty: a
+    /// response would have gone first) stays empty, and the QP's limit
+    /// cannot change: its window ends where the last ACK put it, and its
     /// destination's room shrinks by one PSN's cost for each new PSN sent
     /// while the high-water mark grows by one, so the PSN bound computed
-    /// for the first packet is the one each later packet would have been
-    /// computed. Its filing, charge and timers are brought up to date once,
+    /// for the first packet is the bound each later packet would have been
+    /// given. Its filing, charge and timers are brought up to date once,
     /// after the last packet.
     pub fn poll_transmit(
         &mut self,

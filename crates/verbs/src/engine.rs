@@ -829,8 +829,11 @@ impl State {
                     for p in parts {
                         buf.extend_from_slice(p);
                     }
+                    if self.stalled.is_empty() {
+                        // One stall, however much of the burst waits.
+                        self.ring_stalls += 1;
+                    }
                     self.stalled.push_back((peer.clone(), zeros, buf));
-                    self.ring_stalls += 1;
                 }
             }
             return;

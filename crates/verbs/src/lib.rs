@@ -1835,13 +1835,22 @@ impl Cq {
         // receiver leaves partly idle (kept, `write_bw` 64 KiB lost 6 %).
         // An application that waits another way arms its CQ (which hands
         // the socket back) or makes no call (the watchdog's).
+        // A QP with READs or atomics in flight streams to us as well: their
+        // responses, the data of a READ among them, are on their way, and
+        // its application polls on for them (`perf read_bw`'s requester:
+        // handing the socket back and taking it again cost two
+        // `epoll_ctl` per poll that took completions, 10 % of the thread
+        // that receives the stream, and a wake-up of the engine thread on
+        // the other core for each response that came between).
         let requests = st.ep.stats().requests_rx;
         let streaming = n > 0
-            && requests != st.requests_seen
             && st.cq_uses_udp(self.id.0)
-            && out[..n]
-                .iter()
-                .any(|c| st.ep.qp(c.qp_num).is_ok_and(|q| q.sends_outstanding() > 0));
+            && out[..n].iter().any(|c| {
+                st.ep.qp(c.qp_num).is_ok_and(|q| {
+                    q.sends_outstanding() > 0
+                        && (requests != st.requests_seen || q.reads_outstanding() > 0)
+                })
+            });
         if n > 0 {
             st.requests_seen = requests;
         }

@@ -1847,8 +1847,9 @@ impl Cq {
             && st.cq_uses_udp(self.id.0)
             && out[..n].iter().any(|c| {
                 st.ep.qp(c.qp_num).is_ok_and(|q| {
-                    q.sends_outstanding() > 0
-                        && (requests != st.requests_seen || q.reads_outstanding() > 0)
+                    let streamed_to = requests != st.requests_seen;
+                    (q.sends_outstanding() > 0 && (streamed_to || q.reads_outstanding() > 0))
+                        || (q.recv_queued() > 0 && streamed_to)
                 })
             });
         if n > 0 {

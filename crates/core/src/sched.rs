@@ -922,9 +922,6 @@ impl Sched {
             // What more of this QP's may follow in the burst: requests
             // under the limit the first was built under, or responses.
             let mut burst = None;
-            // A QP woken from its destination's wait list may start one new
-            // PSN, then waits at the back again: no burst.
-            let woken = self.slots[s].woken;
             if self.slots[s].cnp_owed {
                 // The notification point's CNP goes ahead of everything: it
                 // is what slows the sender filling the marked queue.
@@ -970,7 +967,12 @@ impl Sched {
                     qp.req.ask_ack = probe || every;
                     t = qp.poll_request(now, buf, shared, limit, mem);
                     qp.req.ask_ack = false;
-                    burst = (t.is_some() && !pass).then_some(Run::Requests(limit));
+                    // A woken waiter may start one new PSN, then waits at
+                    // the back again; a congestion controller times and
+                    // reacts per packet: no burst for either.
+                    let slot = &self.slots[s];
+                    let more = !pass && !slot.woken && slot.cc.is_none();
+                    burst = (t.is_some() && more).then_some(Run::Requests(limit));
                     if t.is_some() {
                         let psn = Psn::new(u32::from_be_bytes([0, buf[9], buf[10], buf[11]]));
                         if psn.before(hwm) {
@@ -1038,34 +1040,29 @@ impl Sched {
                         slot.deficit += self.quantum;
                     }
                     let buf = &mut bufs[n * HEAD_ROOM..(n + 1) * HEAD_ROOM];
-                    let next = match run {
+                    match run {
                         Run::Requests(limit) => {
-                            if woken || slot.cc.is_some() || !slot.gate.rate_open(now) {
-                                break;
-                            }
                             // Built in its slot of `out`.
-                            if qp
-                                .poll_request_into(now, buf, shared, limit, mem, &mut out[n])
-                                .is_none()
+                            if !slot.gate.rate_open(now)
+                                || qp
+                                    .poll_request_into(now, buf, shared, limit, mem, &mut out[n])
+                                    .is_none()
                             {
                                 break;
                             }
                             slot.gate.on_sent(now, out[n].wire_len());
-                            true
                         }
-                        // A lone ACK left: the next call may let a request
-                        // pass it, so the burst ends here.
-                        Run::Responses if qp.only_ack_queued() => break,
-                        Run::Responses => match qp.poll_response(buf, shared, mem) {
-                            Some(t) => {
-                                out[n] = t;
-                                true
+                        Run::Responses => {
+                            // A lone ACK left: the next call may let a
+                            // request pass it, so the burst ends here.
+                            if qp.only_ack_queued() {
+                                break;
                             }
-                            None => false,
-                        },
-                    };
-                    if !next {
-                        break;
+                            let Some(t) = qp.poll_response(buf, shared, mem) else {
+                                break;
+                            };
+                            out[n] = t;
+                        }
                     }
                     bytes += out[n].wire_len() as u64;
                     n += 1;

@@ -6,6 +6,7 @@
 
 mod support;
 
+use softrdma_core::cq::CqId;
 use softrdma_core::gate::psn_cost;
 use softrdma_core::mr::KeySource;
 use softrdma_core::qp::attr::Mtu;
@@ -122,14 +123,13 @@ fn write_all(sim: &mut Sim<Host>, v: &[(QpEnd, QpEnd)], len: usize, max_time: u6
     for (i, c) in done.iter().enumerate() {
         assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::Success));
     }
-    for i in 0..v.len() {
-        let off = (i * len) as u64;
-        assert_eq!(
-            sim.node(1).mem.slice(MEM_BASE + half + off, len),
-            sim.node(0).mem.slice(MEM_BASE + off, len),
-            "QP pair {i}: bytes differ"
-        );
-    }
+    same_ranges(
+        sim,
+        (0, MEM_BASE),
+        (1, MEM_BASE + half),
+        (len as u64, len),
+        v.len() as u64,
+    );
 }
 
 #[test]
@@ -477,6 +477,34 @@ fn a_zero_per_destination_budget_is_refused_naming_the_field() {
     assert_eq!(sim.node(0).ep.stats().retransmits, 0);
 }
 
+/// `n` completions on CQ `cq` of node `node`, every one successful.
+fn all_succeed(sim: &mut Sim<Host>, node: usize, cq: CqId, n: usize) {
+    let done = sim.node_mut(node).poll_cq(cq);
+    assert_eq!(done.len(), n);
+    assert!(
+        done.iter().all(|c| c.status == WcStatus::Success),
+        "{done:?}"
+    );
+}
+
+/// For each of `n` QPs `i`, the `len` bytes at `a + i * stride` on node
+/// `na` equal those at `b + i * stride` on node `nb`.
+fn same_ranges(
+    sim: &Sim<Host>,
+    (na, a): (usize, u64),
+    (nb, b): (usize, u64),
+    (stride, len): (u64, usize),
+    n: u64,
+) {
+    for i in 0..n {
+        assert_eq!(
+            sim.node(nb).mem.slice(b + i * stride, len),
+            sim.node(na).mem.slice(a + i * stride, len),
+            "QP pair {i}: bytes differ"
+        );
+    }
+}
+
 #[test]
 fn a_burst_sends_exactly_what_packet_by_packet_polls_send() {
     // Sixteen QPs share one destination whose budget holds eight packets,
@@ -549,42 +577,24 @@ fn a_burst_sends_exactly_what_packet_by_packet_polls_send() {
             b.post(qb, 200 + i as u64, op, src, 48 << 10, SIG).unwrap();
         }
         sim.run_until_idle(10 * SEC).unwrap();
-        let done = sim.node_mut(1).poll_cq(v[0].1.scq);
-        assert_eq!(done.len(), 16);
-        assert!(
-            done.iter().all(|c| c.status == WcStatus::Success),
-            "{done:?}"
+        // Node 1's WRITEs landed in node 0's second half; node 0's READs
+        // brought each WRITE's first half back behind its source.
+        all_succeed(&mut sim, 1, v[0].1.scq, 16);
+        same_ranges(
+            &sim,
+            (1, MEM_BASE),
+            (0, MEM_BASE + half),
+            (1 << 16, 48 << 10),
+            16,
         );
-        for i in 0..16u64 {
-            let src = sim
-                .node(1)
-                .mem
-                .slice(MEM_BASE + (i << 16), 48 << 10)
-                .to_vec();
-            assert_eq!(
-                sim.node(0).mem.slice(MEM_BASE + half + (i << 16), 48 << 10),
-                &src[..]
-            );
-        }
-        let done = sim.node_mut(0).poll_cq(v[0].0.scq);
-        assert_eq!(done.len(), 16);
-        assert!(
-            done.iter().all(|c| c.status == WcStatus::Success),
-            "{done:?}"
+        all_succeed(&mut sim, 0, v[0].0.scq, 16);
+        same_ranges(
+            &sim,
+            (0, MEM_BASE),
+            (0, MEM_BASE + (32 << 10)),
+            (1 << 16, 32 << 10),
+            16,
         );
-        for i in 0..16u64 {
-            let src = sim
-                .node(0)
-                .mem
-                .slice(MEM_BASE + (i << 16), 32 << 10)
-                .to_vec();
-            assert_eq!(
-                sim.node(0)
-                    .mem
-                    .slice(MEM_BASE + (i << 16) + (32 << 10), 32 << 10),
-                &src[..]
-            );
-        }
         let st = *sim.node(0).ep.stats();
         let pkts: Vec<_> = t
             .borrow()

@@ -386,7 +386,12 @@ impl Comm {
         let es = dt.size();
         let bytes = count * es;
         let chunk = self.chunk();
-        copy(d.ptr(), s.ptr(), bytes);
+        // Out of place, the first reduction reads the send buffer and writes
+        // the receive buffer, and the first exchange sends straight from the
+        // send buffer (which nothing overwrites): no copy of the data before
+        // it. In place, or from the second exchange on, our operand is the
+        // receive buffer.
+        let mut in_d = s.addr == d.addr;
         let p2 = 1usize << (usize::BITS - 1 - n.leading_zeros());
         let rem = n - p2;
         // Fold the ranks beyond the largest power of two into their
@@ -400,34 +405,38 @@ impl Comm {
         } else {
             Some(r - rem)
         };
-        let reduce_slot = |c: &mut Comm, from: usize, off: usize, len: usize| -> Result<()> {
-            let slot = c.recv_exact(from, len)?;
-            let mine = d.ptr().wrapping_add(off);
-            // The lower rank's operand first on both partners, so they
-            // compute bit for bit the same (a float min of ±0 or a NaN's
-            // payload depends on the order).
-            let (a, b) = if r < from {
-                (mine.cast_const(), slot)
-            } else {
-                (slot, mine.cast_const())
+        let reduce_slot =
+            |c: &mut Comm, in_d: bool, from: usize, off: usize, len: usize| -> Result<()> {
+                let slot = c.recv_exact(from, len)?;
+                let mine = if in_d { d } else { s }.ptr().wrapping_add(off);
+                // The lower rank's operand first on both partners, so they
+                // compute bit for bit the same (a float min of ±0 or a NaN's
+                // payload depends on the order).
+                let (a, b) = if r < from {
+                    (mine.cast_const(), slot)
+                } else {
+                    (slot, mine.cast_const())
+                };
+                // SAFETY: `s` and `d` span `bytes` (checked at entry), [off,
+                // off+len) inside; the output is exactly `mine` (in `d`) or
+                // disjoint from it (`mine` in `s`, disjoint from `d` out of
+                // place, checked at entry); the slot holds `len`
+                // peer-written bytes.
+                unsafe { reduce::reduce3(dt, op, d.ptr().wrapping_add(off), a, b, len / es) };
+                c.release(from)
             };
-            // SAFETY: `d` spans `bytes` (checked at entry), [off, off+len)
-            // inside, and the output is exactly one of the inputs; the slot
-            // holds `len` peer-written bytes.
-            unsafe { reduce::reduce3(dt, op, mine, a, b, len / es) };
-            c.release(from)
-        };
         let chunks = |b: usize| chunks(b, chunk);
         let mut folded = 0;
         if r < 2 * rem {
             if r % 2 == 0 {
                 for (o, len) in chunks(bytes) {
-                    folded = self.send_chunk(r + 1, d.add(o), len)?;
+                    folded = self.send_chunk(r + 1, s.add(o), len)?;
                 }
             } else {
                 for (o, len) in chunks(bytes) {
-                    reduce_slot(self, r - 1, o, len)?;
+                    reduce_slot(self, in_d, r - 1, o, len)?;
                 }
+                in_d = true;
             }
         }
         if let Some(nr) = newrank {
@@ -436,14 +445,28 @@ impl Comm {
             while mask < p2 {
                 let partner = real(nr ^ mask);
                 for (o, len) in chunks(bytes) {
-                    // Our chunk goes from a scratch copy, so the reduction
-                    // can overwrite it at once (the wire may not have read
-                    // it yet).
-                    let tmp = self.next_scratch()?;
-                    copy(tmp.ptr(), d.ptr().wrapping_add(o), len);
-                    self.send_scratch(partner, tmp, len)?;
-                    reduce_slot(self, partner, o, len)?;
+                    if in_d || o + len >= bytes {
+                        // Our chunk goes from a scratch copy, so the
+                        // reduction can overwrite it at once (the wire may
+                        // not have read it yet) — and the last one from
+                        // the send buffer too, so the call does not end
+                        // waiting for its acknowledgment (the ones before
+                        // it are in by the time the partner's last chunk
+                        // is: the partner acknowledged each of ours before
+                        // it sent its next).
+                        let tmp = self.next_scratch()?;
+                        copy(
+                            tmp.ptr(),
+                            if in_d { d } else { s }.ptr().wrapping_add(o),
+                            len,
+                        );
+                        self.send_scratch(partner, tmp, len)?;
+                    } else {
+                        self.send_chunk(partner, s.add(o), len)?;
+                    }
+                    reduce_slot(self, in_d, partner, o, len)?;
                 }
+                in_d = true;
                 mask <<= 1;
             }
             // SAFETY: `d` spans `count` elements (checked at entry).

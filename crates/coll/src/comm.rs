@@ -289,6 +289,9 @@ struct Link {
     /// retires it and every unsignalled request before it).
     posted: u64,
     retired: u64,
+    /// The ticket of the last send that read the caller's memory (not our
+    /// scratch): [`Comm::end`] waits for it.
+    user_sent: u64,
     /// Per direction, the link's call number (see the module's notes) and
     /// the [`Comm::calls`] value it was last advanced for.
     send_call: (u16, u64),
@@ -320,9 +323,6 @@ pub struct Comm {
     any_udp: bool,
     /// Every rank reaches every peer through shared memory.
     all_shm: bool,
-    /// A send over UDP read the caller's memory (not our scratch) since
-    /// the last [`Comm::quiesce`].
-    user_sends: bool,
     timeout: Duration,
     /// Scratch sends: per slot of the scratch ring, the (peer, ticket) of
     /// the last send that read it, and the slot to hand out next.
@@ -486,6 +486,7 @@ impl Comm {
                 credited: 0,
                 posted: 0,
                 retired: 0,
+                user_sent: 0,
                 send_call: (0, 0),
                 recv_call: (0, 0),
             }));
@@ -559,7 +560,6 @@ impl Comm {
             yield_when_idle,
             any_udp,
             all_shm,
-            user_sends: false,
             timeout,
             scratch_use: vec![None; slots],
             scratch_next: 0,
@@ -827,12 +827,10 @@ impl Comm {
         let flag = flag_word(seq, call, to.is_some(), len);
         let t = if len > 0 {
             let scratch = self.scratch.mr.addr();
-            if src.addr < scratch || src.addr >= scratch + self.scratch.len() as u64 {
-                // Over shared memory the copy is normally done at post
-                // (then the wait in `end` is one poll), but the verbs may
-                // send it the wire's way instead.
-                self.user_sends = true;
-            }
+            // Over shared memory the copy is normally done at post (then
+            // the wait in `end` is one poll), but the verbs may send it the
+            // wire's way instead.
+            let user = src.addr < scratch || src.addr >= scratch + self.scratch.len() as u64;
             // The data and its flag in one post, and the credits owed to
             // the same peer with them: over UDP they leave in one pass of
             // the engine.
@@ -866,8 +864,12 @@ impl Comm {
                 atomic_write(id + 2, credit_at, flag_rkey, &credit_word),
             ];
             self.post_list(p, &wrs[..2 + usize::from(owed)])?;
+            let l = self.links[p].as_mut().expect("checked");
             if owed {
-                self.links[p].as_mut().expect("checked").credited = consumed;
+                l.credited = consumed;
+            }
+            if user {
+                l.user_sent = id + 1;
             }
             // The chunk's ticket is its flag's request (the credit after it
             // reads only its staging word).
@@ -1057,9 +1059,11 @@ impl Comm {
     /// this is one poll; sends from our scratch are waited for when the
     /// slot is reused.)
     pub(crate) fn end(&mut self) -> Result<()> {
-        if self.user_sends {
-            self.quiesce()?;
-            self.user_sends = false;
+        for p in 0..self.size {
+            if let Some(l) = &self.links[p] {
+                let t = l.user_sent;
+                self.wait_sent(p, t)?;
+            }
         }
         Ok(())
     }
@@ -1069,16 +1073,5 @@ impl Comm {
     /// same counts, in the same order).
     pub(crate) fn begin(&mut self) {
         self.calls += 1;
-    }
-
-    /// Wait for every send this rank posted to complete.
-    pub(crate) fn quiesce(&mut self) -> Result<()> {
-        for p in 0..self.size {
-            if let Some(l) = &self.links[p] {
-                let t = l.posted;
-                self.wait_sent(p, t)?;
-            }
-        }
-        Ok(())
     }
 }

@@ -708,8 +708,7 @@ impl Comm {
         let bytes = nbytes(count, dt.size(), 1)?;
         let s = send.check(nbytes(count, dt.size(), n)?, "send")?;
         let d = recv.check(bytes * n, "receive")?;
-        let staged = self.stage_if_overlapping(s, d, bytes * n)?;
-        let s = staged.as_ref().map_or(s, |b| Src::of(b, 0));
+        let s = self.stage_if_overlapping(s, d, bytes * n)?.unwrap_or(s);
         copy(
             d.ptr().wrapping_add(r * bytes),
             s.ptr().wrapping_add(r * bytes),
@@ -756,8 +755,7 @@ impl Comm {
             unsafe { std::ptr::copy(s.ptr(), d.ptr(), bytes) };
             return Ok(());
         }
-        let staged = self.stage_if_overlapping(s, d, bytes)?;
-        let s = staged.as_ref().map_or(s, |b| Src::of(b, 0));
+        let s = self.stage_if_overlapping(s, d, bytes)?.unwrap_or(s);
         self.exchange(to, s, from, bytes, |_, off, slot, len| {
             copy(d.ptr().wrapping_add(off), slot, len);
             Ok(())
@@ -766,15 +764,23 @@ impl Comm {
     }
 
     /// A copy of the `bytes` at `s` if they overlap the `bytes` at `d`
-    /// (in place): a block may be overwritten before it is sent.
-    fn stage_if_overlapping(&self, s: Src, d: Src, bytes: usize) -> Result<Option<Buffer>> {
+    /// (in place): a block may be overwritten before it is sent. The copy
+    /// is in the communicator's staging buffer, registered once and grown
+    /// when a call needs more; no send still reads it (every call ends
+    /// waiting for the sends of memory not its scratch, [`Comm::end`]).
+    fn stage_if_overlapping(&mut self, s: Src, d: Src, bytes: usize) -> Result<Option<Src>> {
         let b = bytes as u64;
         if bytes == 0 || s.addr >= d.addr + b || d.addr >= s.addr + b {
             return Ok(None);
         }
-        let staged = self.alloc(bytes)?;
-        copy(staged.as_ptr(), s.ptr(), bytes);
-        Ok(Some(staged))
+        if self.stage.as_ref().is_none_or(|st| st.len() < bytes) {
+            // The old one first: both at once would hold twice the memory.
+            self.stage = None;
+            self.stage = Some(self.alloc(bytes)?);
+        }
+        let st = self.stage.as_ref().expect("just made");
+        copy(st.as_ptr(), s.ptr(), bytes);
+        Ok(Some(Src::of(st, 0)))
     }
 
     fn check_root(&self, root: usize) -> Result<()> {

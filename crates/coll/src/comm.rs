@@ -328,6 +328,10 @@ pub struct Comm {
     /// the last send that read it, and the slot to hand out next.
     scratch_use: Vec<Option<(usize, u64)>>,
     scratch_next: usize,
+    /// A copy of an in-place AlltoAll's or SendRecv's send data
+    /// ([`Comm::stage_if_overlapping`]), kept for the next call that needs
+    /// one: registering memory per call costs milliseconds.
+    pub(crate) stage: Option<Buffer>,
     /// The AllReduce algorithm forced (`SOFTRDMA_COLL_ALGO`,
     /// [`Comm::set_all_reduce_algo`]), else chosen per call.
     pub(crate) algo: Option<crate::Algo>,
@@ -563,6 +567,7 @@ impl Comm {
             timeout,
             scratch_use: vec![None; slots],
             scratch_next: 0,
+            stage: None,
             algo,
             calls: 0,
         })

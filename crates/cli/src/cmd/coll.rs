@@ -453,6 +453,15 @@ fn gather_f64(comm: &mut Comm, v: f64) -> softrdma_coll::Result<Vec<f64>> {
 /// One out-of-place or in-place measurement: (µs per op, wrong elements;
 /// None when not checked).
 #[allow(clippy::too_many_arguments)]
+/// What a test's checks found wrong: elements summed over the ranks (the
+/// `#wrong` column), and how many ranks' checks found any (nccl-tests'
+/// "Out of bounds values" adds these up over the run).
+#[derive(Clone, Copy)]
+struct Wrong {
+    elements: u64,
+    ranks: u64,
+}
+
 fn bench(
     comm: &mut Comm,
     a: &Args,
@@ -460,7 +469,7 @@ fn bench(
     b: &Bufs,
     z: Sizes,
     in_place: bool,
-) -> softrdma_coll::Result<(f64, Option<u64>)> {
+) -> softrdma_coll::Result<(f64, Option<Wrong>)> {
     let Sizes { count, recv_n, .. } = z;
     if a.check > 0 {
         init_data(comm, c, b, z, in_place, 99)?;
@@ -483,7 +492,7 @@ fn bench(
     let checked = a.check > 0 && (!in_place || c.coll.checks_in_place());
     let mut wrong = None;
     if a.check > 0 {
-        let mut total = 0.0;
+        let (mut total, mut ranks) = (0.0, 0);
         for rep in 0..a.check as usize {
             init_data(comm, c, b, z, in_place, rep)?;
             run_once(comm, c, b, count, in_place)?;
@@ -492,13 +501,20 @@ fn bench(
             } else {
                 0
             };
-            total = gather_f64(comm, w as f64)?.iter().sum::<f64>();
+            let all = gather_f64(comm, w as f64)?;
+            total = all.iter().sum::<f64>();
+            // nccl-tests counts, per rank, every check that found its
+            // result wrong (the footer's "Out of bounds values").
+            ranks += all.iter().filter(|&&w| w > 0.0).count() as u64;
             if total > 0.0 {
                 break;
             }
         }
         if checked {
-            wrong = Some(total as u64);
+            wrong = Some(Wrong {
+                elements: total as u64,
+                ranks,
+            });
         }
     }
     Ok((us, wrong))
@@ -776,8 +792,8 @@ fn run_ranks(
                             ));
                             match wrong {
                                 Some(w) => {
-                                    errors += w;
-                                    row.push_str(&format!("  {:>6}", c_g(w as f64)));
+                                    errors += w.ranks;
+                                    row.push_str(&format!("  {:>6}", c_g(w.elements as f64)));
                                 }
                                 None => row.push_str("     N/A"),
                             }

@@ -1823,33 +1823,35 @@ impl Cq {
             n = st.ep.poll_cq(self.id, out)?;
         }
         // The application may go off with its completions and not poll
-        // again — unless it is mid-stream both ways: a QP it took them from
-        // still has sends in flight over UDP (it polls on for those), and
+        // again — unless it is mid-stream: a QP it took them from still
+        // has sends in flight over UDP (it polls on for their completions,
+        // which their ACKs or responses make), or has receives queued while
         // requests came in for this device since the last such poll (the
-        // peer streams to us too). Then both cores run application threads
-        // that serve the socket on every poll, and handing it back only
-        // wakes the engine thread for the next packet, preempting one of
-        // them (`perf write_bw -b`: 79,000 context switches for 3,000
-        // MiB each way, 49,000 kept). A sender alone hands it back: its
-        // engine thread takes the ACKs on the other core, which the
-        // receiver leaves partly idle (kept, `write_bw` 64 KiB lost 6 %).
-        // An application that waits another way arms its CQ (which hands
-        // the socket back) or makes no call (the watchdog's).
-        // A QP with READs or atomics in flight streams to us as well: their
-        // responses, the data of a READ among them, are on their way, and
-        // its application polls on for them (`perf read_bw`'s requester:
-        // handing the socket back and taking it again cost two
-        // `epoll_ctl` per poll that took completions, 10 % of the thread
-        // that receives the stream, and a wake-up of the engine thread on
-        // the other core for each response that came between).
+        // peer streams SENDs to it). Then the application's thread serves
+        // the socket on every poll, and handing it back only wakes the
+        // engine thread for the next packet — for a sender, every ACK —
+        // preempting whatever runs on the other core: `perf write_bw -b`
+        // 79,000 context switches for 3,000 MiB each way, 49,000 kept;
+        // `perf write_bw` 64 KiB, a sender alone, alternating runs (four
+        // each, /proc/stat): 2.32–2.74 GiB/s at 0.68–0.75 s/GB handing it
+        // back, 2.76–3.11 GiB/s at 0.58–0.66 s/GB keeping it. (Before the
+        // engine sent in bursts the sender alone did better handing it
+        // back, 6 %: its thread, the bottleneck, then also took the ACKs.)
+        // A QP with READs or atomics in flight has sends in flight too:
+        // their responses, the data of a READ among them, are on their way
+        // (`perf read_bw`'s requester: handing the socket back and taking it
+        // again cost two `epoll_ctl` per poll that took completions, 10 % of
+        // the thread that receives the stream). An application that waits
+        // another way arms its CQ (which hands the socket back) or makes no
+        // call: the watchdog's next tick takes the socket back (a millisecond
+        // at most, the same for every case above).
         let requests = st.ep.stats().requests_rx;
         let streaming = n > 0
             && st.cq_uses_udp(self.id.0)
             && out[..n].iter().any(|c| {
                 st.ep.qp(c.qp_num).is_ok_and(|q| {
-                    let streamed_to = requests != st.requests_seen;
-                    (q.sends_outstanding() > 0 && (streamed_to || q.reads_outstanding() > 0))
-                        || (q.recv_queued() > 0 && streamed_to)
+                    q.sends_outstanding() > 0
+                        || (q.recv_queued() > 0 && requests != st.requests_seen)
                 })
             });
         if n > 0 {

@@ -60,6 +60,9 @@ impl Capture {
             "-B",
             "262144",
             "--immediate-mode",
+            // Each frame written out as it is taken (not held in stdio's
+            // buffer): the file's size then says what tcpdump has done.
+            "-U",
             "-w",
             &p,
             &filter,
@@ -81,8 +84,23 @@ impl Capture {
 
     /// Stop (SIGINT, as tcpdump expects) and read its counters.
     pub fn stop(self) -> Counts {
-        // Both programs have exited; their last frames are on the bridge.
+        // Both programs have exited; their last frames are on the bridge,
+        // but tcpdump may not have taken them all from its ring yet (on two
+        // cores that also run the VM it falls behind), and on SIGINT it
+        // stops at once: a frame still in the ring then counts as
+        // "received by filter" and not "captured" — a lost frame to
+        // `check`, though nothing was lost. So wait until the file has not
+        // grown for 200 ms (tcpdump writes each frame as it takes it, -U),
+        // for 5 s at most.
         std::thread::sleep(Duration::from_millis(100));
+        let size = || std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        let (mut last, mut still) = (size(), 0);
+        let _ = proc::wait_until(Duration::from_secs(5), Duration::from_millis(50), || {
+            let now = size();
+            still = if now == last { still + 1 } else { 0 };
+            last = now;
+            still >= 4
+        });
         let pid = self.job.pid().to_string();
         let _ = proc::run(
             {

@@ -49,12 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
-#ifndef UDP_GRO
-#define UDP_GRO 104
-#endif
+#include "floor.h"
 
 #define HDR 16
 #define PAY 4096
@@ -65,22 +60,6 @@
 #define RX_ENTRIES 8
 #define RX_LEN 65536
 #define MAX_SIZE (64u << 20)
-
-static void die(const char *what) { perror(what); exit(2); }
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void pin(int cpu) {
-    cpu_set_t s;
-    CPU_ZERO(&s);
-    CPU_SET(cpu, &s);
-    if (sched_setaffinity(0, sizeof(s), &s))
-        die("sched_setaffinity");
-}
 
 static int sock(int port, int peer) {
     int fd = socket(AF_INET, SOCK_DGRAM, 0), v = BUF, on = 1;

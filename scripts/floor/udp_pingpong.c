@@ -42,27 +42,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifndef UDP_GRO
-#define UDP_GRO 104
-#endif
+#include "floor.h"
+
 #define BATCH 32
 
 static int soft;
-
-static void die(const char *what) { perror(what); exit(2); }
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void pin(int cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof set, &set) != 0) die("sched_setaffinity");
-}
 
 static int udp_socket(int port, int rx) {
     int s = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0), one = 1;

@@ -46,12 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
-#ifndef UDP_GRO
-#define UDP_GRO 104
-#endif
+#include "floor.h"
 
 #define SEG 4112
 #define TRAIN 15
@@ -65,27 +60,11 @@
 #define RX_ENTRIES 8
 #define RX_LEN 65536
 
-static void die(const char *what) { perror(what); exit(2); }
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static double cpu_self(void) {
     struct rusage u;
     getrusage(RUSAGE_SELF, &u);
     return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
            u.ru_stime.tv_usec * 1e-6;
-}
-
-static void pin(int cpu) {
-    cpu_set_t s;
-    CPU_ZERO(&s);
-    CPU_SET(cpu, &s);
-    if (sched_setaffinity(0, sizeof(s), &s))
-        die("sched_setaffinity");
 }
 
 static int sock(int port) {

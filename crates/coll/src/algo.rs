@@ -405,10 +405,13 @@ impl Comm {
         } else {
             Some(r - rem)
         };
+        // Our operand: the send buffer until a reduction has written the
+        // receive buffer (out of place), then the receive buffer.
+        let ours = |in_d: bool| if in_d { d } else { s };
         let reduce_slot =
             |c: &mut Comm, in_d: bool, from: usize, off: usize, len: usize| -> Result<()> {
                 let slot = c.recv_exact(from, len)?;
-                let mine = if in_d { d } else { s }.ptr().wrapping_add(off);
+                let mine = ours(in_d).ptr().wrapping_add(off);
                 // The lower rank's operand first on both partners, so they
                 // compute bit for bit the same (a float min of ±0 or a NaN's
                 // payload depends on the order).
@@ -455,11 +458,7 @@ impl Comm {
                         // is: the partner acknowledged each of ours before
                         // it sent its next).
                         let tmp = self.next_scratch()?;
-                        copy(
-                            tmp.ptr(),
-                            if in_d { d } else { s }.ptr().wrapping_add(o),
-                            len,
-                        );
+                        copy(tmp.ptr(), ours(in_d).ptr().wrapping_add(o), len);
                         self.send_scratch(partner, tmp, len)?;
                     } else {
                         self.send_chunk(partner, s.add(o), len)?;

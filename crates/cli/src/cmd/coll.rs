@@ -450,9 +450,6 @@ fn gather_f64(comm: &mut Comm, v: f64) -> softrdma_coll::Result<Vec<f64>> {
         .collect())
 }
 
-/// One out-of-place or in-place measurement: (µs per op, wrong elements;
-/// None when not checked).
-#[allow(clippy::too_many_arguments)]
 /// What a test's checks found wrong: elements summed over the ranks (the
 /// `#wrong` column), and how many ranks' checks found any (nccl-tests'
 /// "Out of bounds values" adds these up over the run).
@@ -462,6 +459,9 @@ struct Wrong {
     ranks: u64,
 }
 
+/// One out-of-place or in-place measurement: (µs per op, what its checks
+/// found wrong; None when not checked).
+#[allow(clippy::too_many_arguments)]
 fn bench(
     comm: &mut Comm,
     a: &Args,

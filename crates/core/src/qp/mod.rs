@@ -306,12 +306,6 @@ impl Qp {
         self.sq.head - self.sq.tail
     }
 
-    /// READs and atomics sent and not yet answered: responses, data among
-    /// them, are still to come to this QP.
-    pub fn reads_outstanding(&self) -> u32 {
-        self.req.rd_atomic_inflight
-    }
-
     /// No send or receive work request is queued.
     pub(crate) fn queues_empty(&self) -> bool {
         self.sq.head == self.sq.tail && self.rq.len() == 0

@@ -79,6 +79,13 @@ static void move(struct rdma_cm_id *id, struct ibv_qp *qp,
 	memset(&qa, 0, sizeof(qa));
 	qa.qp_state = s;
 	CHECK(!rdma_init_qp_attr(id, &qa, &mask), "init_qp_attr %d", s);
+	/* The kernel's cm_init_qp_rtr_attr: an RC responder's RNR NAK timer
+	 * is code 0 (655.36 ms), so a sender that finds no receive posted
+	 * waits that long per RNR retry, as against rxe and every RNIC. */
+	if (s == IBV_QPS_RTR)
+		CHECK((mask & IBV_QP_MIN_RNR_TIMER) && qa.min_rnr_timer == 0,
+		      "RTR attributes: mask %#x, min_rnr_timer %u (the kernel's rdma_cm gives 0)",
+		      mask, qa.min_rnr_timer);
 	CHECK(!ibv_modify_qp(qp, &qa, mask), "modify_qp to %d", s);
 }
 

@@ -127,6 +127,41 @@ pub struct Peer {
     pub host_ll: String,
     pub vms: Vec<Vm>,
     stopped: bool,
+    /// The namespace's lock, held from before `start.sh` until `stop.sh`
+    /// has run ([`peer_lock`]).
+    lock: Option<std::fs::File>,
+}
+
+/// The lock that makes runs of the suite take the peer's namespace in
+/// turn. The namespace, the bridge's addresses and the VMs are one per
+/// machine, so two runs at once (a CI run started while another checkout's
+/// suite is still going) would stop each other's VMs, or find the
+/// namespace taken ("namespace srdma-interop already exists"). Each waits
+/// for the other instead. `flock` dies with its holder, so a run that was
+/// killed leaves no lock behind, only its namespace, which the next holder
+/// stops as stale.
+fn peer_lock(ns: &str) -> Result<std::fs::File, String> {
+    let dir = Path::new("/run/lock");
+    let dir = if dir.is_dir() { dir } else { Path::new("/tmp") };
+    let path = dir.join(format!("softrdma-interop-{ns}.lock"));
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            eprintln!(
+                "interop: another run of the suite holds {} (the rxe peer's namespace {ns}): waiting for it",
+                path.display()
+            );
+            f.lock().map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(f)
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(format!("{}: {e}", path.display())),
+    }
 }
 
 fn ns_exists(ns: &str) -> bool {
@@ -147,8 +182,10 @@ impl Peer {
     /// `start.sh`: boot the VMs and wait for their rxe0. A failure is an
     /// error with everything the scripts said, never a skip.
     pub fn start(cfg: PeerConfig) -> Result<Peer, String> {
+        let lock = peer_lock(&cfg.ns)?;
         if ns_exists(&cfg.ns) {
-            // Left over by an earlier run of this suite that was killed.
+            // Left over by an earlier run of this suite that was killed
+            // (a live one would hold the lock).
             let _ = proc::run(cfg.script("stop.sh"), Duration::from_secs(60));
         }
         let out = proc::run(cfg.script("start.sh"), Duration::from_secs(300));
@@ -184,6 +221,7 @@ impl Peer {
             host_ll: String::new(),
             vms,
             stopped: false,
+            lock: Some(lock),
         };
         // The bridge's link-local address, once duplicate address detection
         // has finished with it (a tentative address cannot be bound).
@@ -269,6 +307,8 @@ impl Peer {
         if !self.stopped {
             self.stopped = true;
             let _ = proc::run(self.cfg.script("stop.sh"), Duration::from_secs(60));
+            // The next run (or this one's next `start`) may have it now.
+            self.lock = None;
         }
     }
 
@@ -383,5 +423,33 @@ impl Peer {
             Duration::from_secs(10),
         );
         o.ok() && !o.text.trim().is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second run finds the namespace's lock taken while a first holds
+    /// it, and free once the first lets it go (as `Peer::stop` does).
+    #[test]
+    fn runs_take_the_peer_in_turn() {
+        let ns = format!("lock-test-{}", std::process::id());
+        let held = peer_lock(&ns).unwrap();
+        let dir = if Path::new("/run/lock").is_dir() {
+            "/run/lock"
+        } else {
+            "/tmp"
+        };
+        let path = Path::new(dir).join(format!("softrdma-interop-{ns}.lock"));
+        let other = std::fs::File::open(&path).unwrap();
+        assert!(matches!(
+            other.try_lock(),
+            Err(std::fs::TryLockError::WouldBlock)
+        ));
+        drop(held);
+        other.try_lock().unwrap();
+        drop(other);
+        let _ = std::fs::remove_file(&path);
     }
 }

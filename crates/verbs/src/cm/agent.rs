@@ -83,6 +83,9 @@ pub(crate) struct Conn {
     pub remote_comm_id: u32,
     /// The peer's QP number (from its REQ or REP).
     pub peer_qpn: u32,
+    /// Our QP number as our REQ or REP gave it (0 until sent): a DREQ
+    /// must name it.
+    local_qpn: u32,
     tid: u64,
     resend: Option<Resend>,
     /// The last answer sent, re-sent when the message it answered comes
@@ -93,6 +96,17 @@ pub(crate) struct Conn {
     /// application is still moving its QP): answered at once, reported
     /// as DISCONNECTED once the connection is established.
     peer_left: bool,
+}
+
+impl Conn {
+    /// Whether a message from `sgid` that gives its sender's
+    /// communication ID as `theirs` is from this connection's peer: the
+    /// pair of IDs the kernel's CM looks a message up by (`cm_acquire_id`
+    /// of its remote and local IDs), and the peer's GID. Before the peer's
+    /// ID is known (a REQ sent, no REP yet) only the GID can be checked.
+    fn is_from(&self, sgid: &[u8; 16], theirs: u32) -> bool {
+        self.peer_gid == *sgid && (self.remote_comm_id == 0 || self.remote_comm_id == theirs)
+    }
 }
 
 /// The CM message a MAD carries, for the trace.
@@ -445,7 +459,12 @@ impl Agent {
         let mut t = self.table();
         let comm = self.alloc(&mut t);
         let tid = self.tid(comm);
-        let mad = Box::new(build(comm).emit(tid));
+        let msg = build(comm);
+        let local_qpn = match &msg {
+            CmMsg::Req(r) => r.local_qpn,
+            _ => 0,
+        };
+        let mad = Box::new(msg.emit(tid));
         let every = iba_time(CM_RESPONSE_TIMEOUT);
         t.conns.insert(
             comm,
@@ -459,6 +478,7 @@ impl Agent {
                 peer_gid,
                 remote_comm_id: 0,
                 peer_qpn: 0,
+                local_qpn,
                 tid,
                 resend: Some(Resend {
                     mad: mad.clone(),
@@ -494,7 +514,11 @@ impl Agent {
                 ))
             }
         };
-        let mad = Box::new(build(comm, c.remote_comm_id).emit(c.tid));
+        let msg = build(comm, c.remote_comm_id);
+        if let CmMsg::Rep(r) = &msg {
+            c.local_qpn = r.local_qpn;
+        }
+        let mad = Box::new(msg.emit(c.tid));
         let peer = c.peer_gid;
         if sidr {
             c.state = State::SidrDone;
@@ -823,7 +847,9 @@ impl Agent {
                 let id = {
                     let mut t = self.table();
                     match t.conns.get_mut(&rtu.remote_comm_id) {
-                        Some(c) if c.state == State::RepSent && c.peer_gid == *sgid => {
+                        Some(c)
+                            if c.state == State::RepSent && c.is_from(sgid, rtu.local_comm_id) =>
+                        {
                             c.state = State::Established;
                             c.resend = None;
                             Some(c.id.clone())
@@ -869,7 +895,8 @@ impl Agent {
             }
             CmMsg::Mra(mra) => {
                 let mut t = self.table();
-                if let Some(c) = t.conns.get_mut(&mra.remote_comm_id) {
+                let c = t.conns.get_mut(&mra.remote_comm_id);
+                if let Some(c) = c.filter(|c| c.is_from(sgid, mra.local_comm_id)) {
                     if let Some(r) = c.resend.as_mut() {
                         // The peer needs longer: wait its service timeout
                         // on top of ours before sending again.
@@ -882,7 +909,10 @@ impl Agent {
                 let id = {
                     let mut t = self.table();
                     match t.conns.get_mut(&drep.remote_comm_id) {
-                        Some(c) if c.state == State::DreqSent => {
+                        Some(c)
+                            if c.state == State::DreqSent
+                                && c.is_from(sgid, drep.local_comm_id) =>
+                        {
                             c.state = State::Closed;
                             c.resend = None;
                             Some(c.id.clone())
@@ -966,6 +996,7 @@ impl Agent {
                 peer_gid: *sgid,
                 remote_comm_id: req.local_comm_id,
                 peer_qpn: req.local_qpn,
+                local_qpn: 0,
                 tid,
                 resend: None,
                 answer: None,
@@ -1013,6 +1044,7 @@ impl Agent {
                 peer_gid: *sgid,
                 remote_comm_id: req.request_id,
                 peer_qpn: 0,
+                local_qpn: 0,
                 tid,
                 resend: None,
                 answer: None,
@@ -1068,9 +1100,14 @@ impl Agent {
 
     fn on_dreq(&self, sgid: &[u8; 16], tid: u64, dreq: &w::DreqRepr) {
         let mut t = self.table();
-        let Some(c) = t.conns.get_mut(&dreq.remote_comm_id) else {
+        let c = t.conns.get_mut(&dreq.remote_comm_id);
+        let Some(c) = c.filter(|c| c.is_from(sgid, dreq.local_comm_id)) else {
             // Nothing of ours: answer anyway, so the peer stops asking
-            // (as the kernel's CM answers a DREQ for a forgotten ID).
+            // (as the kernel's CM answers a DREQ for a forgotten ID). A
+            // DREQ that names one of our IDs with another sender's GID or
+            // ID (a stale connection's, a stranger's) is no one's either,
+            // as in the kernel's `cm_dreq_handler`: it gets its DREP and
+            // leaves our connection alone.
             drop(t);
             let m = CmMsg::Drep(Box::new(w::DrepRepr {
                 local_comm_id: dreq.remote_comm_id,
@@ -1081,6 +1118,11 @@ impl Agent {
             self.send(*sgid, &m);
             return;
         };
+        if c.local_qpn != 0 && dreq.remote_qpn != c.local_qpn {
+            // Our peer, but not our QP: dropped, as the kernel's CM drops
+            // it (no DREP, the connection stays).
+            return;
+        }
         let drep = Box::new(
             CmMsg::Drep(Box::new(w::DrepRepr {
                 local_comm_id: dreq.remote_comm_id,
@@ -1114,5 +1156,86 @@ impl Agent {
         if let Some(id) = notify {
             id.disconnected();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cm::{self as cm, CmOptions};
+    use crate::{Context, DeviceInfo, OpenOptions, QpInitAttr, QpType, Transport};
+    use std::net::SocketAddr;
+
+    fn context(addr: &str) -> Context {
+        let dev = DeviceInfo {
+            name: "srdma-unit".into(),
+            addr: addr.parse().unwrap(),
+        };
+        let opts = OpenOptions {
+            transport: Some(Transport::Udp),
+            ..OpenOptions::default()
+        };
+        Context::open(&dev, &opts).unwrap()
+    }
+
+    /// A DREQ ends a connection only if it is the peer's: its two
+    /// communication IDs, the peer's GID and our QPN, as the kernel's
+    /// `cm_dreq_handler` checks. A DREQ that names our ID with another
+    /// sender's ID or GID (a stale connection's, a stranger's) is answered
+    /// as one for no connection, one for another QP is dropped, and the
+    /// connection stays established through each; the peer's own then
+    /// closes it, which shows the forgeries were right in all else.
+    #[test]
+    fn a_dreq_that_is_not_the_peers_leaves_the_connection_alone() {
+        let (a, b) = (context("127.0.93.1"), context("127.0.93.1"));
+        let opts = CmOptions::default().with_timeout(Duration::from_secs(20));
+        let l = cm::Listener::bind(&a, SocketAddr::new(a.device().addr, 0)).unwrap();
+        let to = l.local_addr();
+        let (pd_a, pd_b) = (a.alloc_pd(), b.alloc_pd());
+        let (cq_a, cq_b) = (a.create_cq(8, None).unwrap(), b.create_cq(8, None).unwrap());
+        let qp_a = pd_a.create_qp(&QpInitAttr::new(QpType::Rc, &cq_a)).unwrap();
+        let qp_b = pd_b.create_qp(&QpInitAttr::new(QpType::Rc, &cq_b)).unwrap();
+        let (conn_a, conn_b) = std::thread::scope(|s| {
+            let server = s.spawn(|| l.accept(&qp_a, b"", &opts).expect("accept"));
+            let client = cm::connect(&b, to, &qp_b, b"", &opts).expect("connect");
+            (server.join().unwrap(), client)
+        });
+        let agent = a.connection_manager().unwrap().0;
+        let (ours, theirs, peer, local_qpn) = {
+            let t = agent.table();
+            let (&k, c) = t
+                .conns
+                .iter()
+                .find(|(_, c)| c.state == State::Established)
+                .expect("the accepted connection");
+            (k, c.remote_comm_id, c.peer_gid, c.local_qpn)
+        };
+        assert_eq!(local_qpn, qp_a.qpn(), "the REP's QPN is kept");
+        let dreq = |from: u32, to: u32, qpn: u32| {
+            CmMsg::Dreq(Box::new(w::DreqRepr {
+                local_comm_id: from,
+                remote_comm_id: to,
+                remote_qpn: qpn,
+                private: [0; w::private_len::DREQ],
+            }))
+            .emit(0x77)
+        };
+        let mut stranger = peer;
+        stranger[15] ^= 0x40;
+        for (what, sgid, mad) in [
+            ("another sender ID", peer, dreq(theirs ^ 1, ours, local_qpn)),
+            ("another GID", stranger, dreq(theirs, ours, local_qpn)),
+            ("another QPN", peer, dreq(theirs, ours, local_qpn ^ 1)),
+        ] {
+            agent.on_mad(&sgid, &mad);
+            assert_eq!(
+                agent.state(ours),
+                Some(State::Established),
+                "a DREQ with {what} closed the connection"
+            );
+        }
+        agent.on_mad(&peer, &dreq(theirs, ours, local_qpn));
+        assert_eq!(agent.state(ours), Some(State::Closed), "the peer's DREQ");
+        drop((conn_a, conn_b));
     }
 }

@@ -292,8 +292,8 @@ fn unsupported_perftest_flags_are_refused_by_name() {
             &["write_bw", "--run_infinitely"][..],
             "perftest's --run_infinitely",
         ),
-        (&["write_lat", "-U"][..], "perftest's -U/--report-unsorted"),
-        (&["read_lat", "-H"][..], "perftest's -H/--report-histogram"),
+        (&["write_lat", "-X", "1"][..], "perftest's -X/--vector"),
+        (&["read_lat", "-g"][..], "perftest's -g/--mcg"),
         (&["send_bw", "-S", "3"][..], "perftest's -S/--sl"),
         (&["write_bw", "--out_json"][..], "perftest's --out_json"),
         (
@@ -315,6 +315,81 @@ fn unsupported_perftest_flags_are_refused_by_name() {
             "{a:?}: {err}"
         );
     }
+}
+
+/// `-U` and `-H` print every interval, as perftest's lists: `#, usec`,
+/// then `i, value` — all `-n` − 1 in the order taken, then sorted less the
+/// two largest — before the result line, the header again and the row,
+/// whose t_min is the sorted list's first; `-C` the same in cycles.
+/// Bandwidth tests refuse them, as perftest does.
+#[test]
+fn latency_samples_unsorted_sorted_and_in_cycles() {
+    let n = 40;
+    for (test, cycles) in [("write_lat", false), ("read_lat", true)] {
+        let mut args = vec![test, "-n", "40", "-U", "-H"];
+        if cycles {
+            args.push("-C");
+        }
+        let out = checked(&args);
+        let lines: Vec<&str> = out.lines().collect();
+        let units = if cycles { "#, cycles" } else { "#, usec" };
+        let lists: Vec<usize> = (0..lines.len()).filter(|&i| lines[i] == units).collect();
+        assert_eq!(lists.len(), 2, "{test}: two lists in\n{out}");
+        let list = |from: usize| -> Vec<f64> {
+            lines[from + 1..]
+                .iter()
+                .take_while(|l| !l.starts_with('#') && !l.starts_with("---"))
+                .enumerate()
+                .map(|(i, l)| {
+                    let (k, v) = l
+                        .split_once(", ")
+                        .unwrap_or_else(|| panic!("{test}: {l:?}"));
+                    assert_eq!(k, (i + 1).to_string(), "{test}: numbered from 1");
+                    v.parse::<f64>().unwrap()
+                })
+                .collect()
+        };
+        let (unsorted, sorted) = (list(lists[0]), list(lists[1]));
+        assert_eq!(unsorted.len(), n - 1, "{test}: every interval");
+        assert_eq!(sorted.len(), n - 3, "{test}: less the two largest");
+        assert!(sorted.windows(2).all(|w| w[0] <= w[1]), "{test}: sorted");
+        let mut all = unsorted.clone();
+        all.sort_by(|a, b| a.total_cmp(b));
+        assert_eq!(&all[..n - 3], &sorted[..], "{test}: the same intervals");
+        if cycles {
+            assert!(
+                unsorted.iter().all(|c| *c >= 1.0 && c.fract() == 0.0),
+                "{test}: whole cycles"
+            );
+        }
+        let after = lists[1] + 1 + sorted.len();
+        assert!(
+            lines[after].starts_with("---"),
+            "{test}: the result line after the lists"
+        );
+        assert!(
+            lines[after + 1].starts_with(" #bytes"),
+            "{test}: the header again"
+        );
+        let min: f64 = row(&out, 2)
+            .split_whitespace()
+            .nth(2)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (min - sorted[0]).abs() <= 0.005 + sorted[0] * 1e-5,
+            "{test}: t_min {min} vs {}",
+            sorted[0]
+        );
+    }
+    let a = ["write_bw", "-H", "--loopback"];
+    let o = finish(spawn(&a), &a.join(" "));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("available only on latency tests"),
+        "{err}"
+    );
 }
 
 /// `-N` cancels the peak, as perftest's: the peak column reads 0.00 while

@@ -658,14 +658,28 @@ fn whose(msg: &[u8], qp: usize, qps: usize, slots: u64, step: u64, want: u64) ->
     format!("matches no slot sent, expected slot {want}")
 }
 
-/// perftest's latency statistics over consecutive post intervals.
-fn lat_stats(size: u64, iters: u64, stamps: &[u64], rtt_factor: f64) -> LatResult {
+/// perftest's latency statistics over consecutive post intervals, in
+/// microseconds or, with `-C` (`cycles`: the CPU's MHz), in whole cycles
+/// of the interval before the round trip is halved, as perftest's
+/// `get_cycles` counts them.
+fn lat_stats(
+    size: u64,
+    iters: u64,
+    stamps: &[u64],
+    rtt_factor: f64,
+    cycles: Option<f64>,
+) -> LatResult {
     let clock = clock();
     let d: Vec<f64> = stamps
         .windows(2)
-        .map(|w| clock.delta_as_nanos(w[0], w[1]) as f64 / 1e3 / rtt_factor)
+        .map(|w| {
+            let us = clock.delta_as_nanos(w[0], w[1]) as f64 / 1e3;
+            cycles.map_or(us, |mhz| (us * mhz).round()) / rtt_factor
+        })
         .collect();
-    lat_summary(size, iters, d)
+    let mut r = lat_summary(size, iters, d.clone());
+    r.intervals = d;
+    r
 }
 
 /// perftest's `print_report_lat` over the intervals `d` (µs): sorted, the
@@ -703,6 +717,7 @@ fn lat_summary(size: u64, iters: u64, mut d: Vec<f64>) -> LatResult {
         stdev: var.sqrt(),
         p99: at((m as f64 * 0.99).ceil() as usize),
         p999: at((m as f64 * 0.999).ceil() as usize),
+        intervals: Vec::new(),
     }
 }
 
@@ -765,7 +780,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
             }
         }
     }
-    Ok(lat_stats(size, p.iters, &stamps, 2.0))
+    Ok(lat_stats(size, p.iters, &stamps, 2.0, p.cycles))
 }
 
 /// send_lat: SEND/receive ping-pong; the client sends first.
@@ -838,7 +853,7 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
             dog.check()?;
         }
     }
-    Ok(lat_stats(size, p.iters, &stamps, 2.0))
+    Ok(lat_stats(size, p.iters, &stamps, 2.0, p.cycles))
 }
 
 /// read_lat / atomic_lat: one request at a time, full round trip.
@@ -867,7 +882,7 @@ pub fn rd_atomic_lat(r: &Res, p: &Params, size: u64) -> R<LatResult> {
         }
         dog.progress();
     }
-    Ok(lat_stats(size, p.iters, &stamps, 1.0))
+    Ok(lat_stats(size, p.iters, &stamps, 1.0, p.cycles))
 }
 
 fn used_ranges(r: &Res, p: &Params) -> Vec<(usize, usize)> {

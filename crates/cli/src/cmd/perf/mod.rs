@@ -182,6 +182,18 @@ pub struct Args {
     /// Report bandwidth in Gb/s.
     #[arg(long = "report_gbits")]
     pub report_gbits: bool,
+    /// Latency tests: print every interval measured, in the order taken,
+    /// before the result row (perftest's `#, usec` list).
+    #[arg(short = 'U', long = "report-unsorted")]
+    pub report_unsorted: bool,
+    /// Latency tests: print the intervals sorted (less the two largest, as
+    /// perftest leaves them out of its statistics) before the result row.
+    #[arg(short = 'H', long = "report-histogram")]
+    pub report_histogram: bool,
+    /// Latency tests: report in CPU cycles at /proc/cpuinfo's clock
+    /// instead of microseconds (the header still says usec, as perftest's).
+    #[arg(short = 'C', long = "report-cycles")]
+    pub report_cycles: bool,
     /// CQ moderation: signal one send in this many.
     #[arg(short = 'Q', long = "cq-mod")]
     pub cq_mod: Option<u32>,
@@ -300,6 +312,11 @@ pub struct Params {
     pub atomic: AtomicType,
     pub events: bool,
     pub gbits: bool,
+    /// `-U`, `-H`: the intervals printed unsorted, sorted.
+    pub unsorted: bool,
+    pub histogram: bool,
+    /// `-C`: cycles per microsecond (the CPU's MHz) to report in.
+    pub cycles: Option<f64>,
     pub check: bool,
     pub rdma_cm: bool,
     pub no_peak: bool,
@@ -361,6 +378,18 @@ impl Params {
                 " softrdma perf does not support perftest's -D/--duration on latency tests (their t_avg and tps report): it runs -D on bandwidth tests only",
             ));
         }
+        if (a.report_unsorted || a.report_histogram || a.report_cycles) && t.is_bw() {
+            return Err(fail(
+                " -U, -H and -C (--report-unsorted, --report-histogram, --report-cycles) are available only on latency tests",
+            ));
+        }
+        let cycles = if a.report_cycles {
+            Some(cpu_mhz().ok_or_else(|| {
+                fail(" -C reports in cycles at the CPU's clock, and /proc/cpuinfo gives no \"cpu MHz\"")
+            })?)
+        } else {
+            None
+        };
         if a.duration.is_some() && (a.all || a.events) {
             return Err(fail(" Duration mode cannot be combined with -a or -e"));
         }
@@ -489,6 +518,9 @@ impl Params {
             atomic: a.atomic_type,
             events: a.events,
             gbits: a.report_gbits,
+            unsorted: a.report_unsorted,
+            histogram: a.report_histogram,
+            cycles,
             check: a.check,
             rdma_cm: a.rdma_cm,
             no_peak: a.no_peak || a.duration.is_some() || (t.is_bw() && iters > 20000),
@@ -736,5 +768,26 @@ fn server_args(a: &Args, port: u16) -> Vec<String> {
     if a.report_gbits {
         v.push("--report_gbits".into());
     }
+    for (on, flag) in [
+        (a.report_unsorted, "-U"),
+        (a.report_histogram, "-H"),
+        (a.report_cycles, "-C"),
+    ] {
+        if on {
+            v.push(flag.into());
+        }
+    }
     v
+}
+
+/// The CPU's clock in MHz as perftest's `get_cpu_mhz` reads it: the
+/// largest `cpu MHz` line of /proc/cpuinfo (perftest warns when they
+/// differ; a VM's lines are its TSC's nominal rate).
+fn cpu_mhz() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    s.lines()
+        .filter(|l| l.starts_with("cpu MHz"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .filter(|m| *m > 0.0)
+        .reduce(f64::max)
 }

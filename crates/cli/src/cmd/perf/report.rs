@@ -51,8 +51,9 @@ pub fn bw_row(r: &BwResult, gbits: bool) -> String {
     )
 }
 
-/// Latency statistics in microseconds (computed by `bench::lat_stats`).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// Latency statistics in microseconds, or in cycles with `-C` (computed by
+/// `bench::lat_stats`).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LatResult {
     pub size: u64,
     pub iters: u64,
@@ -63,6 +64,67 @@ pub struct LatResult {
     pub stdev: f64,
     pub p99: f64,
     pub p999: f64,
+    /// Every interval measured, in the order taken, in the same unit.
+    pub intervals: Vec<f64>,
+}
+
+/// C's `%g`: six significant digits, trailing zeros dropped, exponent form
+/// below 1e-4 and from 1e6.
+pub fn c_g(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return if v == 0.0 { "0".into() } else { v.to_string() };
+    }
+    let e = format!("{v:.5e}");
+    let (mant, exp) = e.split_once('e').expect("exponent form");
+    let exp: i32 = exp.parse().expect("exponent");
+    let trim = |t: &str| -> String {
+        if t.contains('.') {
+            t.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            t.to_string()
+        }
+    };
+    if (-4..6).contains(&exp) {
+        trim(&format!("{:.*}", (5 - exp) as usize, v))
+    } else {
+        format!(
+            "{}e{}{:02}",
+            trim(mant),
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
+    }
+}
+
+/// perftest's `-U` and `-H` lists, printed between the header and the
+/// result row: `#, usec` (or `#, cycles`), then `i, interval` for every
+/// interval in the order taken (`-U`) and for the sorted ones less the two
+/// largest, which its statistics leave out too (`-H`); after either, the
+/// result line and the header again. `None` with neither flag.
+pub fn lat_samples(r: &LatResult, unsorted: bool, histogram: bool, cycles: bool) -> Option<String> {
+    if !unsorted && !histogram {
+        return None;
+    }
+    let units = if cycles { "cycles" } else { "usec" };
+    let mut o = String::new();
+    let mut list = |xs: &[f64]| {
+        let _ = writeln!(o, "#, {units}");
+        for (i, x) in xs.iter().enumerate() {
+            let _ = writeln!(o, "{}, {}", i + 1, c_g(*x));
+        }
+    };
+    if unsorted {
+        list(&r.intervals);
+    }
+    if histogram {
+        let mut d = r.intervals.clone();
+        d.sort_by(|a, b| a.total_cmp(b));
+        d.truncate(d.len().saturating_sub(2));
+        list(&d);
+    }
+    let _ = writeln!(o, "{RESULT_LINE}");
+    o.push_str(LAT_HEADER);
+    Some(o)
 }
 
 pub fn lat_row(r: &LatResult) -> String {
@@ -176,5 +238,51 @@ mod tests {
             ..Default::default()
         };
         assert!(lat_row(&l).starts_with(" 2       4          1.00           4.00         3.00   "));
+    }
+
+    /// What glibc's printf("%g") prints for these (checked with printf(1)).
+    #[test]
+    fn c_g_is_printfs_g() {
+        for (v, want) in [
+            (0.0, "0"),
+            (75595.0, "75595"),
+            (129051.0, "129051"),
+            (1234567.0, "1.23457e+06"),
+            (0.0751121, "0.0751121"),
+            (55.04213, "55.0421"),
+            (1.111664, "1.11166"),
+            (0.0500747, "0.0500747"),
+            (689.5, "689.5"),
+            (2.0, "2"),
+            (0.00001234, "1.234e-05"),
+            (0.0001, "0.0001"),
+            (999999.5, "1e+06"),
+            (100000.0, "100000"),
+        ] {
+            assert_eq!(c_g(v), want, "{v}");
+        }
+    }
+
+    /// `ib_write_lat -U -H -n 6`'s layout: both lists, the sorted one two
+    /// short, then the result line and the header again.
+    #[test]
+    fn samples_as_perftest_prints_them() {
+        let r = LatResult {
+            intervals: vec![55.0421, 1.11166, 0.100149, 0.0500747, 0.0500747],
+            ..Default::default()
+        };
+        assert_eq!(lat_samples(&r, false, false, false), None);
+        let want = format!(
+            "#, usec\n1, 55.0421\n2, 1.11166\n3, 0.100149\n4, 0.0500747\n5, 0.0500747\n\
+             #, usec\n1, 0.0500747\n2, 0.0500747\n3, 0.100149\n{RESULT_LINE}\n{LAT_HEADER}"
+        );
+        assert_eq!(lat_samples(&r, true, true, false).unwrap(), want);
+        let c = LatResult {
+            intervals: vec![1378.0, 728.0, 689.5],
+            ..Default::default()
+        };
+        assert!(lat_samples(&c, false, true, true)
+            .unwrap()
+            .starts_with("#, cycles\n1, 689.5\n---"));
     }
 }

@@ -644,6 +644,11 @@ pub fn run_test(
                     chan.handshake(&mine[0])?;
                     bench::send_lat(&r, p, size, client)?
                 };
+                if let Some(l) =
+                    report::lat_samples(&res, p.unsorted, p.histogram, p.cycles.is_some())
+                {
+                    say(&l);
+                }
                 say(&report::lat_row(&res));
                 tsv.push(lat_tsv(p, transport, &res));
             }
@@ -657,6 +662,11 @@ pub fn run_test(
                 say(report::LAT_HEADER);
                 for &size in &p.sizes {
                     let res = bench::rd_atomic_lat(&r, p, size)?;
+                    if let Some(l) =
+                        report::lat_samples(&res, p.unsorted, p.histogram, p.cycles.is_some())
+                    {
+                        say(&l);
+                    }
                     say(&report::lat_row(&res));
                     tsv.push(lat_tsv(p, transport, &res));
                 }

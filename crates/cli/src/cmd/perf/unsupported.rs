@@ -37,7 +37,7 @@ macro_rules! flag {
 }
 
 /// The flags, in the order a refusal names the first one given.
-const FLAGS: [Flag; 58] = [
+const FLAGS: [Flag; 55] = [
     flag!(
         Some('f'),
         "margin",
@@ -85,24 +85,6 @@ const FLAGS: [Flag; 58] = [
     flag!(Some('X'), "vector", true, "choosing a completion vector"),
     flag!(Some('g'), "mcg", false, "multicast"),
     flag!(Some('M'), "MGID", true, "multicast"),
-    flag!(
-        Some('C'),
-        "report-cycles",
-        false,
-        "reporting latencies in CPU cycles",
-    ),
-    flag!(
-        Some('H'),
-        "report-histogram",
-        false,
-        "printing every latency sample",
-    ),
-    flag!(
-        Some('U'),
-        "report-unsorted",
-        false,
-        "printing every latency sample unsorted",
-    ),
     flag!(None, "recv_post_list", true, "posting receives in lists"),
     flag!(
         None,

@@ -1657,9 +1657,10 @@ impl Endpoint {
             .poll_transmit(&mut self.qps, &mut self.shared, now, bufs, out, mem)
     }
 
-    /// Whether all this endpoint has to send now is lone positive ACKs (or
-    /// nothing): what a caller may hold back for a moment to send with the
-    /// application's reply. See [`Sched::only_acks_ready`](crate::sched).
+    /// Whether this endpoint has something to send now and all of it is
+    /// lone positive ACKs: what a caller may hold back for a moment to
+    /// send with the application's reply (false when nothing is ready).
+    /// See [`Sched::only_acks_ready`](crate::sched).
     pub fn only_acks_ready(&self) -> bool {
         self.sched.only_acks_ready(&self.qps)
     }

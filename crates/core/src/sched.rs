@@ -844,15 +844,22 @@ impl Sched {
     }
 
     /// The next packet of the QP at the head of the ready list.
-    /// Whether everything the ready QPs have to send is a lone positive
-    /// ACK each (or nothing): no request, no READ or atomic response, no
-    /// NAK. Only then may a pass leave its output for the application's
-    /// next call (see the verbs engine's deferred ACKs): a READ response
-    /// held back reads memory later than it arrived and keeps the
-    /// requester waiting, a request held back costs bandwidth. Visits the
-    /// ready list only, and stops at the first QP with anything else.
+    /// Whether some QP is ready and everything the ready QPs have to send
+    /// is a lone positive ACK each: no request, no READ or atomic
+    /// response, no NAK. Only then may a pass leave its output for the
+    /// application's next call (see the verbs engine's deferred ACKs): a
+    /// READ response held back reads memory later than it arrived and
+    /// keeps the requester waiting, a request held back costs bandwidth.
+    /// False when nothing is ready: a pass with nothing to send holds
+    /// nothing back, and must not count as one that did (the engine lets
+    /// only every other pass defer, so a pass that "deferred" nothing kept
+    /// the next one, with a WRITE's ACK to hold, from holding it). Visits
+    /// the ready list only, and stops at the first QP with anything else.
     pub fn only_acks_ready(&self, qps: &[Option<Qp>]) -> bool {
         let mut s = self.ready.head;
+        if s == NIL {
+            return false;
+        }
         while s != NIL {
             let i = s as usize;
             let Some(qp) = qps[i].as_ref() else {

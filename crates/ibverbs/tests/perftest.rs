@@ -76,6 +76,55 @@ fn run_sizes(bin: &str, args: &[&str], sizes: usize) {
     check_client(&what, &c, sizes);
 }
 
+/// A counter of the port line `SOFTRDMA_IBV_STATS` prints at exit.
+fn port_stat(what: &str, out: &common::Output, name: &str) -> u64 {
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains(" port: PortStats {"))
+        .unwrap_or_else(|| panic!("{what}: no port counters\n{}", out.text()));
+    let at = line
+        .find(&format!(" {name}: "))
+        .unwrap_or_else(|| panic!("{what}: no {name} in {line}"));
+    line[at + name.len() + 3..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{what}: {name} unreadable in {line}"))
+}
+
+/// `ib_write_lat` over UDP: each side's ACK of the peer's WRITE leaves
+/// with its own next WRITE, in one `sendmmsg` — about one call per two
+/// datagrams. One call per datagram means every ACK went alone: the
+/// ping-pong had fallen into waking each side's engine thread per message
+/// (typical 5 → 24 µs on this host), whatever the figures (docs/DESIGN.md,
+/// "Deferred ACKs"). A mechanism, counted, not a time.
+#[test]
+fn write_lat_acks_leave_with_the_reply() {
+    let port = common::next_port();
+    let args = ["-s", "8", "-n", "2000"];
+    let cmd = || {
+        let mut c = perftest_cmd("ib_write_lat", port, &args);
+        c.env("SOFTRDMA_TRANSPORT", "udp");
+        c
+    };
+    let what = "ib_write_lat -s 8 -n 2000 over UDP";
+    let (s, c) = common::pair(cmd(), cmd(), port, TIMEOUT);
+    common::assert_pair_ok(what, &s, &c);
+    check_client(what, &c, 1);
+    for (side, out) in [("server", &s), ("client", &c)] {
+        let (calls, sent) = (
+            port_stat(what, out, "sendmmsg_calls"),
+            port_stat(what, out, "tx_packets"),
+        );
+        assert!(
+            sent >= 4000 && calls * 4 <= sent * 3,
+            "{what}, {side}: {calls} sendmmsg calls for {sent} datagrams: the ACKs left alone\n{}",
+            out.text()
+        );
+    }
+}
+
 const ALL: [&str; 8] = [
     "ib_write_bw",
     "ib_write_lat",

@@ -526,6 +526,13 @@ impl State {
     /// One pass: receive what is waiting, run expired timers, transmit
     /// (within the budget), deliver events.
     fn pass(&mut self, async_fd: &EventFd, rx: bool, defer: bool) -> Pass {
+        self.pass_holding(async_fd, rx, defer, false)
+    }
+
+    /// [`State::pass`]; `hold`: ACKs an earlier pass of the same drain
+    /// deferred stay deferred if this one received nothing and nothing
+    /// else became ready (a timer's retransmission sends them all).
+    fn pass_holding(&mut self, async_fd: &EventFd, rx: bool, defer: bool, hold: bool) -> Pass {
         let now = self.now();
         let mut p = Pass::default();
         if rx {
@@ -663,6 +670,8 @@ impl State {
             // keeps the watchdog on while something is deferred (see
             // `Engine::defer_bounded`).
             self.tx_deferred = true;
+        } else if hold && !p.rx && self.tx_deferred && self.ep.only_acks_ready() {
+            // Still only the ACKs deferred before: they keep waiting.
         } else {
             p.more_tx = self.transmit(now).1;
         }
@@ -2078,14 +2087,27 @@ impl Engine {
         // reply the moment the WRITE lands, maybe before this thread gets
         // past the drain) counts as activity at the next wake-up.
         let calls = self.app_calls.load(Ordering::Relaxed);
-        let drained = self.drain(st);
+        // The application called since the last wake-up that served
+        // packets: it is at work (perftest's `ib_write_lat` posts its reply
+        // the moment the WRITE lands), so what these packets call for, if
+        // it is ACKs alone, waits for its next call, as an application
+        // pass's would. Without this a WRITE that came while the socket
+        // was the engine's (just handed back with a completion) had its
+        // ACK sent alone, the peer took that completion alone and handed
+        // its socket back too, and each side's next WRITE then came to an
+        // engine thread to wake: a ping-pong, once in that state, stayed
+        // there (`ib_write_lat` 5 → 24 µs, every datagram its own
+        // system call). A passive process (no call since) defers nothing.
+        let active = calls != self.calls_at_wake.load(Ordering::Relaxed);
+        let drained = self.drain(st, active);
+        self.defer_bounded(st);
         // The rings' bell re-armed by whoever served them (the engine
         // thread, or the owner serving its backlog while the engine thread
         // went back to sleep, `run`): a packet pushed after the last drain
         // and before this rings it; one pushed before is served here.
         if let Some(h) = &self.shm {
             while !self.masked.load(Ordering::SeqCst) && h.arm() {
-                self.drain(st);
+                self.drain(st, false);
             }
         }
         // No application call over the last few wake-ups that served
@@ -2388,10 +2410,13 @@ impl Engine {
     /// leave nothing queued behind, so it receives until the socket is
     /// empty, or rings its own doorbell to come back for the rest.
     /// Returns whether anything was received.
-    fn drain(&self, st: &mut State) -> bool {
+    /// `defer`: the first pass may leave lone ACKs for the application's
+    /// next call (see `service`); the rest keep them deferred unless they
+    /// receive more or something else becomes ready.
+    fn drain(&self, st: &mut State, defer: bool) -> bool {
         let mut any = false;
         for _ in 0..RX_ROUNDS {
-            let p = st.pass(&self.async_fd, true, false);
+            let p = st.pass_holding(&self.async_fd, true, defer && !any, defer && any);
             self.after_pass(st, p.more_tx);
             if !p.rx {
                 return any;

@@ -816,12 +816,10 @@ impl Agent {
                 State::DreqSent => EventKind::Disconnected,
                 _ => EventKind::Unreachable,
             };
-            let status = if kind == EventKind::Unreachable {
-                -libc::ETIMEDOUT
-            } else {
-                0
-            };
-            id.timed_out(kind, status);
+            // Both with -ETIMEDOUT, as the kernel's rdma_cm reports a REQ's
+            // or REP's retries run out (UNREACHABLE) and a DREQ's
+            // (`IB_CM_DREQ_ERROR`: DISCONNECTED).
+            id.timed_out(kind, -libc::ETIMEDOUT);
         }
     }
 
@@ -1163,7 +1161,7 @@ impl Agent {
 mod tests {
     use super::*;
     use crate::cm::{self as cm, CmOptions};
-    use crate::{Context, DeviceInfo, OpenOptions, QpInitAttr, QpType, Transport};
+    use crate::{Context, Cq, DeviceInfo, OpenOptions, Pd, Qp, QpInitAttr, QpType, Transport};
     use std::net::SocketAddr;
 
     fn context(addr: &str) -> Context {
@@ -1178,16 +1176,21 @@ mod tests {
         Context::open(&dev, &opts).unwrap()
     }
 
-    /// A DREQ ends a connection only if it is the peer's: its two
-    /// communication IDs, the peer's GID and our QPN, as the kernel's
-    /// `cm_dreq_handler` checks. A DREQ that names our ID with another
-    /// sender's ID or GID (a stale connection's, a stranger's) is answered
-    /// as one for no connection, one for another QP is dropped, and the
-    /// connection stays established through each; the peer's own then
-    /// closes it, which shows the forgeries were right in all else.
-    #[test]
-    fn a_dreq_that_is_not_the_peers_leaves_the_connection_alone() {
-        let (a, b) = (context("127.0.93.1"), context("127.0.93.1"));
+    /// Two contexts on `addr`, B's QP connected to A's listener (declared
+    /// in drop order: the connections go first).
+    struct Pair {
+        conn_a: cm::Connection,
+        _conn_b: cm::Connection,
+        qp_a: Qp,
+        _qp_b: Qp,
+        _cqs: (Cq, Cq),
+        _pds: (Pd, Pd),
+        a: Context,
+        b: Context,
+    }
+
+    fn connected(addr: &str) -> Pair {
+        let (a, b) = (context(addr), context(addr));
         let opts = CmOptions::default().with_timeout(Duration::from_secs(20));
         let l = cm::Listener::bind(&a, SocketAddr::new(a.device().addr, 0)).unwrap();
         let to = l.local_addr();
@@ -1200,6 +1203,29 @@ mod tests {
             let client = cm::connect(&b, to, &qp_b, b"", &opts).expect("connect");
             (server.join().unwrap(), client)
         });
+        Pair {
+            conn_a,
+            _conn_b: conn_b,
+            qp_a,
+            _qp_b: qp_b,
+            _cqs: (cq_a, cq_b),
+            _pds: (pd_a, pd_b),
+            a,
+            b,
+        }
+    }
+
+    /// A DREQ ends a connection only if it is the peer's: its two
+    /// communication IDs, the peer's GID and our QPN, as the kernel's
+    /// `cm_dreq_handler` checks. A DREQ that names our ID with another
+    /// sender's ID or GID (a stale connection's, a stranger's) is answered
+    /// as one for no connection, one for another QP is dropped, and the
+    /// connection stays established through each; the peer's own then
+    /// closes it, which shows the forgeries were right in all else.
+    #[test]
+    fn a_dreq_that_is_not_the_peers_leaves_the_connection_alone() {
+        let p = connected("127.0.93.1");
+        let (a, qp_a) = (&p.a, &p.qp_a);
         let agent = a.connection_manager().unwrap().0;
         let (ours, theirs, peer, local_qpn) = {
             let t = agent.table();
@@ -1236,6 +1262,45 @@ mod tests {
         }
         agent.on_mad(&peer, &dreq(theirs, ours, local_qpn));
         assert_eq!(agent.state(ours), Some(State::Closed), "the peer's DREQ");
-        drop((conn_a, conn_b));
+    }
+
+    /// A DREQ whose retries run out without a DREP ends the connection with
+    /// DISCONNECTED and status -ETIMEDOUT, as the kernel's rdma_cm reports
+    /// `IB_CM_DREQ_ERROR`. The peer's manager is kept from answering by
+    /// holding its table's lock; the retries are run out at once.
+    #[test]
+    fn a_dreq_nobody_answers_ends_in_disconnected_timed_out() {
+        let p = connected("127.0.93.2");
+        let agent = p.a.connection_manager().unwrap().0;
+        let peer = p.b.connection_manager().unwrap().0;
+        let ours = {
+            let t = agent.table();
+            *t.conns
+                .iter()
+                .find(|(_, c)| c.state == State::Established)
+                .expect("the accepted connection")
+                .0
+        };
+        let held = peer.table();
+        p.conn_a.cm_id().disconnect().unwrap();
+        assert_eq!(agent.state(ours), Some(State::DreqSent));
+        {
+            let mut t = agent.table();
+            let r = t.conns.get_mut(&ours).unwrap().resend.as_mut().unwrap();
+            r.left = 0;
+            r.at = Instant::now();
+        }
+        agent.on_timers();
+        assert_eq!(agent.state(ours), Some(State::Closed));
+        let ev = p
+            .conn_a
+            .channel()
+            .get(Some(Duration::from_secs(5)))
+            .expect("an event");
+        assert_eq!(
+            (ev.kind, ev.status),
+            (EventKind::Disconnected, -libc::ETIMEDOUT)
+        );
+        drop(held);
     }
 }

@@ -299,6 +299,12 @@ impl Connection {
         &self.id
     }
 
+    /// Its event channel, for the crate's tests.
+    #[cfg(test)]
+    pub(crate) fn channel(&self) -> &EventChannel {
+        &self.ch
+    }
+
     /// Wait until the peer disconnects (or `timeout` passes: `Ok(false)`).
     pub fn wait_disconnected(&self, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;

@@ -2054,7 +2054,8 @@ impl Engine {
 
     /// What the engine thread was woken for, run by whoever owns the state.
     fn service(&self, st: &mut State) {
-        if self.watchdog_fired.swap(false, Ordering::SeqCst) {
+        let tick = self.watchdog_fired.swap(false, Ordering::SeqCst);
+        if tick {
             if !self.masked.load(Ordering::Relaxed) && !self.poller_masked.load(Ordering::SeqCst) {
                 // Handed back since: stop ticking — unless a poller took
                 // the socket meanwhile and saw the watchdog still on (both
@@ -2097,8 +2098,10 @@ impl Engine {
         // its socket back too, and each side's next WRITE then came to an
         // engine thread to wake: a ping-pong, once in that state, stayed
         // there (`ib_write_lat` 5 → 24 µs, every datagram its own
-        // system call). A passive process (no call since) defers nothing.
-        let active = calls != self.calls_at_wake.load(Ordering::Relaxed);
+        // system call). A passive process (no call since) defers nothing,
+        // and neither does a watchdog tick, which sends what was deferred:
+        // so nothing waits longer than one watchdog period.
+        let active = !tick && calls != self.calls_at_wake.load(Ordering::Relaxed);
         let drained = self.drain(st, active);
         self.defer_bounded(st);
         // The rings' bell re-armed by whoever served them (the engine

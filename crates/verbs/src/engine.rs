@@ -192,6 +192,28 @@ struct Pass {
     more_tx: bool,
     /// Datagrams were received (the socket may hold more).
     rx: bool,
+    /// Some came through the shared-memory rings.
+    ring: bool,
+}
+
+/// What a pass may leave for the application's next call (see
+/// [`State::pass`] and `Engine::service`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Defer {
+    /// Send everything.
+    No,
+    /// An application's pass: lone ACKs wait for its next call.
+    App,
+    /// The engine thread's first drain round for an application at work:
+    /// the same for what came over UDP. Not for what came through the
+    /// shared-memory rings: an ACK held there left `ib_send_lat -e`'s
+    /// sender to retry until its retry count ran out (12 runs in 15), not
+    /// yet understood; the rings' ping-pongs do not need it (a WRITE to a
+    /// peer on this host takes the lane, without the engine).
+    Drain,
+    /// A later drain round: what the first deferred stays deferred if this
+    /// one received nothing and nothing else became ready.
+    Hold,
 }
 
 /// State behind the lock.
@@ -526,13 +548,12 @@ impl State {
     /// One pass: receive what is waiting, run expired timers, transmit
     /// (within the budget), deliver events.
     fn pass(&mut self, async_fd: &EventFd, rx: bool, defer: bool) -> Pass {
-        self.pass_holding(async_fd, rx, defer, false)
+        self.pass_with(async_fd, rx, if defer { Defer::App } else { Defer::No })
     }
 
-    /// [`State::pass`]; `hold`: ACKs an earlier pass of the same drain
-    /// deferred stay deferred if this one received nothing and nothing
-    /// else became ready (a timer's retransmission sends them all).
-    fn pass_holding(&mut self, async_fd: &EventFd, rx: bool, defer: bool, hold: bool) -> Pass {
+    /// [`State::pass`], with the engine thread's drain's kinds of
+    /// deferral ([`Defer`]).
+    fn pass_with(&mut self, async_fd: &EventFd, rx: bool, defer: Defer) -> Pass {
         let now = self.now();
         let mut p = Pass::default();
         if rx {
@@ -654,11 +675,17 @@ impl State {
                 })
             };
             p.rx |= n > 0;
+            p.ring = n > 0;
         }
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.ep.handle_timeout(now);
         }
-        if defer && p.rx && !self.tx_deferred && self.ep.only_acks_ready() {
+        let may_defer = match defer {
+            Defer::App => true,
+            Defer::Drain => !p.ring,
+            Defer::No | Defer::Hold => false,
+        };
+        if may_defer && p.rx && !self.tx_deferred && self.ep.only_acks_ready() {
             // What these packets call for, if it is ACKs alone, waits for
             // the application's next call, which sends it together with
             // what the application posts in reply: one system call, not
@@ -670,7 +697,7 @@ impl State {
             // keeps the watchdog on while something is deferred (see
             // `Engine::defer_bounded`).
             self.tx_deferred = true;
-        } else if hold && !p.rx && self.tx_deferred && self.ep.only_acks_ready() {
+        } else if defer == Defer::Hold && !p.rx && self.tx_deferred && self.ep.only_acks_ready() {
             // Still only the ACKs deferred before: they keep waiting.
         } else {
             p.more_tx = self.transmit(now).1;
@@ -2419,7 +2446,12 @@ impl Engine {
     fn drain(&self, st: &mut State, defer: bool) -> bool {
         let mut any = false;
         for _ in 0..RX_ROUNDS {
-            let p = st.pass_holding(&self.async_fd, true, defer && !any, defer && any);
+            let d = match (defer, any) {
+                (false, _) => Defer::No,
+                (true, false) => Defer::Drain,
+                (true, true) => Defer::Hold,
+            };
+            let p = st.pass_with(&self.async_fd, true, d);
             self.after_pass(st, p.more_tx);
             if !p.rx {
                 return any;

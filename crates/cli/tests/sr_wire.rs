@@ -53,7 +53,7 @@ fn packets_of_write_bw(extra: &[&str]) -> (u64, u64) {
 /// corruption on both sides. Selective repeat (the default) puts at most
 /// 1.3× the packets of the same transfer without faults on the wire, both
 /// directions counted, and every byte is checked; go-back-N, asked for,
-/// puts far more.
+/// puts more than selective repeat under the same (milder) faults.
 #[test]
 fn selective_repeat_resends_only_what_was_lost() {
     let (srv0, cli0) = packets_of_write_bw(&[]);
@@ -68,7 +68,17 @@ fn selective_repeat_resends_only_what_was_lost() {
     let ratio = (srv + cli) as f64 / min as f64;
     eprintln!("selective repeat: {srv} + {cli} packets against {min} without faults: {ratio:.3}x");
     assert!(ratio <= 1.3, "{srv} + {cli} packets for {min}: {ratio:.3}x");
-    let (gsrv, gcli) = packets_of_write_bw(&["--fault", f, "--recovery", "gbn"]);
-    eprintln!("go-back-N: {gsrv} + {gcli} packets");
-    assert!(gsrv + gcli > srv + cli, "go-back-N resends more");
+    // Go-back-N against selective repeat under milder faults. Under the
+    // ones above go-back-N stalls ~500 times a run on tail losses, each
+    // recovered only by a timeout, and a stall whose resend or ACK is lost
+    // 7 more times in a row ends in "transport retry counter exceeded"
+    // (status 12) as IBA says it must: with ~20 % of rounds lost that is
+    // a few percent of runs (seen in CI, 1 in ~40 by hand), a property of
+    // the fault rates, not of the transport. At a third of them a stall
+    // fails ~1e-9 of the time.
+    let mild = "loss=0.03,reorder=0.03,dup=0.02,corrupt=0.005,seed=7";
+    let (ssrv, scli) = packets_of_write_bw(&["--fault", mild]);
+    let (gsrv, gcli) = packets_of_write_bw(&["--fault", mild, "--recovery", "gbn"]);
+    eprintln!("milder faults: selective repeat {ssrv} + {scli}, go-back-N {gsrv} + {gcli} packets");
+    assert!(gsrv + gcli > ssrv + scli, "go-back-N resends more");
 }

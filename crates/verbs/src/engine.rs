@@ -2128,9 +2128,8 @@ impl Engine {
         // system call). A passive process (no call since) defers nothing,
         // and neither does a watchdog tick, which sends what was deferred:
         // so nothing waits longer than one watchdog period.
-        let active = !tick && calls != self.calls_at_wake.load(Ordering::Relaxed);
-        let drained = self.drain(st, active);
-        self.defer_bounded(st);
+        let called = calls != self.calls_at_wake.load(Ordering::Relaxed);
+        let drained = self.drain(st, called && !tick);
         // The rings' bell re-armed by whoever served them (the engine
         // thread, or the owner serving its backlog while the engine thread
         // went back to sleep, `run`): a packet pushed after the last drain
@@ -2140,15 +2139,17 @@ impl Engine {
                 self.drain(st, false);
             }
         }
+        self.defer_bounded(st);
         // No application call over the last few wake-ups that served
         // packets: the process is a passive target (its threads sleep, or
         // spin on memory without calling), with no thread of its own
         // competing for a core — the case the poller is for.
         let passive = drained && {
-            let quiet = if calls == self.calls_at_wake.swap(calls, Ordering::Relaxed) {
-                self.quiet_wakes.load(Ordering::Relaxed).saturating_add(1)
-            } else {
+            self.calls_at_wake.store(calls, Ordering::Relaxed);
+            let quiet = if called {
                 0
+            } else {
+                self.quiet_wakes.load(Ordering::Relaxed).saturating_add(1)
             };
             self.quiet_wakes.store(quiet, Ordering::Relaxed);
             quiet >= PASSIVE_WAKES

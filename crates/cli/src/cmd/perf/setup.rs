@@ -644,12 +644,7 @@ pub fn run_test(
                     chan.handshake(&mine[0])?;
                     bench::send_lat(&r, p, size, client)?
                 };
-                if let Some(l) =
-                    report::lat_samples(&res, p.unsorted, p.histogram, p.cycles.is_some())
-                {
-                    say(&l);
-                }
-                say(&report::lat_row(&res));
+                say(&lat_report(p, &res));
                 tsv.push(lat_tsv(p, transport, &res));
             }
             say(RESULT_LINE);
@@ -662,12 +657,7 @@ pub fn run_test(
                 say(report::LAT_HEADER);
                 for &size in &p.sizes {
                     let res = bench::rd_atomic_lat(&r, p, size)?;
-                    if let Some(l) =
-                        report::lat_samples(&res, p.unsorted, p.histogram, p.cycles.is_some())
-                    {
-                        say(&l);
-                    }
-                    say(&report::lat_row(&res));
+                    say(&lat_report(p, &res));
                     tsv.push(lat_tsv(p, transport, &res));
                 }
                 chan.close(&mine[0])?;
@@ -754,6 +744,16 @@ fn bw_tsv(p: &Params, transport: &str, r: &report::BwResult) -> String {
         r.size,
         r.msg_rate / 1e6
     )
+}
+
+/// A latency result as perftest prints it: `-U`'s and `-H`'s lists (and
+/// the header again) first, then the row.
+fn lat_report(p: &Params, r: &report::LatResult) -> String {
+    let row = report::lat_row(r);
+    match report::lat_samples(r, p.unsorted, p.histogram, p.cycles.is_some()) {
+        Some(lists) => format!("{lists}\n{row}"),
+        None => row,
+    }
 }
 
 fn lat_tsv(p: &Params, transport: &str, r: &report::LatResult) -> String {

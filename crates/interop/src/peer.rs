@@ -141,9 +141,7 @@ pub struct Peer {
 /// killed leaves no lock behind, only its namespace, which the next holder
 /// stops as stale.
 fn peer_lock(ns: &str) -> Result<std::fs::File, String> {
-    let dir = Path::new("/run/lock");
-    let dir = if dir.is_dir() { dir } else { Path::new("/tmp") };
-    let path = dir.join(format!("softrdma-interop-{ns}.lock"));
+    let path = lock_path(ns);
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -162,6 +160,13 @@ fn peer_lock(ns: &str) -> Result<std::fs::File, String> {
         }
         Err(std::fs::TryLockError::Error(e)) => Err(format!("{}: {e}", path.display())),
     }
+}
+
+/// Where [`peer_lock`] keeps namespace `ns`'s lock.
+fn lock_path(ns: &str) -> PathBuf {
+    let dir = Path::new("/run/lock");
+    let dir = if dir.is_dir() { dir } else { Path::new("/tmp") };
+    dir.join(format!("softrdma-interop-{ns}.lock"))
 }
 
 fn ns_exists(ns: &str) -> bool {
@@ -436,12 +441,7 @@ mod tests {
     fn runs_take_the_peer_in_turn() {
         let ns = format!("lock-test-{}", std::process::id());
         let held = peer_lock(&ns).unwrap();
-        let dir = if Path::new("/run/lock").is_dir() {
-            "/run/lock"
-        } else {
-            "/tmp"
-        };
-        let path = Path::new(dir).join(format!("softrdma-interop-{ns}.lock"));
+        let path = lock_path(&ns);
         let other = std::fs::File::open(&path).unwrap();
         assert!(matches!(
             other.try_lock(),

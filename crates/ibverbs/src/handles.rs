@@ -40,6 +40,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
+use softrdma_shm::barrier;
 use softrdma_verbs as sv;
 
 use crate::abi::*;
@@ -195,7 +196,7 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 // expedited command: then the unregistration runs that barrier on every
 // CPU running one of our threads between its bump and its look at the
 // marks, and the call needs only to keep the compiler from reordering
-// (liburcu's "membarrier" flavour).
+// (liburcu's "membarrier" flavour: `softrdma_shm::barrier`).
 
 /// One thread's calls (see above); kept for the process's life, reused by
 /// later threads (a thread's record goes back to `SPARE` when it exits).
@@ -221,27 +222,9 @@ static READERS: Mutex<Vec<&'static Reader>> = Mutex::new(Vec::new());
 /// Records of exited threads, for new threads.
 static SPARE: Mutex<Vec<&'static Reader>> = Mutex::new(Vec::new());
 
-/// membarrier(2) commands (linux/membarrier.h).
-const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
-const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
-
-/// Whether the process registered for private expedited membarriers (so
-/// a call's busy mark needs no fence of its own). Decided once, before
-/// the first lent call.
-static EXPEDITED: LazyLock<bool> = LazyLock::new(|| {
-    // SAFETY: `after_fork` is an `extern "C" fn()` that stays loaded (this
-    // library is not unloaded while the process runs).
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork)) };
-    // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no memory.
-    unsafe {
-        libc::syscall(
-            libc::SYS_membarrier,
-            MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
-            0,
-            0,
-        ) == 0
-    }
-});
+/// `after_fork` registered with `pthread_atfork`, once, before the first
+/// thread takes a record.
+static ATFORK: std::sync::Once = std::sync::Once::new();
 
 /// In a child after `fork`: the forking thread, the only one the child has,
 /// goes on with its record, which now belongs to this process; the
@@ -262,6 +245,10 @@ extern "C" fn after_fork() {
 /// call may lend a second handle), and its last few lookups.
 struct ThreadCalls {
     reader: &'static Reader,
+    /// `barrier::expedited()`, kept here: read from its static between
+    /// the busy mark's store and the fence it decides, it cost ~8 ns a
+    /// call on the lanes' equivalent path (see `softrdma_shm::barrier`).
+    expedited: bool,
     depth: std::cell::Cell<u32>,
     cache: [std::cell::Cell<Cached>; CACHED],
     /// Where the next cache entry goes.
@@ -300,6 +287,11 @@ thread_local! {
     /// not initialise `CALLS`).
     static RECORD: std::cell::Cell<*const Reader> = const { std::cell::Cell::new(std::ptr::null()) };
     static CALLS: ThreadCalls = {
+        // SAFETY: `after_fork` is an `extern "C" fn()` that stays loaded
+        // (this library is not unloaded while the process runs).
+        ATFORK.call_once(|| unsafe {
+            libc::pthread_atfork(None, None, Some(after_fork));
+        });
         let spare = SPARE.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let reader = spare.unwrap_or_else(|| {
             let r: &'static Reader = Box::leak(Box::new(Reader {
@@ -314,6 +306,7 @@ thread_local! {
         RECORD.with(|r| r.set(reader));
         ThreadCalls {
             reader,
+            expedited: barrier::expedited(),
             depth: std::cell::Cell::new(0),
             cache: std::array::from_fn(|_| {
                 std::cell::Cell::new(Cached {
@@ -337,7 +330,7 @@ impl ThreadCalls {
         if d == 0 {
             let c = self.reader.calls.load(Ordering::Relaxed);
             self.reader.calls.store(c + 1, Ordering::Relaxed);
-            if *EXPEDITED {
+            if self.expedited {
                 std::sync::atomic::compiler_fence(Ordering::SeqCst);
             } else {
                 std::sync::atomic::fence(Ordering::SeqCst);
@@ -361,15 +354,7 @@ impl ThreadCalls {
 /// that a call could be waiting for (a busy call may be in the registry's
 /// slow path, or polling the engine).
 fn grace() {
-    if *EXPEDITED {
-        // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no
-        // memory; the process registered for this command.
-        unsafe {
-            libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
-        }
-    } else {
-        std::sync::atomic::fence(Ordering::SeqCst);
-    }
+    barrier::heavy();
     // This thread's own record is skipped: a destroy made from inside a
     // lent call of the same thread would otherwise wait for itself (none
     // does; the data path destroys nothing).

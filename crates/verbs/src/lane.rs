@@ -48,7 +48,7 @@
 //! while it holds one.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use softrdma_core::cq::CqId;
@@ -56,7 +56,7 @@ use softrdma_core::mr::Span;
 use softrdma_core::wc::Completion;
 use softrdma_core::wr::{SendFlags, SendOp, SendWr};
 use softrdma_core::{OffloadLocal, MAX_MSG_SIZE, MAX_SGE};
-use softrdma_shm::{RECV_SGES, RECV_SLOTS};
+use softrdma_shm::{barrier, RECV_SGES, RECV_SLOTS};
 
 /// Regions a lane remembers (perftest and most programs post from one).
 const KEYS: usize = 2;
@@ -131,6 +131,217 @@ impl<T> Flagged<T> {
     }
 }
 
+/// A value one thread at a time holds, like [`Flagged`], biased to one
+/// thread: a lane's posts nearly always come from one thread (perftest's,
+/// an MPI rank's, a UCX worker's), and for that thread holding it costs no
+/// atomic read-modify-write. A compare-and-swap is a full barrier: it
+/// waits for the poster's earlier stores (the last post's copy into the
+/// peer's memory) to drain, and was a third of an 8-byte WRITE's post
+/// (`perf write_bw -s 8` over shared memory: 43 → 53 Mmsg/s without it).
+///
+/// * The *owner* (`owner`, a thread's [`me`]) holds it by setting
+///   `owner_in` with a plain store, a compiler fence (see [`barrier`];
+///   a full fence where `membarrier(2)` is refused), then finding `held`
+///   clear and itself still the owner.
+/// * Anyone else takes `held` by compare-and-swap, then, if the value is
+///   biased to another thread, runs a [`barrier::heavy`] (a
+///   `membarrier(2)`), waits for `owner_in` to clear and revokes the bias
+///   (`owner` = 0). Store-then-load on each side with the asymmetric fence
+///   between (Dekker's): either the owner's `owner_in` is visible to the
+///   revoker, which waits, or the owner's loads see `held` taken (or, once
+///   the revoker has let go, the revocation its release carries) and it
+///   backs off.
+///
+/// The bias is given ([`BiasedHolding::bias`], as the engine opens the
+/// lane in a poster's thread) to the first thread that asks, and taken
+/// away by any other holder — for good (`shared`) if that is a poster or
+/// an opener too: a value used by two posting threads stays unbiased, so
+/// they pay the compare-and-swap, never a `membarrier` per hand-over. The
+/// engine's other holds (closing, from whichever thread holds its lock)
+/// revoke it until the next opening: rare, and a `membarrier` each. A thread's `me`
+/// is the address of a thread-local, unique among live threads: a later
+/// thread that reuses an exited owner's address is the only one that can
+/// claim it, which is all the bias needs.
+struct Biased<T> {
+    /// The thread the value is biased to (its `me`), 0 for none. Written
+    /// only by a holder of `held` (or by the owner, holding, to itself).
+    owner: AtomicUsize,
+    /// True while the owner holds the value without `held`; written only
+    /// by the owner.
+    owner_in: AtomicBool,
+    /// Taken by compare-and-swap by every holder but the owner.
+    held: AtomicBool,
+    /// The first thread the value was biased to. Written by holders only.
+    first: AtomicUsize,
+    /// A second thread posted through it or asked for the bias: it is not
+    /// given again. Written by holders only.
+    shared: AtomicBool,
+    /// `barrier::expedited()`, read when the value was made: the owner's
+    /// fence is then a compiler fence alone (see `barrier::expedited`). Kept
+    /// here because a load of the barrier's own static between the owner's
+    /// store and its loads cost ~8 ns a post (`perf write_bw -s 8` over
+    /// shared memory: 42-43 against 50-52 Mmsg/s with this field,
+    /// alternated by hand; the reason was not found).
+    expedited: bool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: `value` is reached only through a `Holding`, and two holdings of
+// one `Biased` never exist at once: a flag holder has taken `held` by
+// compare-and-swap (only one can) and, if the value was biased to another
+// thread, waited after a heavy barrier until that owner was not in (and
+// revoked the bias while holding `held`, so it cannot come back in); an
+// owner holds with `owner_in` set and only after seeing `held` clear and
+// itself the owner after its fence (see the type's docs). Each
+// holder sees the previous one's writes: `held` is taken with Acquire and
+// let go with Release, `owner_in` cleared with Release and read with
+// Acquire by whoever waits for it, and an owner's Acquire load of `held`
+// reads the last flag holder's Release. `T: Send + Sync` as for `Flagged`.
+unsafe impl<T: Send + Sync> Sync for Biased<T> {}
+
+/// This thread's token for [`Biased::owner`]: a thread-local's address,
+/// never 0.
+fn me() -> usize {
+    thread_local! {
+        static TOKEN: u8 = const { 0 };
+    }
+    TOKEN.with(|t| t as *const u8 as usize)
+}
+
+/// `Biased`'s value, held; let go on drop (also if the holder unwinds).
+struct BiasedHolding<'a, T> {
+    of: &'a Biased<T>,
+    /// Held as the owner (`owner_in`), not by the flag.
+    owner: bool,
+}
+
+impl<T> Drop for BiasedHolding<'_, T> {
+    fn drop(&mut self) {
+        if self.owner {
+            self.of.owner_in.store(false, Ordering::Release);
+        } else {
+            self.of.held.store(false, Ordering::Release);
+        }
+    }
+}
+
+impl<T> std::ops::Deref for BiasedHolding<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: this holding holds the value (see the `Sync` impl), and
+        // the borrow of `self` keeps the reference from outliving it.
+        unsafe { &*self.of.value.get() }
+    }
+}
+
+impl<T> std::ops::DerefMut for BiasedHolding<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as for `deref`.
+        unsafe { &mut *self.of.value.get() }
+    }
+}
+
+impl<T> Biased<T> {
+    fn new(value: T) -> Biased<T> {
+        Biased {
+            owner: AtomicUsize::new(0),
+            owner_in: AtomicBool::new(false),
+            held: AtomicBool::new(false),
+            first: AtomicUsize::new(0),
+            shared: AtomicBool::new(false),
+            expedited: barrier::expedited(),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    /// Hold the value if nobody does (a post: it takes the engine's way
+    /// otherwise). `post`: the caller is a poster, which, if the value is
+    /// another thread's, makes it shared (see [`BiasedHolding::bias`]).
+    fn try_hold(&self, post: bool) -> Option<BiasedHolding<'_, T>> {
+        let me = me();
+        if self.owner.load(Ordering::Relaxed) == me {
+            self.owner_in.store(true, Ordering::Relaxed);
+            if self.expedited {
+                compiler_fence(Ordering::SeqCst);
+            } else {
+                fence(Ordering::SeqCst);
+            }
+            if !self.held.load(Ordering::Acquire) && self.owner.load(Ordering::Relaxed) == me {
+                return Some(BiasedHolding {
+                    of: self,
+                    owner: true,
+                });
+            }
+            self.owner_in.store(false, Ordering::Release);
+            return None;
+        }
+        if self
+            .held
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return None;
+        }
+        if self.revoke(me) && post {
+            self.shared.store(true, Ordering::Relaxed);
+        }
+        Some(BiasedHolding {
+            of: self,
+            owner: false,
+        })
+    }
+
+    /// Hold the value, waiting for its holder (the engine: a poster's one
+    /// copy is all it can wait for).
+    fn hold(&self) -> BiasedHolding<'_, T> {
+        loop {
+            if let Some(h) = self.try_hold(false) {
+                return h;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// With `held` taken by thread `me`: if the value is biased to another
+    /// thread, wait until it is not in and take the bias away (true).
+    fn revoke(&self, me: usize) -> bool {
+        let o = self.owner.load(Ordering::Relaxed);
+        if o == 0 || o == me {
+            return false;
+        }
+        barrier::heavy();
+        while self.owner_in.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        self.owner.store(0, Ordering::Relaxed);
+        true
+    }
+}
+
+impl<T> BiasedHolding<'_, T> {
+    /// Bias the value to this thread (the lane's opener, whose posts come
+    /// next) if it is the first thread that ever asked and no other thread
+    /// has posted through it since (`shared`: it stays unbiased for good).
+    fn bias(&mut self) {
+        let me = me();
+        let b = self.of;
+        if b.shared.load(Ordering::Relaxed) {
+            return;
+        }
+        let first = b.first.load(Ordering::Relaxed);
+        if first == 0 {
+            b.first.store(me, Ordering::Relaxed);
+        } else if first != me {
+            // Another thread's value: `revoke` ran as `held` was taken.
+            b.shared.store(true, Ordering::Relaxed);
+            return;
+        }
+        // Held by the flag, the owner `me` or nobody (`revoke` ran), or as
+        // the owner already: no other thread reads `owner == me`.
+        b.owner.store(me, Ordering::Relaxed);
+    }
+}
+
 /// One remembered region, as the region table had it when the lane opened.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Region {
@@ -177,8 +388,9 @@ struct Inner {
 /// One QP's lane (see the module docs).
 pub(crate) struct Lane {
     open: AtomicBool,
-    /// Held by a post in progress, or by the engine closing or filling it.
-    inner: Flagged<Inner>,
+    /// Held by a post in progress, or by the engine closing or filling it;
+    /// biased to the thread that opens it (see [`Biased`]).
+    inner: Biased<Inner>,
     /// Operations carried out through the lane (`Stats::offloaded`),
     /// written by the holder of `inner` only.
     carried: AtomicU64,
@@ -204,7 +416,7 @@ impl Lane {
     pub(crate) fn new() -> Lane {
         Lane {
             open: AtomicBool::new(false),
-            inner: Flagged::new(Inner {
+            inner: Biased::new(Inner {
                 peer: None,
                 qps: softrdma_shm::Qps {
                     local: 0,
@@ -291,6 +503,9 @@ impl Lane {
                 }
             }
         }
+        // The engine opens a lane in the thread that posted through it:
+        // its next posts are that thread's.
+        h.bias();
         self.open.store(true, Ordering::Release);
     }
 
@@ -324,7 +539,7 @@ impl Lane {
         {
             return false;
         }
-        let Some(mut i) = self.inner.try_hold() else {
+        let Some(mut i) = self.inner.try_hold(true) else {
             return false;
         };
         // Read after taking the lane: a close that began before we took
@@ -1068,5 +1283,106 @@ mod tests {
         );
         drop(h);
         assert!(f.try_hold().is_some(), "free again");
+    }
+
+    /// The owner holds a biased value without the flag; another thread's
+    /// try then takes the flag and the bias away, the owner's try fails
+    /// while that one holds it, and a second poster shares it for good.
+    #[test]
+    fn another_thread_takes_the_bias_away_from_the_owner() {
+        use std::sync::mpsc::channel;
+        let b = Biased::new(0u32);
+        let mut h = b.try_hold(true).expect("free");
+        assert!(!h.owner, "nobody's yet: held by the flag");
+        h.bias();
+        drop(h);
+        let h = b.try_hold(true).expect("free");
+        assert!(h.owner, "biased to this thread: held as the owner");
+        drop(h);
+        let (held_tx, held_rx) = channel();
+        let (done_tx, done_rx) = channel::<()>();
+        std::thread::scope(|s| {
+            let b = &b;
+            s.spawn(move || {
+                let h = b.try_hold(true).expect("the owner is not in");
+                assert!(!h.owner, "another thread holds by the flag");
+                held_tx.send(()).unwrap();
+                done_rx.recv().unwrap();
+                drop(h);
+            });
+            held_rx.recv().unwrap();
+            assert!(
+                b.try_hold(true).is_none(),
+                "the flag is taken: the owner's try fails"
+            );
+            assert_eq!(b.owner.load(Ordering::Relaxed), 0, "revoked");
+            done_tx.send(()).unwrap();
+        });
+        assert!(
+            b.shared.load(Ordering::Relaxed),
+            "a second poster shares it"
+        );
+        let mut h = b.try_hold(true).expect("free");
+        assert!(!h.owner);
+        h.bias();
+        drop(h);
+        assert_eq!(
+            b.owner.load(Ordering::Relaxed),
+            0,
+            "shared: never biased again"
+        );
+    }
+
+    /// Mutual exclusion under the bias's hand-overs: the owner re-biases
+    /// the value to itself after every hold (as the engine's openings do)
+    /// while another thread holds it the engine's way (`hold`, which
+    /// revokes without sharing); the two go in lock step (neither more
+    /// than one hold ahead), so the other's holds meet a biased value. A
+    /// read-modify-write of the value that two holders overlapped in would
+    /// lose increments.
+    #[test]
+    fn owner_and_another_holder_never_overlap() {
+        const N: u64 = 5_000;
+        let b = Biased::new(0u64);
+        let done = [AtomicU64::new(0), AtomicU64::new(0)];
+        let revoked = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for t in 0..2 {
+                let (b, done, revoked) = (&b, &done, &revoked);
+                s.spawn(move || {
+                    for i in 0..N {
+                        while done[1 - t].load(Ordering::Acquire) + 1 < i {
+                            std::hint::spin_loop();
+                        }
+                        let biased = b.owner.load(Ordering::Relaxed) != 0;
+                        let mut h = b.hold();
+                        if t == 1 && biased {
+                            revoked.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let v = *h;
+                        // Long enough for the other to try meanwhile.
+                        for _ in 0..200 {
+                            std::hint::spin_loop();
+                        }
+                        *h = v + 1;
+                        if t == 0 {
+                            h.bias();
+                        }
+                        drop(h);
+                        done[t].store(i + 1, Ordering::Release);
+                    }
+                });
+            }
+        });
+        let h = b.hold();
+        assert_eq!(*h, 2 * N, "increments lost: two holders overlapped");
+        assert!(
+            revoked.load(Ordering::Relaxed) > 0,
+            "the other holder never met the bias"
+        );
+        assert!(
+            !b.shared.load(Ordering::Relaxed),
+            "the engine's holds share nothing"
+        );
     }
 }

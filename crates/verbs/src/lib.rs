@@ -2263,6 +2263,15 @@ impl Qp {
         if self.lane_post(wr) {
             return Ok(());
         }
+        self.post_send_engine(wr)
+    }
+
+    /// [`Qp::post_send`]'s way through the engine, out of line: its frame
+    /// (the host SGE list, the guard) cost the lane's posts a prologue
+    /// and epilogue each when it was part of `post_send`.
+    #[cold]
+    #[inline(never)]
+    fn post_send_engine(&self, wr: &SendWr<'_>) -> Result<()> {
         self.join_ud(wr);
         let mut st = self.eng.lock();
         let mut host = HostSgl::default();
@@ -2280,6 +2289,7 @@ impl Qp {
     /// Public for a caller with a fast path of its own (the C ABI's
     /// `ibv_post_send`): false means nothing was done, and the request
     /// goes to [`Qp::post_send`] as any other.
+    #[inline]
     pub fn lane_post(&self, wr: &SendWr<'_>) -> bool {
         // Inside `Mr::with_bytes*` the lane must not run: it could write
         // into bytes lent out as a reference. It does not: `pause_peers`

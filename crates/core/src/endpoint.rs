@@ -1754,6 +1754,16 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Whether QP `qpn`'s requests leave behind a lone queued ACK instead
+    /// of passing it (see the scheduler's `set_acks_first`): for a QP whose
+    /// packets reach a receiver that may take a reply and the ACK behind
+    /// it in different passes.
+    pub fn set_qp_acks_first(&mut self, qpn: u32, on: bool) -> Result<(), Error> {
+        let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
+        self.sched.set_acks_first(s, on);
+        Ok(())
+    }
+
     /// A QP's transmit gate: its window, back-off and rate.
     pub fn qp_gate(&self, qpn: u32) -> Result<&crate::gate::TxGate, Error> {
         let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;

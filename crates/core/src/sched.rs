@@ -140,6 +140,8 @@ struct Slot {
     /// Its last packet was a request sent ahead of a queued ACK: the ACK
     /// goes next.
     passed_ack: bool,
+    /// No request passes a queued ACK (see [`Sched::set_acks_first`]).
+    acks_first: bool,
     /// Congestion control's reaction point, if the QP runs one.
     cc: Option<Controller>,
     /// Notification point: at most one CNP per this interval, the last one
@@ -229,6 +231,7 @@ impl Default for Slot {
             armed: None,
             pace_at: None,
             passed_ack: false,
+            acks_first: false,
             gate: TxGate::default(),
             cc: None,
             cnp_interval: None,
@@ -415,6 +418,16 @@ impl Sched {
 
     pub fn gate(&self, s: usize) -> &TxGate {
         &self.slots[s].gate
+    }
+
+    /// Whether slot `s`'s requests may pass a lone queued ACK (the
+    /// default) or leave behind it. The reply-first rule pays on a path
+    /// that carries each packet as its own datagram; on one whose receiver
+    /// may take the reply in one pass and the ACK in the next (a ring of a
+    /// peer on this host), the reply's completion can then reach the
+    /// application before the completion of the send it answers.
+    pub fn set_acks_first(&mut self, s: usize, on: bool) {
+        self.slots[s].acks_first = on;
     }
 
     pub fn gate_mut(&mut self, s: usize) -> &mut TxGate {
@@ -949,7 +962,8 @@ impl Sched {
                 // processing sooner, while the ACK, which the peer's
                 // application is not waiting for, follows at once. One
                 // request at most: a long message never holds an ACK back.
-                let pass = !self.slots[s].passed_ack && qp.only_ack_queued();
+                let pass =
+                    !self.slots[s].acks_first && !self.slots[s].passed_ack && qp.only_ack_queued();
                 self.slots[s].passed_ack = false;
                 if !pass {
                     t = qp.poll_response(buf, shared, mem);

@@ -628,8 +628,12 @@ fn a_burst_of_responses_stops_at_a_lone_ack_a_request_may_pass() {
         mtu: Mtu::B4096,
         ..Default::default()
     };
-    let run = |burst: usize| {
+    let run = |burst: usize, acks_first: bool| {
         let (mut sim, qa, qb) = pair(3, 4 << 20, &o);
+        sim.node_mut(1)
+            .ep
+            .set_qp_acks_first(qb.qpn, acks_first)
+            .unwrap();
         let a = sim.node_mut(0);
         let read = SendOp::Read {
             remote_addr: MEM_BASE,
@@ -656,9 +660,17 @@ fn a_burst_of_responses_stops_at_a_lone_ack_a_request_may_pass() {
         b.burst = burst;
         describe_all(1, &b.take(0, 64))
     };
-    let one = run(1);
+    let one = run(1, false);
     assert_eq!(one.len(), 10, "{one:#?}");
     assert!(one[8].starts_with("B WRITE_ONLY"), "{one:#?}");
     assert!(one[9].starts_with("B ACKNOWLEDGE"), "{one:#?}");
-    assert_eq!(run(support::BURST), one);
+    assert_eq!(run(support::BURST, false), one);
+    // A QP whose ACKs go first (a ring peer's: its receiver may take a
+    // reply and the ACK behind it in two drains): the request waits.
+    let first = run(1, true);
+    assert_eq!(first.len(), 10, "{first:#?}");
+    assert_eq!(first[..8], one[..8], "the response stream is unchanged");
+    assert!(first[8].starts_with("B ACKNOWLEDGE"), "{first:#?}");
+    assert!(first[9].starts_with("B WRITE_ONLY"), "{first:#?}");
+    assert_eq!(run(support::BURST, true), first);
 }

@@ -158,10 +158,10 @@ impl<T> Flagged<T> {
 /// an opener too: a value used by two posting threads stays unbiased, so
 /// they pay the compare-and-swap, never a `membarrier` per hand-over. The
 /// engine's other holds (closing, from whichever thread holds its lock)
-/// revoke it until the next opening: rare, and a `membarrier` each. A thread's `me`
-/// is the address of a thread-local, unique among live threads: a later
-/// thread that reuses an exited owner's address is the only one that can
-/// claim it, which is all the bias needs.
+/// revoke it until the next opening: rare, and a `membarrier` each. A
+/// thread's `me` is its thread pointer (or a thread-local's address),
+/// unique among live threads: a later thread that reuses an exited owner's
+/// is the only one that can claim it, which is all the bias needs.
 struct Biased<T> {
     /// The thread the value is biased to (its `me`), 0 for none. Written
     /// only by a holder of `held` (or by the owner, holding, to itself).

@@ -1184,10 +1184,11 @@ impl State {
 
     /// Close every open lane of a send queue (not the receive lanes).
     pub fn close_send_lanes(&mut self) {
-        for l in std::mem::take(&mut self.lanes_open) {
+        let lanes = std::mem::take(&mut self.lanes_open);
+        for l in &lanes {
             l.set_pos(None);
-            self.lane_carried += l.close();
         }
+        self.lane_carried += Lane::close_all(&lanes);
     }
 
     /// Close the receive lanes of CQ `cq`'s QPs (all with `None`).

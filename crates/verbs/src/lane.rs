@@ -331,16 +331,72 @@ impl<T> Biased<T> {
     /// With `held` taken by thread `me`: if the value is biased to another
     /// thread, wait until it is not in and take the bias away (true).
     fn revoke(&self, me: usize) -> bool {
-        let o = self.owner.load(Ordering::Relaxed);
-        if o == 0 || o == me {
+        if !self.biased_elsewhere(me) {
             return false;
         }
         barrier::heavy();
+        self.wait_and_unbias();
+        true
+    }
+
+    fn biased_elsewhere(&self, me: usize) -> bool {
+        let o = self.owner.load(Ordering::Relaxed);
+        o != 0 && o != me
+    }
+
+    /// After a heavy barrier that followed taking `held`: wait for the
+    /// owner to be out, and take the bias away.
+    fn wait_and_unbias(&self) {
         while self.owner_in.load(Ordering::Acquire) {
             std::hint::spin_loop();
         }
         self.owner.store(0, Ordering::Relaxed);
-        true
+    }
+
+    /// [`Biased::hold`] for many values at once, with one heavy barrier for
+    /// all those biased to other threads instead of one each: the engine
+    /// closing every lane (a QP's state changed) from a thread that owns
+    /// few or none of them. Each flag is taken first (the owners it does
+    /// not belong to may still be in), then one barrier, then each owner is
+    /// waited for — the handshake of `revoke`, with the barrier shared.
+    /// Only the engine, under its lock, holds several values at once, and
+    /// an owner in never waits for anything: taking them in turn cannot
+    /// deadlock.
+    fn hold_all<'a>(values: impl Iterator<Item = &'a Biased<T>>) -> Vec<BiasedHolding<'a, T>>
+    where
+        T: 'a,
+    {
+        let me = me();
+        let mut held = Vec::new();
+        let mut revoke = Vec::new();
+        for b in values {
+            let h = loop {
+                if b.owner.load(Ordering::Relaxed) == me {
+                    if let Some(h) = b.try_hold(false) {
+                        break h;
+                    }
+                } else if b
+                    .held
+                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    break BiasedHolding {
+                        of: b,
+                        owner: false,
+                    };
+                }
+                std::thread::yield_now();
+            };
+            revoke.push(!h.owner && b.biased_elsewhere(me));
+            held.push(h);
+        }
+        if revoke.iter().any(|&r| r) {
+            barrier::heavy();
+            for (h, _) in held.iter().zip(&revoke).filter(|(_, &r)| r) {
+                h.of.wait_and_unbias();
+            }
+        }
+        held
     }
 }
 
@@ -484,6 +540,29 @@ impl Lane {
     pub(crate) fn close(&self) -> u64 {
         self.open.store(false, Ordering::SeqCst);
         let mut i = self.inner.hold();
+        self.empty(&mut i)
+    }
+
+    /// [`Lane::close`] every lane of `lanes`, with one `membarrier` for all
+    /// those biased to other threads (see [`Biased::hold_all`]): a QP's
+    /// state change closes every open lane, and one barrier each would
+    /// cost a multi-threaded process microseconds per lane. Returns the
+    /// operations they carried out since they last closed.
+    pub(crate) fn close_all(lanes: &[Arc<Lane>]) -> u64 {
+        for l in lanes {
+            l.open.store(false, Ordering::SeqCst);
+        }
+        let mut held = Biased::hold_all(lanes.iter().map(|l| &l.inner));
+        lanes
+            .iter()
+            .zip(held.iter_mut())
+            .map(|(l, i)| l.empty(i))
+            .sum()
+    }
+
+    /// Forget what the lane held (its holder, closing it); the operations
+    /// carried out since it last closed.
+    fn empty(&self, i: &mut Inner) -> u64 {
         i.peer = None;
         i.keys = [None; KEYS];
         i.cq = None;
@@ -1410,5 +1489,65 @@ mod tests {
             !b.shared.load(Ordering::Relaxed),
             "the engine's holds share nothing"
         );
+    }
+
+    /// `hold_all` (the engine closing every lane at once, one barrier for
+    /// all) against an owner that holds and re-biases each value in turn:
+    /// no increment of either is lost, and the bias was met and taken.
+    #[test]
+    fn holding_many_at_once_excludes_each_owner() {
+        const N: u64 = 1_000;
+        let v = [Biased::new(0u64), Biased::new(0u64)];
+        let done = [AtomicU64::new(0), AtomicU64::new(0)];
+        let revoked = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            let (v, done, revoked) = (&v, &done, &revoked);
+            s.spawn(move || {
+                for i in 0..N {
+                    while done[1].load(Ordering::Acquire) + 1 < i {
+                        std::hint::spin_loop();
+                    }
+                    for b in v {
+                        let mut h = b.hold();
+                        let x = *h;
+                        for _ in 0..200 {
+                            std::hint::spin_loop();
+                        }
+                        *h = x + 1;
+                        h.bias();
+                    }
+                    done[0].store(i + 1, Ordering::Release);
+                }
+            });
+            s.spawn(move || {
+                for i in 0..N {
+                    while done[0].load(Ordering::Acquire) + 1 < i {
+                        std::hint::spin_loop();
+                    }
+                    let biased = v.iter().any(|b| b.owner.load(Ordering::Relaxed) != 0);
+                    let mut all = Biased::hold_all(v.iter());
+                    if biased {
+                        revoked.fetch_add(1, Ordering::Relaxed);
+                    }
+                    for h in all.iter_mut() {
+                        let x = **h;
+                        for _ in 0..200 {
+                            std::hint::spin_loop();
+                        }
+                        **h = x + 1;
+                    }
+                    drop(all);
+                    done[1].store(i + 1, Ordering::Release);
+                }
+            });
+        });
+        for b in &v {
+            assert_eq!(*b.hold(), 2 * N, "increments lost: two holders overlapped");
+        }
+        assert!(
+            revoked.load(Ordering::Relaxed) > 0,
+            "the bias was never met"
+        );
+        assert!(v.iter().all(|b| !b.shared.load(Ordering::Relaxed)));
     }
 }

@@ -42,10 +42,12 @@
 //!   where the lkey no longer resolves.
 //!
 //! Holding a lane (or a CQ lane) is a flag, not a lock anybody waits on
-//! while holding another ([`Flagged`]): a poster only tries it (and takes
-//! the engine's way if it is held), and the engine takes it, under its own
-//! lock, only to close or refill. A poster never takes the engine's lock
-//! while it holds one.
+//! while holding another ([`Flagged`]; a lane's is biased to its poster's
+//! thread, [`Biased`]): a poster only tries it (and takes the engine's way
+//! if it is held), and the engine takes it, under its own lock, only to
+//! close or refill — several at once when it closes them all, which waits
+//! only for posts in progress, never for anything a poster holds. A poster
+//! never takes the engine's lock while it holds one.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -199,8 +201,8 @@ struct Biased<T> {
 // reads the last flag holder's Release. `T: Send + Sync` as for `Flagged`.
 unsafe impl<T: Send + Sync> Sync for Biased<T> {}
 
-/// This thread's token for [`Biased::owner`]: a thread-local's address,
-/// never 0.
+/// This thread's token for [`Biased::owner`]: its thread pointer (a
+/// thread-local's address where that cannot be read), never 0.
 #[inline]
 fn me() -> usize {
     // The thread pointer: on x86-64 Linux, `%fs:0` holds the address of
@@ -285,6 +287,19 @@ impl<T> Biased<T> {
     /// another thread's, makes it shared (see [`BiasedHolding::bias`]).
     fn try_hold(&self, post: bool) -> Option<BiasedHolding<'_, T>> {
         let me = me();
+        let h = self.take(me)?;
+        if !h.owner && self.revoke(me) && post {
+            self.shared.store(true, Ordering::Relaxed);
+        }
+        Some(h)
+    }
+
+    /// The first step of a hold by thread `me`: as the owner (`owner_in`,
+    /// then the look at `held` and `owner`), or by taking `held` — then,
+    /// if the value is biased to another thread, that owner may still be
+    /// in until the caller revokes the bias (`revoke`, or `hold_all`'s
+    /// shared barrier) before it touches the value.
+    fn take(&self, me: usize) -> Option<BiasedHolding<'_, T>> {
         if self.owner.load(Ordering::Relaxed) == me {
             self.owner_in.store(true, Ordering::Relaxed);
             if self.expedited {
@@ -301,20 +316,13 @@ impl<T> Biased<T> {
             self.owner_in.store(false, Ordering::Release);
             return None;
         }
-        if self
-            .held
+        self.held
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return None;
-        }
-        if self.revoke(me) && post {
-            self.shared.store(true, Ordering::Relaxed);
-        }
-        Some(BiasedHolding {
-            of: self,
-            owner: false,
-        })
+            .is_ok()
+            .then(|| BiasedHolding {
+                of: self,
+                owner: false,
+            })
     }
 
     /// Hold the value, waiting for its holder (the engine: a poster's one
@@ -371,19 +379,8 @@ impl<T> Biased<T> {
         let mut revoke = Vec::new();
         for b in values {
             let h = loop {
-                if b.owner.load(Ordering::Relaxed) == me {
-                    if let Some(h) = b.try_hold(false) {
-                        break h;
-                    }
-                } else if b
-                    .held
-                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    break BiasedHolding {
-                        of: b,
-                        owner: false,
-                    };
+                if let Some(h) = b.take(me) {
+                    break h;
                 }
                 std::thread::yield_now();
             };

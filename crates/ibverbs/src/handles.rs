@@ -37,7 +37,7 @@ use std::any::{Any, TypeId};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
 use softrdma_shm::barrier;
@@ -234,6 +234,14 @@ static ATFORK: std::sync::Once = std::sync::Once::new();
 extern "C" fn after_fork() {
     // `RECORD`, not `CALLS`: reading that would register a thread that has
     // no record yet, under locks.
+    // Slots of the parent's other threads: a thread of the child may get
+    // one of their thread pointers.
+    let me = softrdma_shm::thread_token();
+    for s in &BY_TOKEN {
+        if s.token.load(Ordering::Relaxed) != me {
+            s.token.store(0, Ordering::Relaxed);
+        }
+    }
     let r = RECORD.with(|r| r.get());
     if !r.is_null() {
         // SAFETY: records are leaked, never freed.
@@ -250,6 +258,8 @@ struct ThreadCalls {
     /// call on the lanes' equivalent path (see `softrdma_shm::barrier`).
     expedited: bool,
     depth: std::cell::Cell<u32>,
+    /// The token of the slot this thread holds in `BY_TOKEN`, 0 for none.
+    slot: std::cell::Cell<usize>,
     cache: [std::cell::Cell<Cached>; CACHED],
     /// Where the next cache entry goes.
     next: std::cell::Cell<usize>,
@@ -275,6 +285,12 @@ impl Drop for ThreadCalls {
         // No call of this thread is in progress (it is exiting): the
         // record is idle and can serve another thread.
         let _ = RECORD.try_with(|r| r.set(std::ptr::null()));
+        let me = self.slot.get();
+        if me != 0 {
+            let _ = slot_of(me)
+                .token
+                .compare_exchange(me, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
         SPARE
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -308,6 +324,7 @@ thread_local! {
             reader,
             expedited: barrier::expedited(),
             depth: std::cell::Cell::new(0),
+            slot: std::cell::Cell::new(0),
             cache: std::array::from_fn(|_| {
                 std::cell::Cell::new(Cached {
                     addr: 0,
@@ -319,6 +336,83 @@ thread_local! {
             next: std::cell::Cell::new(0),
         }
     };
+}
+
+/// Threads' records by thread pointer: in `libibverbs.so.1` a
+/// `thread_local!` is a call to `__tls_get_addr` (the dynamic TLS model of
+/// a shared library) and a look at the key's state, twice per READ's post
+/// and poll; a thread's pointer is one load (`softrdma_shm::thread_token`).
+/// A slot holds one thread's token and its `CALLS`; only that thread ever
+/// uses the record through it (another thread's token differs), so the
+/// record it finds is its own. Claimed by compare-and-swap from 0 when the
+/// thread first finds it free, given back when the thread's `CALLS` drops
+/// (before its thread pointer can be another thread's), and cleared in a
+/// child after `fork` but for the forking thread's (`after_fork`). Two
+/// threads hashed to one slot: the second uses `CALLS` directly.
+const SLOTS: usize = 64;
+const _: () = assert!(SLOTS.is_power_of_two());
+
+#[repr(align(64))]
+struct Slot {
+    token: AtomicUsize,
+    calls: std::sync::atomic::AtomicPtr<ThreadCalls>,
+}
+
+static BY_TOKEN: [Slot; SLOTS] = [const {
+    Slot {
+        token: AtomicUsize::new(0),
+        calls: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+    }
+}; SLOTS];
+
+fn slot_of(token: usize) -> &'static Slot {
+    // Thread pointers are 8 MiB apart or so: the high bits of a
+    // multiplicative hash mix the whole word.
+    let h = (token as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) as usize;
+    &BY_TOKEN[h >> (usize::BITS - SLOTS.trailing_zeros())]
+}
+
+/// This thread's call state, through its slot when it has one.
+#[inline(always)]
+fn this_thread() -> Option<&'static ThreadCalls> {
+    let me = softrdma_shm::thread_token();
+    let s = slot_of(me);
+    if s.token.load(Ordering::Relaxed) == me {
+        // SAFETY: the token is this thread's, so this thread claimed the
+        // slot (`this_thread_slow`: its compare-and-swap, then its store of
+        // its own `CALLS`, both before this load in its program order; no
+        // other thread writes a claimed slot but to clear it in a forked
+        // child, where only the forking thread's is kept), and gives it
+        // back before its `CALLS` drops: the record is live.
+        return Some(unsafe { &*s.calls.load(Ordering::Relaxed) });
+    }
+    this_thread_slow(me)
+}
+
+#[cold]
+#[inline(never)]
+fn this_thread_slow(me: usize) -> Option<&'static ThreadCalls> {
+    CALLS
+        .try_with(|t| {
+            // SAFETY (the lifetime): the thread-local outlives every call
+            // made on this thread; it is not handed to another thread.
+            let t: &'static ThreadCalls = unsafe { &*(t as *const ThreadCalls) };
+            let s = slot_of(me);
+            if s.token.load(Ordering::Relaxed) == 0
+                && s.token
+                    .compare_exchange(0, me, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                // Read only by this thread, after this store.
+                s.calls.store(
+                    t as *const ThreadCalls as *mut ThreadCalls,
+                    Ordering::Relaxed,
+                );
+                t.slot.set(me);
+            }
+            t
+        })
+        .ok()
 }
 
 impl ThreadCalls {
@@ -429,11 +523,8 @@ impl<T: Send + Sync> Lent<T> {
 /// store-forwarding stall per data-path call (`perf annotate`).
 #[inline(always)]
 fn lend<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Lent<T>> {
-    let hit = CALLS.try_with(|t| {
-        // SAFETY (the lifetime): the thread-local outlives every call made
-        // on this thread; a `Lent` does not leave the call it was made for
-        // (it is not `Send`).
-        let t: &'static ThreadCalls = unsafe { &*(t as *const ThreadCalls) };
+    // A `Lent` does not leave the call it was made for (it is not `Send`).
+    let hit = this_thread().and_then(|t| {
         t.enter();
         let g = GENERATION.load(Ordering::Acquire);
         let ty = TypeId::of::<T>();
@@ -446,7 +537,7 @@ fn lend<T: Any + Send + Sync>(p: usize, what: &'static str) -> Res<Lent<T>> {
         t.leave();
         None
     });
-    if let Ok(Some((t, object))) = hit {
+    if let Some((t, object)) = hit {
         return Ok(Lent {
             // SAFETY: cache entries hold `Arc::as_ptr` of live objects,
             // never null.
@@ -570,7 +661,12 @@ macro_rules! handle {
 
             /// The live object behind an application's pointer, lent for
             /// the current call (a data-path call: no reference counted).
-            #[allow(dead_code)] // not every type is on the data path
+            #[allow(dead_code)]
+            // not every type is on the data path
+            // Always inlined: a `Lent` returned from a call comes back
+            // through memory at another width than it was written, a
+            // store-forwarding stall per data-path call (`lend`).
+            #[inline(always)]
             pub fn lend(p: *mut $c) -> Res<Lent<$t>> {
                 lend(p as usize, Self::WHAT)
             }
@@ -613,12 +709,20 @@ macro_rules! handle_ex {
             }
 
             /// [`Self::from_c`], lent for the current call (see `lend`).
+            // Always inlined: a `Lent` returned from a call comes back
+            // through memory at another width than it was written, a
+            // store-forwarding stall per data-path call (`lend`).
+            #[inline(always)]
             pub fn lend(p: *mut $c) -> Res<Lent<$t>> {
                 lend(p as usize, Self::WHAT)
             }
 
             /// The live object behind its extended pointer (the same
             /// address), lent for the current call.
+            // Always inlined: a `Lent` returned from a call comes back
+            // through memory at another width than it was written, a
+            // store-forwarding stall per data-path call (`lend`).
+            #[inline(always)]
             pub fn lend_ex(p: *mut $ex) -> Res<Lent<$t>> {
                 lend(p as usize, Self::WHAT)
             }
@@ -1227,5 +1331,59 @@ mod lending {
         drop(lent);
         destroyer.join().expect("the destroyer");
         assert!(dropped.load(Ordering::SeqCst));
+    }
+
+    /// Many threads at once — more than there are slots, so some share
+    /// one — each find their own record (a lent call marks its own
+    /// thread busy, no other), and each gives its slot back as it exits.
+    #[test]
+    fn threads_find_their_own_records_and_give_their_slots_back() {
+        let (p, _dropped) = registered_and_cached();
+        let threads = 2 * SLOTS;
+        let barrier = Arc::new(std::sync::Barrier::new(threads));
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let barrier = barrier.clone();
+                // Small stacks: the libc caches an exited thread's stack
+                // (and its thread pointer) for the next thread that fits,
+                // and a test running beside this one, on a default-sized
+                // stack, must not get one of these tokens and claim its
+                // slot before the check below.
+                std::thread::Builder::new()
+                    .stack_size(256 * 1024)
+                    .spawn(move || {
+                        let mine = softrdma_shm::thread_token();
+                        for _ in 0..3 {
+                            drop(lend::<Watched>(p, "watched").expect("registered"));
+                            let t = this_thread().expect("a live thread has a record");
+                            let own = CALLS.with(|c| c as *const ThreadCalls);
+                            assert!(std::ptr::eq(t, own), "another thread's record");
+                            let lent = lend::<Watched>(p, "watched").expect("cached");
+                            assert_eq!(t.reader.calls.load(Ordering::Relaxed) % 2, 1, "busy");
+                            drop(lent);
+                            assert_eq!(t.reader.calls.load(Ordering::Relaxed) % 2, 0, "idle");
+                        }
+                        // All the threads are alive here at once.
+                        barrier.wait();
+                        let claimed = CALLS.with(|c| c.slot.get());
+                        assert!(claimed == 0 || claimed == mine);
+                        claimed
+                    })
+                    .expect("a thread")
+            })
+            .collect();
+        let claimed: Vec<usize> = handles
+            .into_iter()
+            .map(|h| h.join().expect("a lending thread"))
+            .filter(|&t| t != 0)
+            .collect();
+        assert!(!claimed.is_empty(), "no thread took a slot");
+        for t in claimed {
+            assert_ne!(
+                slot_of(t).token.load(Ordering::Relaxed),
+                t,
+                "an exited thread kept its slot"
+            );
+        }
     }
 }

@@ -30,6 +30,7 @@ mod link;
 mod ring;
 mod seg;
 mod share;
+mod token;
 
 use std::collections::HashMap;
 use std::io;
@@ -48,6 +49,7 @@ pub use ring::Push;
 use seg::{Mapping, MR_DEAD, MR_EMPTY, MR_LIVE};
 pub use seg::{RECV_SGES, RECV_SLOTS};
 pub use share::Share;
+pub use token::thread_token;
 
 /// How long a requester waits for a peer's handshake before it stays on
 /// UDP: only a stopped or hung peer process takes longer than its service

@@ -315,6 +315,7 @@ thread_local! {
 /// Panic if this thread is inside a poll's callback (see `IN_POLL`):
 /// taking the engine's lock, or polling again, would wait forever for what
 /// this very thread holds.
+#[inline]
 pub(crate) fn assert_not_in_poll() {
     if IN_POLL.with(Cell::get) {
         panic!(
@@ -329,6 +330,7 @@ pub(crate) fn assert_not_in_poll() {
 pub(crate) struct PollFlag;
 
 impl PollFlag {
+    #[inline]
     pub(crate) fn set() -> PollFlag {
         assert_not_in_poll();
         IN_POLL.with(|f| f.set(true));
@@ -337,6 +339,7 @@ impl PollFlag {
 }
 
 impl Drop for PollFlag {
+    #[inline]
     fn drop(&mut self) {
         IN_POLL.with(|f| f.set(false));
     }

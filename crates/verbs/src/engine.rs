@@ -1906,6 +1906,7 @@ impl Engine {
     /// thread serves what comes next (the rings' bell, the socket) unless
     /// this application took them over, and then its next poll sees the
     /// packet in the rings and serves it.
+    #[inline]
     pub fn quiet(&self) -> bool {
         !self.acks_deferred() && self.shm.as_ref().is_some_and(|h| !h.rings_pending())
     }
@@ -1913,6 +1914,7 @@ impl Engine {
     /// Whether the last holder of the state left ACKs for the
     /// application's next call to carry (then a post takes the engine's
     /// way, which sends them).
+    #[inline]
     pub fn acks_deferred(&self) -> bool {
         self.acks_deferred.load(Ordering::Relaxed)
     }
@@ -2047,6 +2049,7 @@ impl Engine {
     /// An application thread holds the socket (`mask`) and has not
     /// promised to keep polling: whoever takes completions must hand it
     /// back (`took_completions`), under the lock.
+    #[inline]
     pub fn holds_socket_unpromised(&self) -> bool {
         self.masked.load(Ordering::Relaxed) && !self.progress_promised.load(Ordering::Relaxed)
     }

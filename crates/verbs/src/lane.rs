@@ -42,8 +42,8 @@
 //!   where the lkey no longer resolves.
 //!
 //! Holding a lane (or a CQ lane) is a flag, not a lock anybody waits on
-//! while holding another ([`Flagged`]; a lane's is biased to its poster's
-//! thread, [`Biased`]): a poster only tries it (and takes the engine's way
+//! while holding another ([`Biased`]: biased to the thread that posts or
+//! polls through it): a poster only tries it (and takes the engine's way
 //! if it is held), and the engine takes it, under its own lock, only to
 //! close or refill — several at once when it closes them all, which waits
 //! only for posts in progress, never for anything a poster holds. A poster
@@ -63,79 +63,12 @@ use softrdma_shm::{barrier, RECV_SGES, RECV_SLOTS};
 /// Regions a lane remembers (perftest and most programs post from one).
 const KEYS: usize = 2;
 
-/// A value one thread at a time holds, behind a flag: posters and pollers
-/// only try it (and take the engine's way if it is held), the engine,
-/// under its lock, waits for it. Both the lane's state and a CQ lane's
-/// queue are one.
-struct Flagged<T> {
-    held: AtomicBool,
-    value: UnsafeCell<T>,
-}
-
-// SAFETY: `value` is reached only through a `Holding`, which exists only
-// while its thread holds `held` (taken with Acquire, let go with Release),
-// and each holder sees the last holder's writes. `T: Send` makes handing
-// it from thread to thread sound; `T: Sync` because a `Holding` is itself
-// `Sync` (it is a reference to this), so a `&Holding` shared between
-// threads would hand each a `&T` at once.
-unsafe impl<T: Send + Sync> Sync for Flagged<T> {}
-
-/// `held`, taken; let go on drop (also if the holder unwinds).
-struct Holding<'a, T>(&'a Flagged<T>);
-
-impl<T> Drop for Holding<'_, T> {
-    fn drop(&mut self) {
-        self.0.held.store(false, Ordering::Release);
-    }
-}
-
-impl<T> std::ops::Deref for Holding<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        // SAFETY: this holding holds `held` (see the `Sync` impl), and the
-        // borrow of `self` keeps the reference from outliving it.
-        unsafe { &*self.0.value.get() }
-    }
-}
-
-impl<T> std::ops::DerefMut for Holding<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: as for `deref`.
-        unsafe { &mut *self.0.value.get() }
-    }
-}
-
-impl<T> Flagged<T> {
-    fn new(value: T) -> Flagged<T> {
-        Flagged {
-            held: AtomicBool::new(false),
-            value: UnsafeCell::new(value),
-        }
-    }
-
-    fn try_hold(&self) -> Option<Holding<'_, T>> {
-        // `then`, not `then_some`: a `Holding` built for a failed try
-        // would be dropped at once and let go of the flag its holder has.
-        self.held
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-            .then(|| Holding(self))
-    }
-
-    /// Wait for the holder (a poster's one copy, or a poll) to let go.
-    fn hold(&self) -> Holding<'_, T> {
-        loop {
-            if let Some(h) = self.try_hold() {
-                return h;
-            }
-            std::thread::yield_now();
-        }
-    }
-}
-
-/// A value one thread at a time holds, like [`Flagged`], biased to one
-/// thread: a lane's posts nearly always come from one thread (perftest's,
-/// an MPI rank's, a UCX worker's), and for that thread holding it costs no
+/// A value one thread at a time holds, behind a flag that is biased to one
+/// thread: posters and pollers only try it (and take the engine's way if
+/// it is held), the engine, under its lock, waits for it. Both the lane's
+/// state and a CQ lane's queue are one. A lane's posts, and a CQ's posts
+/// and polls, nearly always come from one thread (perftest's, an MPI
+/// rank's, a UCX worker's), and for that thread holding it costs no
 /// atomic read-modify-write. A compare-and-swap is a full barrier: it
 /// waits for the poster's earlier stores (the last post's copy into the
 /// peer's memory) to drain, and was a third of an 8-byte WRITE's post
@@ -161,7 +94,12 @@ impl<T> Flagged<T> {
 /// they pay the compare-and-swap, never a `membarrier` per hand-over. The
 /// engine's other holds (closing, from whichever thread holds its lock)
 /// revoke it until the next opening: rare, and a `membarrier` each. A
-/// thread's `me` is its thread pointer (or a thread-local's address),
+/// CQ lane's queue is biased to the first thread that posts a signaled
+/// request or polls through it (`CqLane::reserve`, `CqLane::poll_quiet`),
+/// and any other thread's hold — the engine thread's included
+/// (`hold_sharing`) — leaves it shared for good: a CQ the engine thread
+/// serves pays the compare-and-swap as before, and one `membarrier` once.
+/// A thread's `me` is its thread pointer (or a thread-local's address),
 /// unique among live threads: a later thread that reuses an exited owner's
 /// is the only one that can claim it, which is all the bias needs.
 struct Biased<T> {
@@ -198,42 +136,16 @@ struct Biased<T> {
 // holder sees the previous one's writes: `held` is taken with Acquire and
 // let go with Release, `owner_in` cleared with Release and read with
 // Acquire by whoever waits for it, and an owner's Acquire load of `held`
-// reads the last flag holder's Release. `T: Send + Sync` as for `Flagged`.
+// reads the last flag holder's Release. `T: Send` makes handing it from
+// thread to thread sound; `T: Sync` because a holding is itself `Sync` (it
+// is a reference to this), so a `&BiasedHolding` shared between threads
+// would hand each a `&T` at once.
 unsafe impl<T: Send + Sync> Sync for Biased<T> {}
 
-/// This thread's token for [`Biased::owner`]: its thread pointer (a
-/// thread-local's address where that cannot be read), never 0.
-#[inline]
+/// This thread's token for [`Biased::owner`] (`softrdma_shm::thread_token`).
+#[inline(always)]
 fn me() -> usize {
-    // The thread pointer: on x86-64 Linux, `%fs:0` holds the address of
-    // the thread's own control block (the TLS ABI every libc there follows
-    // for every thread, however it was created), unique among live
-    // threads and never 0. Read directly, it costs one load in
-    // `libibverbs.so.1` too, where a `thread_local!` is a call to
-    // `__tls_get_addr` (the dynamic TLS model of a shared library) on every
-    // post.
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    {
-        let tp: usize;
-        // SAFETY: reads 8 bytes at %fs:0, the thread control block's
-        // self-pointer that the libc sets up before any code of the thread
-        // runs; touches nothing else (no stack, no flags).
-        unsafe {
-            std::arch::asm!(
-                "mov {}, qword ptr fs:[0]",
-                out(reg) tp,
-                options(nostack, readonly, preserves_flags)
-            )
-        };
-        tp
-    }
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    {
-        thread_local! {
-            static TOKEN: u8 = const { 0 };
-        }
-        TOKEN.with(|t| t as *const u8 as usize)
-    }
+    softrdma_shm::thread_token()
 }
 
 /// `Biased`'s value, held; let go on drop (also if the holder unwinds).
@@ -285,8 +197,20 @@ impl<T> Biased<T> {
     /// Hold the value if nobody does (a post: it takes the engine's way
     /// otherwise). `post`: the caller is a poster, which, if the value is
     /// another thread's, makes it shared (see [`BiasedHolding::bias`]).
+    #[inline(always)]
     fn try_hold(&self, post: bool) -> Option<BiasedHolding<'_, T>> {
         let me = me();
+        if self.owner.load(Ordering::Relaxed) == me {
+            return self.take_as_owner(me);
+        }
+        self.try_hold_by_flag(me, post)
+    }
+
+    /// [`Biased::try_hold`] by a thread the value is not biased to: out of
+    /// the owner's way (its code is not in the owner's loop).
+    #[cold]
+    #[inline(never)]
+    fn try_hold_by_flag(&self, me: usize, post: bool) -> Option<BiasedHolding<'_, T>> {
         let h = self.take(me)?;
         if !h.owner && self.revoke(me) && post {
             self.shared.store(true, Ordering::Relaxed);
@@ -301,20 +225,7 @@ impl<T> Biased<T> {
     /// shared barrier) before it touches the value.
     fn take(&self, me: usize) -> Option<BiasedHolding<'_, T>> {
         if self.owner.load(Ordering::Relaxed) == me {
-            self.owner_in.store(true, Ordering::Relaxed);
-            if self.expedited {
-                compiler_fence(Ordering::SeqCst);
-            } else {
-                fence(Ordering::SeqCst);
-            }
-            if !self.held.load(Ordering::Acquire) && self.owner.load(Ordering::Relaxed) == me {
-                return Some(BiasedHolding {
-                    of: self,
-                    owner: true,
-                });
-            }
-            self.owner_in.store(false, Ordering::Release);
-            return None;
+            return self.take_as_owner(me);
         }
         self.held
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -325,11 +236,41 @@ impl<T> Biased<T> {
             })
     }
 
+    /// [`Biased::take`] by the owner `me`.
+    #[inline(always)]
+    fn take_as_owner(&self, me: usize) -> Option<BiasedHolding<'_, T>> {
+        self.owner_in.store(true, Ordering::Relaxed);
+        if self.expedited {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
+        if !self.held.load(Ordering::Acquire) && self.owner.load(Ordering::Relaxed) == me {
+            return Some(BiasedHolding {
+                of: self,
+                owner: true,
+            });
+        }
+        self.owner_in.store(false, Ordering::Release);
+        None
+    }
+
     /// Hold the value, waiting for its holder (the engine: a poster's one
     /// copy is all it can wait for).
     fn hold(&self) -> BiasedHolding<'_, T> {
         loop {
             if let Some(h) = self.try_hold(false) {
+                return h;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Hold the value, waiting for its holder; if it was another thread's,
+    /// it stays unbiased for good (see [`BiasedHolding::bias`]).
+    fn hold_sharing(&self) -> BiasedHolding<'_, T> {
+        loop {
+            if let Some(h) = self.try_hold(true) {
                 return h;
             }
             std::thread::yield_now();
@@ -401,7 +342,16 @@ impl<T> BiasedHolding<'_, T> {
     /// Bias the value to this thread (the lane's opener, whose posts come
     /// next) if it is the first thread that ever asked and no other thread
     /// has posted through it since (`shared`: it stays unbiased for good).
+    #[inline(always)]
     fn bias(&mut self) {
+        if !self.owner {
+            self.bias_slow();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bias_slow(&mut self) {
         let me = me();
         let b = self.of;
         if b.shared.load(Ordering::Relaxed) {
@@ -776,7 +726,7 @@ pub(crate) struct CqLane {
     open: AtomicBool,
     /// Entries in `q`, for a look without holding it.
     len: AtomicUsize,
-    inner: Flagged<CqInner>,
+    inner: Biased<CqInner>,
     /// Receive lanes open on this CQ (a poll looks at their results).
     recvs: AtomicUsize,
     /// Some QP of the CQ may complete from UDP traffic (kept by the
@@ -1019,7 +969,7 @@ impl CqLane {
             id,
             open: AtomicBool::new(false),
             len: AtomicUsize::new(0),
-            inner: Flagged::new(CqInner {
+            inner: Biased::new(CqInner {
                 ring: Box::new([]),
                 head: 0,
                 len: 0,
@@ -1053,7 +1003,7 @@ impl CqLane {
         kept: Vec<Kept>,
         room: usize,
     ) {
-        let mut h = self.inner.hold();
+        let mut h = self.inner.hold_sharing();
         let first = host.recv_open(qpn, src.0, src.1);
         h.host = Some(host.clone());
         let mut backlog = std::collections::VecDeque::with_capacity(depth.max(kept.len()));
@@ -1087,7 +1037,7 @@ impl CqLane {
         room: usize,
         learn: &[RecvRegion],
     ) -> Result<(), RecvFull> {
-        let mut h = self.inner.hold();
+        let mut h = self.inner.hold_sharing();
         let Some(k) = h.find(qpn) else {
             return Err(RecvFull);
         };
@@ -1124,9 +1074,10 @@ impl CqLane {
         if self.recvs.load(Ordering::Relaxed) == 0 || !self.open.load(Ordering::Relaxed) {
             return false;
         }
-        let Some(mut h) = self.inner.try_hold() else {
+        let Some(mut h) = self.inner.try_hold(true) else {
             return false;
         };
+        h.bias();
         // Read after taking the queue: the engine closes it under the flag.
         if !self.open.load(Ordering::Relaxed) {
             return false;
@@ -1178,7 +1129,7 @@ impl CqLane {
         from: Option<u32>,
         done: &mut Vec<Completion>,
     ) -> Option<Kept> {
-        let mut h = self.inner.hold();
+        let mut h = self.inner.hold_sharing();
         let k = h.find(qpn)?;
         let host = h.host.clone().expect("a receive lane has its host");
         // Only the lane's sender fills it: a packet from that peer needs
@@ -1215,7 +1166,7 @@ impl CqLane {
     /// place); the sender may fill receives again if `release` (not if the
     /// packet ended the QP's run: the lane stays held until it closes).
     pub(crate) fn recv_ungive(&self, qpn: u32, unused: Option<Kept>, release: bool) {
-        let mut h = self.inner.hold();
+        let mut h = self.inner.hold_sharing();
         let Some(k) = h.find(qpn) else {
             return;
         };
@@ -1245,7 +1196,7 @@ impl CqLane {
         done: &mut Vec<Completion>,
         back: &mut Vec<Kept>,
     ) -> bool {
-        let mut h = self.inner.hold();
+        let mut h = self.inner.hold_sharing();
         let Some(k) = h.find(qpn) else {
             return false;
         };
@@ -1264,14 +1215,16 @@ impl CqLane {
 
     /// Hold the queue if it is open and has room for one more completion
     /// (a signaled lane post, from before its copy to [`CqLane::push`]).
-    fn reserve(&self) -> Option<Holding<'_, CqInner>> {
-        let h = self.inner.try_hold()?;
+    fn reserve(&self) -> Option<BiasedHolding<'_, CqInner>> {
+        let mut h = self.inner.try_hold(true)?;
+        h.bias();
         (self.open.load(Ordering::Relaxed) && h.len < h.room && h.len + h.reserved < h.core_room)
             .then_some(h)
     }
 
     /// Append the completion of a lane post, written in place.
-    fn push(&self, h: &mut Holding<'_, CqInner>, wr_id: u64, op: &SendOp, qp: u32, len: u32) {
+    #[inline]
+    fn push(&self, h: &mut BiasedHolding<'_, CqInner>, wr_id: u64, op: &SendOp, qp: u32, len: u32) {
         *h.tail() = Completion::offloaded(wr_id, op, qp, len);
         h.len += 1;
         self.len.store(h.len, Ordering::Release);
@@ -1282,6 +1235,7 @@ impl CqLane {
     }
 
     /// Whether anything is queued (a look, without the lock).
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.len.load(Ordering::Acquire) == 0
     }
@@ -1290,7 +1244,7 @@ impl CqLane {
     /// in order: from the return on, no lane completes into it.
     pub(crate) fn close_into(&self, out: &mut Vec<Completion>) {
         self.open.store(false, Ordering::Relaxed);
-        let mut h = self.inner.hold();
+        let mut h = self.inner.hold_sharing();
         out.reserve(h.len);
         while h.len > 0 {
             h.pop_with(&mut |c| out.push(*c));
@@ -1307,7 +1261,7 @@ impl CqLane {
     /// CQ holds none (the engine, under its lock, for a CQ neither armed
     /// nor in error).
     pub(crate) fn open(&self, room: usize, core_empty: bool) {
-        let mut i = self.inner.hold();
+        let mut i = self.inner.hold_sharing();
         let cap = room.min(RING_MAX);
         if i.ring.len() < cap && i.len == 0 {
             // Grown to what the CQ can take, once (the engine opens the
@@ -1343,9 +1297,10 @@ impl CqLane {
         {
             return (0, false);
         }
-        let Some(mut i) = self.inner.try_hold() else {
+        let Some(mut i) = self.inner.try_hold(true) else {
             return (0, false);
         };
+        i.bias();
         if !i.core_empty || !self.open.load(Ordering::Relaxed) {
             return (0, false);
         }
@@ -1376,15 +1331,16 @@ mod tests {
     /// too, and a waiter gets the value only once the holder lets go.
     #[test]
     fn a_failed_try_does_not_let_go_of_the_holders_flag() {
-        let f = Flagged::new(0u32);
-        let h = f.try_hold().expect("free");
-        assert!(f.try_hold().is_none(), "held: the try fails");
+        let f = Biased::new(0u32);
+        let h = f.try_hold(false).expect("free");
+        assert!(!h.owner, "nobody's: held by the flag");
+        assert!(f.try_hold(false).is_none(), "held: the try fails");
         assert!(
-            f.try_hold().is_none(),
+            f.try_hold(false).is_none(),
             "a failed try let go of the holder's flag"
         );
         drop(h);
-        assert!(f.try_hold().is_some(), "free again");
+        assert!(f.try_hold(false).is_some(), "free again");
     }
 
     /// The owner holds a biased value without the flag; another thread's

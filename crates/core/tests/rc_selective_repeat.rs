@@ -334,3 +334,61 @@ fn a_request_held_inside_a_reads_psn_range_is_dropped_not_run_later() {
     );
     assert_eq!(b.mem.slice(region(5), 8), *b"real-358");
 }
+
+/// A QP whose peer is reached through shared-memory rings goes back N
+/// (`Endpoint::set_qp_selective_repeat(false)`, set by the engine before
+/// RTR): with selective repeat on in both endpoints, neither side offers or
+/// accepts it, and a lost packet is recovered by resending everything from
+/// it, nothing held.
+#[test]
+fn a_qp_with_selective_repeat_turned_off_goes_back_n() {
+    let o = sr();
+    let mut sim = softrdma_netsim::Sim::new(1);
+    let a = sim.add_node(Host::new(0, 8 << 20, 1 ^ 0xa));
+    let b = sim.add_node(Host::new(1, 8 << 20, 1 ^ 0xb));
+    for n in [a, b] {
+        sim.node_mut(n).ep.set_selective_repeat(true);
+    }
+    let qa = make_qp(sim.node_mut(a), &o);
+    let qb = make_qp(sim.node_mut(b), &o);
+    for (n, q) in [(a, &qa), (b, &qb)] {
+        sim.node_mut(n)
+            .ep
+            .set_qp_selective_repeat(q.qpn, false)
+            .unwrap();
+    }
+    connect(sim.node_mut(a), &qa, &qb, o.psn_a, o.psn_b, &o);
+    connect(sim.node_mut(b), &qb, &qa, o.psn_b, o.psn_a, &o);
+    let t = trace(&mut sim, &[0, 1]);
+    let len = 4 * 1024;
+    pattern(sim.node_mut(0), region(0), len, 7);
+    let h = sim.node_mut(0);
+    h.drop_next(1, |r| r.bth.psn == Psn::new(101));
+    h.post(&qa, 1, write(region(1), &qb), region(0), len as u32, SIG)
+        .unwrap();
+    sim.run_until_idle(10 * SEC).unwrap();
+    assert_eq!(
+        lines(&t),
+        [
+            "A WRITE_FIRST 100",
+            "A WRITE_MIDDLE 101 DROPPED",
+            "A WRITE_MIDDLE 102",
+            "A WRITE_LAST 103 ackreq",
+            "B ACKNOWLEDGE 101 [NAK-SEQ msn=0]",
+            "A WRITE_MIDDLE 101",
+            "A WRITE_MIDDLE 102",
+            "A WRITE_LAST 103 ackreq",
+            "B ACKNOWLEDGE 103 [ACK msn=1]",
+        ]
+    );
+    assert_eq!(
+        statuses(&sim.node_mut(0).poll_cq(qa.scq)),
+        [(1, WcStatus::Success)]
+    );
+    assert_eq!(sim.node(1).ep.stats().held_out_of_order, 0);
+    assert_eq!(
+        sim.node_mut(1).mem.slice_mut(region(1), len).to_vec(),
+        sim.node_mut(0).mem.slice_mut(region(0), len).to_vec(),
+        "the WRITE's bytes"
+    );
+}

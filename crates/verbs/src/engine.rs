@@ -966,6 +966,9 @@ impl State {
         // application before that of the send it answers (see
         // `Defer::Drain`): its ACKs leave first.
         let _ = self.ep.set_qp_acks_first(qpn, is);
+        // Rings neither lose nor reorder: going back N there (see
+        // `Endpoint::set_qp_selective_repeat`).
+        let _ = self.ep.set_qp_selective_repeat(qpn, !is);
         match (was, is) {
             (false, true) => self.count_udp(qpn, -1),
             (true, false) => self.count_udp(qpn, 1),

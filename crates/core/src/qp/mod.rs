@@ -72,6 +72,10 @@ pub struct Qp {
     pub(crate) req: Requester,
     pub(crate) comp: Completer,
     pub(crate) resp: Responder,
+    /// Selective repeat may be offered and accepted on this QP (if the
+    /// endpoint's is on): not while its peer is reached through
+    /// shared-memory rings (`Endpoint::set_qp_selective_repeat`).
+    pub(crate) sr_allowed: bool,
 }
 
 impl Qp {
@@ -94,6 +98,7 @@ impl Qp {
             req: Requester::default(),
             comp: Completer::default(),
             resp: Responder::new(1),
+            sr_allowed: true,
         }
     }
 
@@ -201,6 +206,7 @@ impl Qp {
             && self.qp_type == QpType::Rc
             && self.req.sr == requester::SrMode::Off
             && ctx.sr
+            && self.sr_allowed
         {
             self.req.sr = requester::SrMode::Offer;
         }

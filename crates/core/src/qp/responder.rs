@@ -360,7 +360,7 @@ impl Qp {
             ctx.stats.dropped_no_qp += 1;
             return;
         }
-        if ctx.sr && pkt.bth().softrdma_sr() {
+        if ctx.sr && self.sr_allowed && pkt.bth().softrdma_sr() {
             self.resp.peer_sr = true;
         }
         let psn = repr.bth.psn;

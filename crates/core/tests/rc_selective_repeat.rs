@@ -342,23 +342,13 @@ fn a_request_held_inside_a_reads_psn_range_is_dropped_not_run_later() {
 /// it, nothing held.
 #[test]
 fn a_qp_with_selective_repeat_turned_off_goes_back_n() {
-    let o = sr();
-    let mut sim = softrdma_netsim::Sim::new(1);
-    let a = sim.add_node(Host::new(0, 8 << 20, 1 ^ 0xa));
-    let b = sim.add_node(Host::new(1, 8 << 20, 1 ^ 0xb));
-    for n in [a, b] {
-        sim.node_mut(n).ep.set_selective_repeat(true);
-    }
-    let qa = make_qp(sim.node_mut(a), &o);
-    let qb = make_qp(sim.node_mut(b), &o);
-    for (n, q) in [(a, &qa), (b, &qb)] {
-        sim.node_mut(n)
-            .ep
-            .set_qp_selective_repeat(q.qpn, false)
-            .unwrap();
-    }
-    connect(sim.node_mut(a), &qa, &qb, o.psn_a, o.psn_b, &o);
-    connect(sim.node_mut(b), &qb, &qa, o.psn_b, o.psn_a, &o);
+    let (mut sim, qa, qb) = pair_with_qps(
+        1,
+        8 << 20,
+        &sr(),
+        |_, _| {},
+        |ep, q| ep.set_qp_selective_repeat(q.qpn, false).unwrap(),
+    );
     let t = trace(&mut sim, &[0, 1]);
     let len = 4 * 1024;
     pattern(sim.node_mut(0), region(0), len, 7);

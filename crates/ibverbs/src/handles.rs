@@ -37,7 +37,7 @@ use std::any::{Any, TypeId};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
 use softrdma_shm::barrier;
@@ -355,13 +355,13 @@ const _: () = assert!(SLOTS.is_power_of_two());
 #[repr(align(64))]
 struct Slot {
     token: AtomicUsize,
-    calls: std::sync::atomic::AtomicPtr<ThreadCalls>,
+    calls: AtomicPtr<ThreadCalls>,
 }
 
 static BY_TOKEN: [Slot; SLOTS] = [const {
     Slot {
         token: AtomicUsize::new(0),
-        calls: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+        calls: AtomicPtr::new(std::ptr::null_mut()),
     }
 }; SLOTS];
 
@@ -661,12 +661,11 @@ macro_rules! handle {
 
             /// The live object behind an application's pointer, lent for
             /// the current call (a data-path call: no reference counted).
-            #[allow(dead_code)]
-            // not every type is on the data path
             // Always inlined: a `Lent` returned from a call comes back
             // through memory at another width than it was written, a
             // store-forwarding stall per data-path call (`lend`).
             #[inline(always)]
+            #[allow(dead_code)] // not every type is on the data path
             pub fn lend(p: *mut $c) -> Res<Lent<$t>> {
                 lend(p as usize, Self::WHAT)
             }
@@ -708,20 +707,16 @@ macro_rules! handle_ex {
                 lookup(p as usize, Self::WHAT)
             }
 
-            /// [`Self::from_c`], lent for the current call (see `lend`).
-            // Always inlined: a `Lent` returned from a call comes back
-            // through memory at another width than it was written, a
-            // store-forwarding stall per data-path call (`lend`).
+            /// [`Self::from_c`], lent for the current call (see `lend`;
+            /// always inlined, as `handle!`'s).
             #[inline(always)]
             pub fn lend(p: *mut $c) -> Res<Lent<$t>> {
                 lend(p as usize, Self::WHAT)
             }
 
             /// The live object behind its extended pointer (the same
-            /// address), lent for the current call.
-            // Always inlined: a `Lent` returned from a call comes back
-            // through memory at another width than it was written, a
-            // store-forwarding stall per data-path call (`lend`).
+            /// address), lent for the current call (always inlined, as
+            /// `handle!`'s `lend`).
             #[inline(always)]
             pub fn lend_ex(p: *mut $ex) -> Res<Lent<$t>> {
                 lend(p as usize, Self::WHAT)

@@ -97,14 +97,15 @@ struct Inner {
 }
 
 /// A copy of which rings are ours to drain and our tail in each, written
-/// under `Inner::rx`'s lock after every change (`Host::publish_view`) and
+/// under `Inner::rx`'s lock after every change (`Inner::publish_view`) and
 /// read without it: an application's poll that finds its CQ empty asks
 /// whether a ring holds a packet before it may say so, and took the lock
 /// for it — two atomic read-modify-writes per empty poll, most of a spin
 /// on an empty CQ (`perf record` of `perf send_lat` over shared memory).
-/// A seqlock: `seq` is odd while the copy is rewritten, and a reader that
-/// sees it odd or changed answers "pending", which sends its poll the
-/// engine's way (always correct, only slower).
+/// A seqlock (`seg::write_locked`, `seg::read_locked_seq`, as the
+/// segment's entries): a reader reads again while the copy is rewritten,
+/// and answers "pending" if it never gets a whole copy, which sends its
+/// poll the engine's way (always correct, only slower).
 struct RxView {
     seq: AtomicU64,
     n: AtomicUsize,
@@ -607,22 +608,18 @@ impl Host {
     /// Whether a ring holds packets.
     pub fn rings_pending(&self) -> bool {
         let v = &self.inner.view;
-        let seq = v.seq.load(Ordering::Acquire);
-        if seq % 2 == 1 {
-            return true;
-        }
-        let n = v.n.load(Ordering::Relaxed).min(seg::PEERS);
-        let pending = v.rings[..n].iter().any(|e| {
-            !self
-                .inner
-                .map
-                .ring(e.idx.load(Ordering::Relaxed) as usize)
-                .is_empty_from(Some(e.tail.load(Ordering::Relaxed)))
-        });
-        // The copy read is the one `seq` names only if `seq` is unchanged
-        // after it (the seqlock's reader side).
-        std::sync::atomic::fence(Ordering::Acquire);
-        pending || v.seq.load(Ordering::Relaxed) != seq
+        // A copy never read whole answers "pending": the poll's engine way.
+        seg::read_locked_seq(&v.seq, || {
+            let n = v.n.load(Ordering::Relaxed).min(seg::PEERS);
+            v.rings[..n].iter().any(|e| {
+                !self
+                    .inner
+                    .map
+                    .ring(e.idx.load(Ordering::Relaxed) as usize)
+                    .is_empty_from(Some(e.tail.load(Ordering::Relaxed)))
+            })
+        })
+        .is_none_or(|(_, pending)| pending)
     }
 
     /// Hand the packets waiting in the rings (at most `budget` per ring) to
@@ -800,15 +797,13 @@ impl Inner {
     /// `Host::rings_pending` reads (the seqlock's writer side).
     fn publish_view(&self, rings: &[RxRing]) {
         let v = &self.view;
-        let seq = v.seq.load(Ordering::Relaxed);
-        v.seq.store(seq + 1, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::Release);
-        for (d, e) in v.rings.iter().zip(rings) {
-            d.idx.store(e.idx, Ordering::Relaxed);
-            d.tail.store(e.tail, Ordering::Relaxed);
-        }
-        v.n.store(rings.len().min(seg::PEERS), Ordering::Relaxed);
-        v.seq.store(seq + 2, Ordering::Release);
+        seg::write_locked(&v.seq, || {
+            for (d, e) in v.rings.iter().zip(rings) {
+                d.idx.store(e.idx, Ordering::Relaxed);
+                d.tail.store(e.tail, Ordering::Relaxed);
+            }
+            v.n.store(rings.len().min(seg::PEERS), Ordering::Relaxed);
+        });
     }
 
     /// An index for a new peer at `key`, its ring already served.

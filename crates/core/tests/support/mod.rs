@@ -496,6 +496,18 @@ pub fn pair_with(
     o: &Opts,
     f: impl Fn(NodeId, &mut softrdma_core::Endpoint),
 ) -> (Sim<Host>, QpEnd, QpEnd) {
+    pair_with_qps(seed, mem, o, f, |_, _| {})
+}
+
+/// [`pair_with`], with `g` applied to each host's endpoint and its QP once
+/// the QP is made, before it is connected.
+pub fn pair_with_qps(
+    seed: u64,
+    mem: usize,
+    o: &Opts,
+    f: impl Fn(NodeId, &mut softrdma_core::Endpoint),
+    g: impl Fn(&mut softrdma_core::Endpoint, &QpEnd),
+) -> (Sim<Host>, QpEnd, QpEnd) {
     let mut sim = Sim::new(seed);
     let a = sim.add_node(Host::new(0, mem, seed ^ 0xa));
     let b = sim.add_node(Host::new(1, mem, seed ^ 0xb));
@@ -505,6 +517,8 @@ pub fn pair_with(
     }
     let qa = make_qp(sim.node_mut(a), o);
     let qb = make_qp(sim.node_mut(b), o);
+    g(&mut sim.node_mut(a).ep, &qa);
+    g(&mut sim.node_mut(b).ep, &qb);
     connect(sim.node_mut(a), &qa, &qb, o.psn_a, o.psn_b, o);
     connect(sim.node_mut(b), &qb, &qa, o.psn_b, o.psn_a, o);
     (sim, qa, qb)

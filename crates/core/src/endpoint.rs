@@ -341,6 +341,18 @@ pub trait Offload {
     /// buffer. Return true if it was carried out completely and
     /// successfully; false if it was not touched at all.
     fn one_sided(&mut self, op: &SendOp, local: OffloadLocal<'_>) -> bool;
+
+    /// Whether `op` would be carried out now if nothing of its QP's were
+    /// still on its way to the responder: the offload's own judgement of
+    /// what it can reach, without touching anything (a SEND: whether the
+    /// peer has a receive reachable for it). The core holds a request back
+    /// behind ones on the wire, to carry it out here once they complete
+    /// (see [`Endpoint::offload_held`]), only while this says yes: one
+    /// that would go on the wire anyway is sent at once.
+    fn would_carry(&mut self, op: &SendOp) -> bool {
+        let _ = op;
+        true
+    }
 }
 
 /// When a receive's scatter/gather entries are checked against the region
@@ -371,6 +383,10 @@ pub struct Endpoint {
     sched: Sched,
     /// UD QPs attached to multicast groups.
     mcast: crate::mcast::McastTable,
+    /// QPs holding requests back for an offload (`Qp::offload_hold`),
+    /// each once; one that no longer does leaves at the next
+    /// [`Endpoint::offload_held`].
+    holding: Vec<u32>,
 }
 
 impl Endpoint {
@@ -411,6 +427,7 @@ impl Endpoint {
             next_xrcd: 1,
             sched: Sched::new(cfg.sched_quantum, cfg.max_inflight_per_dest),
             mcast: Default::default(),
+            holding: Vec::new(),
             cfg,
         }
     }
@@ -1322,46 +1339,46 @@ impl Endpoint {
         let ilen = ibuf.len();
         let nsge = segs.len();
         let signaled = qp.sq_sig_all || wr.flags.contains(crate::wr::SendFlags::SIGNALED);
-        if let Some(off) = off {
+        let mut off = off;
+        let mut hold = false;
+        if let Some(o) = off.as_deref_mut() {
             // RC only: a UC send queue retires a request once its last
             // packet is built, not once the responder has executed it, so
             // an empty UC queue does not order an offloaded WRITE after an
             // earlier SEND still on its way.
             if qp.qp_type == QpType::Rc
                 && qp.state == QpState::Rts
-                && qp.sq.head == qp.sq.tail
                 && (wr.op.is_one_sided()
                     || matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }))
             {
                 let mut host = arrayvec::ArrayVec::<(u64, u32), MAX_SGE>::new();
-                let mut mapped = true;
-                // Zero-length entries move nothing: they are left out, so
-                // every span handed to the offload has bytes behind it.
-                // An implicit region's bytes are never handed out as host
-                // addresses (they may not be there): such work goes the
-                // packet way, copied checked.
-                for sp in segs.iter().filter(|sp| sp.len > 0) {
-                    match self.shared.mrs.locate(sp.mem, sp.off, sp.len as u64) {
-                        Some(h) if !h.checked => host.push((h.addr, sp.len)),
-                        _ => mapped = false,
+                let mapped = inline || offload_spans(&self.shared.mrs, &segs, &mut host);
+                if qp.sq.head == qp.sq.tail {
+                    let local = if inline {
+                        OffloadLocal::Inline(&ibuf)
+                    } else {
+                        OffloadLocal::Host(&host)
+                    };
+                    if mapped && o.one_sided(&wr.op, local) {
+                        self.shared.stats.offloaded += 1;
+                        if signaled {
+                            let op = crate::qp::wc_opcode_of(&wr.op);
+                            let mut c =
+                                Completion::new(wr.wr_id, crate::wc::WcStatus::Success, op, qpn);
+                            c.byte_len = length as u32;
+                            let cq = qp.send_cq;
+                            self.shared.complete(cq, c, false);
+                        }
+                        return Ok(true);
                     }
-                }
-                let local = if inline {
-                    OffloadLocal::Inline(&ibuf)
                 } else {
-                    OffloadLocal::Host(&host)
-                };
-                if mapped && off.one_sided(&wr.op, local) {
-                    self.shared.stats.offloaded += 1;
-                    if signaled {
-                        let op = crate::qp::wc_opcode_of(&wr.op);
-                        let mut c =
-                            Completion::new(wr.wr_id, crate::wc::WcStatus::Success, op, qpn);
-                        c.byte_len = length as u32;
-                        let cq = qp.send_cq;
-                        self.shared.complete(cq, c, false);
-                    }
-                    return Ok(true);
+                    // Requests ahead of it are on the wire (or wait to go):
+                    // it may not overtake them. Sent behind them it would
+                    // go the packet way for good — a streaming poster's
+                    // queue never empties again — so, if the offload could
+                    // carry it, it waits for them instead (see
+                    // `Endpoint::offload_held`).
+                    hold = mapped && (qp.offload_hold || o.would_carry(&wr.op));
                 }
             }
         }
@@ -1386,8 +1403,117 @@ impl Endpoint {
         if qp.state == QpState::Err {
             qp.flush(&mut self.shared);
         }
+        if hold {
+            if !qp.offload_hold {
+                qp.offload_hold = true;
+                if !self.holding.contains(&qpn) {
+                    self.holding.push(qpn);
+                }
+            }
+            if let Some(o) = off {
+                self.drain_held(s, o);
+            }
+            let qp = self.qps[s].as_ref().expect("slot checked");
+            if qp.sq.head == qp.sq.tail {
+                // Carried out, after everything posted before it.
+                return Ok(true);
+            }
+        }
         self.sync(s); // the doorbell
         Ok(false)
+    }
+
+    /// Carry out the requests QPs hold back for their offload (see
+    /// [`Endpoint::post_send_offload`]) once everything ahead of them has
+    /// completed, in order, through the offload `off` gives for the QP.
+    /// A request the offload refuses, and every one after it, goes on the
+    /// wire as any other (so do those of a QP `off` gives none for). Call
+    /// it after handling packets: a completion among them may be what a QP
+    /// waits for. Cheap when nothing is held ([`Endpoint::holds_for_offload`]).
+    pub fn offload_held<O: Offload>(&mut self, mut off: impl FnMut(u32) -> Option<O>) {
+        let mut i = 0;
+        while i < self.holding.len() {
+            let qpn = self.holding[i];
+            let s = match self.slot(qpn) {
+                Some(s) if self.qps[s].as_ref().is_some_and(|q| q.offload_hold) => s,
+                _ => {
+                    self.holding.swap_remove(i);
+                    continue;
+                }
+            };
+            match off(qpn) {
+                Some(mut o) => self.drain_held(s, &mut o),
+                None => {
+                    self.qps[s].as_mut().expect("slot checked").offload_hold = false;
+                    self.sync(s);
+                }
+            }
+            if self.qps[s].as_ref().is_some_and(|q| q.offload_hold) {
+                i += 1;
+            } else {
+                self.holding.swap_remove(i);
+            }
+        }
+    }
+
+    /// Some QP holds requests back for its offload.
+    #[inline]
+    pub fn holds_for_offload(&self) -> bool {
+        !self.holding.is_empty()
+    }
+
+    /// QP slot `s`'s held requests, oldest first, through `off`, while the
+    /// oldest request of its send queue is one not yet started (so nothing
+    /// of the QP's is on the wire or unanswered) and the QP is in RTS. The
+    /// first one `off` refuses ends the hold: it and the rest are sent.
+    fn drain_held(&mut self, s: usize, off: &mut dyn Offload) {
+        let Endpoint { qps, shared, .. } = self;
+        let Some(qp) = qps[s].as_mut() else {
+            return;
+        };
+        let mut refused = false;
+        while qp.offload_hold && qp.state == QpState::Rts {
+            let idx = qp.sq.tail;
+            let Some(w) = qp.sq.get(idx).copied() else {
+                // All carried out: the queue is empty, the hold over.
+                qp.offload_hold = false;
+                break;
+            };
+            if w.state != SendState::Posted {
+                break; // the oldest is on the wire (or to complete first)
+            }
+            let inline =
+                w.flags.contains(crate::wr::SendFlags::INLINE) && !w.op.is_read_or_atomic();
+            let mut host = arrayvec::ArrayVec::<(u64, u32), MAX_SGE>::new();
+            let carried = (w.op.is_one_sided()
+                || matches!(w.op, SendOp::Send | SendOp::SendWithImm { .. }))
+                && (inline || offload_spans(&shared.mrs, qp.sq.sges(idx), &mut host))
+                && off.one_sided(
+                    &w.op,
+                    if inline {
+                        OffloadLocal::Inline(qp.sq.inline(idx))
+                    } else {
+                        OffloadLocal::Host(&host)
+                    },
+                );
+            if !carried {
+                qp.offload_hold = false;
+                refused = true;
+                break;
+            }
+            shared.stats.offloaded += 1;
+            shared.stats.offloaded_after_hold += 1;
+            if w.signaled {
+                let op = crate::qp::wc_opcode_of(&w.op);
+                let mut c = Completion::new(w.wr_id, crate::wc::WcStatus::Success, op, qp.qpn);
+                c.byte_len = w.length;
+                shared.complete(qp.send_cq, c, false);
+            }
+            qp.sq.pop_tail();
+        }
+        if refused {
+            self.sync(s);
+        }
     }
 
     /// `ibv_post_recv`, its SGEs checked at post ([`RecvCheck::AtPost`]).
@@ -1843,4 +1969,23 @@ impl Endpoint {
         self.fail_qps_of_dead_cqs();
         self.shared.events.pop_front()
     }
+}
+
+/// The host spans of `segs`' entries with bytes (zero-length ones move
+/// nothing and are left out, so every span handed to an offload has bytes
+/// behind it) into `out`; false if one lies in an implicit region, whose
+/// bytes are never handed out as host addresses (they may not be there):
+/// such work goes the packet way, copied checked.
+fn offload_spans(
+    mrs: &MrTable,
+    segs: &[Span],
+    out: &mut arrayvec::ArrayVec<(u64, u32), MAX_SGE>,
+) -> bool {
+    for sp in segs.iter().filter(|sp| sp.len > 0) {
+        match mrs.locate(sp.mem, sp.off, sp.len as u64) {
+            Some(h) if !h.checked => out.push((h.addr, sp.len)),
+            _ => return false,
+        }
+    }
+    true
 }

@@ -53,6 +53,9 @@ pub struct Stats {
     /// One-sided work requests an [`Offload`](crate::endpoint::Offload)
     /// carried out at post (shared memory) instead of sending them.
     pub offloaded: u64,
+    /// Of those, work requests held back behind ones on the wire and
+    /// carried out once they completed (`Endpoint::offload_held`).
+    pub offloaded_after_hold: u64,
     /// Data packets received marked ECN-CE (congestion experienced).
     pub ce_received: u64,
     /// CNPs sent by QPs' notification points, and received.

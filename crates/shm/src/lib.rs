@@ -1412,6 +1412,14 @@ impl Peer {
         })
     }
 
+    /// Whether a SEND from `qps.local` would find a receive of the peer's
+    /// `qps.remote` to fill now (its receive area open for our QP, its next
+    /// receive published). A look only: what a [`Peer::send_recv`] then
+    /// finds may differ, and it checks again.
+    pub fn recv_ready(&self, qps: &Qps) -> bool {
+        self.alive() && next_receive(self.map.recv(qps.remote), qps).is_some()
+    }
+
     /// # Safety
     /// As for [`Peer::send_recv`], with in-flight word `word` ours alone.
     unsafe fn send_recv_locked(
@@ -1436,24 +1444,9 @@ impl Peer {
             Ordering::SeqCst,
         );
         let r = 'fill: {
-            if a.open.load(Ordering::SeqCst) != 1
-                || a.qpn.load(Ordering::Relaxed) != qps.remote
-                || a.src_qpn.load(Ordering::Relaxed) != qps.local
-                || a.src_gid
-                    .iter()
-                    .zip(qps.local_gid.chunks_exact(4))
-                    .any(|(w, c)| w.load(Ordering::Relaxed).to_ne_bytes() != c)
-            {
+            let Some((t, slot)) = next_receive(a, qps) else {
                 break 'fill None;
-            }
-            let t = a.taken.load(Ordering::Relaxed);
-            let slot = &a.slots[t as usize % seg::RECV_SLOTS];
-            // Receive `t` published (and so its slot's result taken).
-            // Wrapping: `taken` is the owner's to write, and no value of
-            // it may panic this process.
-            if slot.posted.load(Ordering::Acquire) != t.wrapping_add(1) {
-                break 'fill None;
-            }
+            };
             let n = slot.nsge.load(Ordering::Relaxed) as usize;
             if n > seg::RECV_SGES {
                 break 'fill None;
@@ -1505,6 +1498,29 @@ impl Peer {
         w.store(0, Ordering::Release);
         r
     }
+}
+
+/// The receive a SEND from `qps.local` fills next in the receive area `a`
+/// of the peer's `qps.remote`, with its number: if the area is open for
+/// that pair of QPs and the receive is published (and so its slot's
+/// previous result taken).
+#[inline(always)]
+fn next_receive<'a>(a: &'a seg::RecvArea, qps: &Qps) -> Option<(u64, &'a seg::RecvSlot)> {
+    if a.open.load(Ordering::SeqCst) != 1
+        || a.qpn.load(Ordering::Relaxed) != qps.remote
+        || a.src_qpn.load(Ordering::Relaxed) != qps.local
+        || a.src_gid
+            .iter()
+            .zip(qps.local_gid.chunks_exact(4))
+            .any(|(w, c)| w.load(Ordering::Relaxed).to_ne_bytes() != c)
+    {
+        return None;
+    }
+    let t = a.taken.load(Ordering::Relaxed);
+    let slot = &a.slots[t as usize % seg::RECV_SLOTS];
+    // Wrapping: `taken` is the owner's to write, and no value of it may
+    // panic this process.
+    (slot.posted.load(Ordering::Acquire) == t.wrapping_add(1)).then_some((t, slot))
 }
 
 /// Copy `n` bytes from `src` to `dst`: up to 16 with two (overlapping)

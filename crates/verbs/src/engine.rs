@@ -520,6 +520,14 @@ impl softrdma_core::Offload for PeerOffload<'_> {
         // lock, or are the core's inline copy, alive for this call).
         unsafe { self.0.peer.send_recv(&self.0.qps, spans, imm, None) }.is_some()
     }
+
+    fn would_carry(&mut self, op: &softrdma_core::wr::SendOp) -> bool {
+        use softrdma_core::wr::SendOp;
+        match op {
+            SendOp::Send | SendOp::SendWithImm { .. } => self.0.peer.recv_ready(&self.0.qps),
+            _ => self.0.peer.alive(),
+        }
+    }
 }
 
 /// A MAD for this port: to the connection manager, or — with none in this
@@ -683,6 +691,14 @@ impl State {
         }
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.ep.handle_timeout(now);
+        }
+        if self.ep.holds_for_offload() {
+            // Requests held behind ones these packets may have completed.
+            let State { ep, direct, .. } = self;
+            ep.offload_held(|qpn| match direct.get((qpn & 0xffff) as usize) {
+                Some(Some(d)) if d.qps.local == qpn => Some(PeerOffload(d)),
+                _ => None,
+            });
         }
         let may_defer = match defer {
             Defer::App => true,

@@ -463,6 +463,10 @@ pub struct ShmStats {
     /// Of those, the ones posted through a QP's lock-free lane (WRITEs,
     /// READs and atomics: see `docs/DESIGN.md`, "The lock-free lane").
     pub lane: u64,
+    /// Of those, the ones a QP held back behind requests on the wire and
+    /// carried out once those completed (a SEND stream after an RNR, say:
+    /// see `docs/DESIGN.md`, "Back from the rings").
+    pub after_hold: u64,
     /// Packets a peer on this host refused: it had ended, or broke the
     /// ring's protocol (a full ring loses nothing: see `ring_stalls`).
     pub ring_drops: u64,
@@ -741,6 +745,7 @@ impl Context {
         ShmStats {
             offloaded: st.ep.stats().offloaded + st.lanes_carried(),
             lane: st.lanes_carried(),
+            after_hold: st.ep.stats().offloaded_after_hold,
             ring_drops: st.ring_drops,
             ring_stalls: st.ring_stalls,
         }

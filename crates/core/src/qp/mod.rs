@@ -76,6 +76,11 @@ pub struct Qp {
     /// endpoint's is on): not while its peer is reached through
     /// shared-memory rings (`Endpoint::set_qp_selective_repeat`).
     pub(crate) sr_allowed: bool,
+    /// Requests not yet started wait, in RTS, for those on the wire to
+    /// complete, to be carried out by the connection's offload then
+    /// (`Endpoint::post_send_offload`, `Endpoint::offload_held`) instead
+    /// of going on the wire behind them.
+    pub(crate) offload_hold: bool,
 }
 
 impl Qp {
@@ -99,6 +104,7 @@ impl Qp {
             comp: Completer::default(),
             resp: Responder::new(1),
             sr_allowed: true,
+            offload_hold: false,
         }
     }
 
@@ -242,6 +248,7 @@ impl Qp {
         self.req = Requester::default();
         self.comp = Completer::default();
         self.resp = Responder::new(1);
+        self.offload_hold = false;
         // A UD QP's path MTU is the port's, set when it was created; no
         // modify can set it again, so RESET must not forget it.
         let mtu = self.attr.path_mtu;
@@ -274,6 +281,7 @@ impl Qp {
     }
 
     pub(crate) fn flush(&mut self, ctx: &mut Ctx<'_>) {
+        self.offload_hold = false;
         while let Some(w) = self.sq.pop_tail() {
             let mut c =
                 Completion::new(w.wr_id, WcStatus::WrFlushErr, wc_opcode_of(&w.op), self.qpn);

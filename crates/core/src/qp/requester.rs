@@ -167,12 +167,18 @@ impl Qp {
         w.flags.contains(crate::wr::SendFlags::FENCE) && self.req.rd_atomic_inflight > 0
     }
 
+    /// `w`, not started yet, waits to be carried out by the connection's
+    /// offload (`Qp::offload_hold`; in SQD nothing starts anyway).
+    fn held(&self, w: &super::queue::SendWqe) -> bool {
+        self.offload_hold && w.state == SendState::Posted && self.state == QpState::Rts
+    }
+
     /// Carry out the bind and invalidate WQEs the requester has reached, in
     /// order, as rxe's `rxe_do_local_ops` does: they send nothing, and
     /// complete in order once what is before them has.
     fn run_local_ops(&mut self, ctx: &mut Ctx<'_>) {
         while let Some(w) = self.sq.get(self.sq.send).copied() {
-            if !w.op.is_local() || w.state != SendState::Posted {
+            if !w.op.is_local() || w.state != SendState::Posted || self.held(&w) {
                 return;
             }
             if self.fenced(&w) {
@@ -219,6 +225,9 @@ impl Qp {
         }
         let idx = self.sq.send;
         let wqe = *self.sq.get(idx).ok_or(Stop::Idle)?;
+        if self.held(&wqe) {
+            return Err(Stop::Idle);
+        }
         match wqe.state {
             // Binds and invalidates send nothing but are the requester's
             // work; a finished WQE at the tail still has to complete.

@@ -675,13 +675,13 @@ pub fn run_test(
     let (s, ps) = r.ctx.stats();
     let shm = r.ctx.shm_stats();
     let stats = format!(
-        " softrdma counters: tx {} pkts {} B, rx {} pkts {} B, retransmits {}, timeouts {}, seq NAKs sent/rcvd {}/{}, RNR NAKs sent/rcvd {}/{}, duplicates {}, out-of-sequence {}, malformed {}, ICRC bad {}, ICRC recovered {}, messages dropped {}, datagrams for other processes {}, kernel receive drops {}, send refused/dropped {}/{}, fault drops/dups/corrupts/reorders {}/{}/{}/{}, shared memory: offloaded {} (lock-free lane {}), ring drops {}, ring stalls {}, ECN-CE received {}, CNPs sent/rcvd {}/{}, held out of order {}, hold dropped {}, resend timeouts {}",
+        " softrdma counters: tx {} pkts {} B, rx {} pkts {} B, retransmits {}, timeouts {}, seq NAKs sent/rcvd {}/{}, RNR NAKs sent/rcvd {}/{}, duplicates {}, out-of-sequence {}, malformed {}, ICRC bad {}, ICRC recovered {}, messages dropped {}, datagrams for other processes {}, kernel receive drops {}, send refused/dropped {}/{}, fault drops/dups/corrupts/reorders {}/{}/{}/{}, shared memory: offloaded {} (lock-free lane {}, after a hold {}), ring drops {}, ring stalls {}, ECN-CE received {}, CNPs sent/rcvd {}/{}, held out of order {}, hold dropped {}, resend timeouts {}",
         s.tx_packets, s.tx_bytes, s.rx_packets, s.rx_bytes, s.retransmits, s.timeouts,
         s.seq_naks_sent, s.seq_naks_rcvd, s.rnr_naks_sent, s.rnr_naks_rcvd, s.duplicates,
         s.out_of_sequence, s.malformed, ps.icrc_bad, ps.icrc_recovered,
         s.dropped_messages, ps.rx_wrong_slot, ps.rx_kernel_drops, ps.send_errors, ps.tx_dropped,
         ps.fault_drops, ps.fault_dups, ps.fault_corrupts, ps.fault_reorders,
-        shm.offloaded, shm.lane, shm.ring_drops, shm.ring_stalls, s.ce_received, s.cnps_sent, s.cnps_received,
+        shm.offloaded, shm.lane, shm.after_hold, shm.ring_drops, shm.ring_stalls, s.ce_received, s.cnps_sent, s.cnps_received,
         s.held_out_of_order, s.hold_dropped, s.resend_timeouts
     );
     if p.check {

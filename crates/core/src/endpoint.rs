@@ -1405,7 +1405,9 @@ impl Endpoint {
         }
         if hold {
             if !qp.offload_hold {
+                // This one and what follows; what is before it goes on.
                 qp.offload_hold = true;
+                qp.hold_from = qp.sq.head - 1;
                 if !self.holding.contains(&qpn) {
                     self.holding.push(qpn);
                 }
@@ -1463,9 +1465,11 @@ impl Endpoint {
     }
 
     /// QP slot `s`'s held requests, oldest first, through `off`, while the
-    /// oldest request of its send queue is one not yet started (so nothing
-    /// of the QP's is on the wire or unanswered) and the QP is in RTS. The
-    /// first one `off` refuses ends the hold: it and the rest are sent.
+    /// oldest request of its send queue is a held one (so nothing of the
+    /// QP's is on the wire or unanswered) and the QP is in RTS. The first
+    /// one `off` refuses goes on the wire; if `off` could carry what
+    /// follows it (`Offload::would_carry`: say the peer's receives are
+    /// behind, not gone) the rest wait for its answer, else they go too.
     fn drain_held(&mut self, s: usize, off: &mut dyn Offload) {
         let Endpoint { qps, shared, .. } = self;
         let Some(qp) = qps[s].as_mut() else {
@@ -1479,8 +1483,8 @@ impl Endpoint {
                 qp.offload_hold = false;
                 break;
             };
-            if w.state != SendState::Posted {
-                break; // the oldest is on the wire (or to complete first)
+            if w.state != SendState::Posted || idx < qp.hold_from {
+                break; // the oldest is on the wire (or to go, or complete)
             }
             let inline =
                 w.flags.contains(crate::wr::SendFlags::INLINE) && !w.op.is_read_or_atomic();
@@ -1497,7 +1501,11 @@ impl Endpoint {
                     },
                 );
             if !carried {
-                qp.offload_hold = false;
+                if off.would_carry(&w.op) {
+                    qp.hold_from = idx + 1;
+                } else {
+                    qp.offload_hold = false;
+                }
                 refused = true;
                 break;
             }

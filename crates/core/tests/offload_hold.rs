@@ -4,8 +4,9 @@
 //! for good (a streaming poster's send queue never empties again). So it
 //! waits, unsent, until what is ahead has completed, and is then carried
 //! out by the offload, in order — or, if the offload refuses it then, sent
-//! with the next PSN as any request. One the offload says it could not
-//! carry is sent at once.
+//! with the next PSN as any request, alone if the offload could carry what
+//! follows (which waits for its answer), else with the rest. One the
+//! offload says it could not carry is sent at once.
 //!
 //! The offload here is a test double of the transport beneath the core
 //! (not the thing under test): it accepts a given number of requests and
@@ -170,12 +171,15 @@ fn a_request_behind_one_on_the_wire_waits_for_it_then_goes_through_the_offload()
     assert_eq!(lines(&t).len(), 2, "and nothing more went on the wire");
 }
 
-#[test]
-fn a_held_request_the_offload_refuses_goes_on_the_wire_with_the_next_psn() {
+/// A's SEND 1 on the wire, then SENDs 2, 3, 4 held behind it (8, 128
+/// and 16 bytes), and SEND 1 answered; B has receives 7, 8 and 9.
+fn three_held() -> (softrdma_netsim::Sim<Host>, QpEnd, QpEnd, Trace) {
     let (mut sim, qa, qb) = pair(1, 8 << 20, &Opts::default());
     let t = trace(&mut sim, &[0, 1]);
-    sim.node_mut(1).post_recv(&qb, 7, region(1), 4096);
-    sim.node_mut(1).post_recv(&qb, 8, region(1) + 4096, 4096);
+    for k in 0..3 {
+        sim.node_mut(1)
+            .post_recv(&qb, 7 + k, region(1) + 4096 * k, 4096);
+    }
     pattern(sim.node_mut(0), region(0), 4096, 9);
     assert!(!send(
         sim.node_mut(0),
@@ -186,33 +190,35 @@ fn a_held_request_the_offload_refuses_goes_on_the_wire_with_the_next_psn() {
         &mut Fake::new(0, true)
     ));
     sim.run_until(sim.now() + 100);
-    let once = Fake::new(1, true);
-    assert!(!send(
-        sim.node_mut(0),
-        &qa,
-        2,
-        region(0) + 64,
-        8,
-        &mut once.clone()
-    ));
-    assert!(!send(
-        sim.node_mut(0),
-        &qa,
-        3,
-        region(0) + 128,
-        128,
-        &mut once.clone()
-    ));
+    let ready = Fake::new(0, true);
+    for (wr_id, at, len) in [(2, 64, 8), (3, 128, 128), (4, 256, 16)] {
+        assert!(!send(
+            sim.node_mut(0),
+            &qa,
+            wr_id,
+            region(0) + at,
+            len,
+            &mut ready.clone()
+        ));
+    }
     sim.run_until_idle(SEC).unwrap();
     assert_eq!(done(&mut sim, &qa), [(1, OK, S, 64)]);
-    // The transport takes the second and refuses the third: the third,
-    // and whatever follows, goes the packet way.
+    (sim, qa, qb, t)
+}
+
+#[test]
+fn a_held_request_the_offload_refuses_goes_on_the_wire_alone_while_the_rest_wait() {
+    let (mut sim, qa, qb, t) = three_held();
+    // The transport takes SEND 2 and refuses SEND 3, but could carry what
+    // follows (the peer's receives are behind, say): SEND 3 goes on the
+    // wire with the next PSN, SEND 4 waits for its answer.
     let qpn = qa.qpn;
+    let once = Fake::new(1, true);
     sim.node_mut(0)
         .ep
         .offload_held(|n| (n == qpn).then(|| once.clone()));
     assert_eq!(once.carried(), [8]);
-    assert!(!sim.node(0).ep.holds_for_offload());
+    assert!(sim.node(0).ep.holds_for_offload());
     sim.run_until_idle(SEC).unwrap();
     assert_eq!(
         lines(&t),
@@ -223,11 +229,17 @@ fn a_held_request_the_offload_refuses_goes_on_the_wire_with_the_next_psn() {
             "B ACKNOWLEDGE 101 [ACK msn=2]",
         ]
     );
-    assert_eq!(
-        done(&mut sim, &qa),
-        [(2, OK, S, 8), (3, OK, S, 128)],
-        "in posting order"
-    );
+    assert_eq!(done(&mut sim, &qa), [(2, OK, S, 8), (3, OK, S, 128)]);
+    // Answered: SEND 4 goes through the transport.
+    let take = Fake::new(usize::MAX, true);
+    sim.node_mut(0)
+        .ep
+        .offload_held(|n| (n == qpn).then(|| take.clone()));
+    assert_eq!(take.carried(), [16]);
+    assert_eq!(done(&mut sim, &qa), [(4, OK, S, 16)], "in posting order");
+    assert!(!sim.node(0).ep.holds_for_offload());
+    sim.run_until_idle(SEC).unwrap();
+    assert_eq!(lines(&t).len(), 4, "SEND 4 never on the wire");
     let b = sim.node_mut(1).poll_cq(qb.rcq);
     assert_eq!(
         b.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(),
@@ -239,7 +251,39 @@ fn a_held_request_the_offload_refuses_goes_on_the_wire_with_the_next_psn() {
             .slice_mut(region(1) + 4096, 128)
             .to_vec(),
         sim.node_mut(0).mem.slice_mut(region(0) + 128, 128).to_vec(),
-        "the third SEND's bytes"
+        "SEND 3's bytes"
+    );
+}
+
+#[test]
+fn held_requests_the_offload_can_no_longer_carry_all_go_on_the_wire() {
+    let (mut sim, qa, qb, t) = three_held();
+    // SEND 2 carried, SEND 3 refused, and the transport could not carry
+    // what follows either (the peer's receive lane closed, say): SENDs 3
+    // and 4 go on the wire, with the next PSNs.
+    let qpn = qa.qpn;
+    let gone = Fake::new(1, false);
+    sim.node_mut(0)
+        .ep
+        .offload_held(|n| (n == qpn).then(|| gone.clone()));
+    assert_eq!(gone.carried(), [8]);
+    assert!(!sim.node(0).ep.holds_for_offload());
+    sim.run_until_idle(SEC).unwrap();
+    let l = lines(&t);
+    assert_eq!(
+        l[2..4],
+        ["A SEND_ONLY 101 ackreq", "A SEND_ONLY 102 ackreq"],
+        "{l:?}"
+    );
+    assert_eq!(
+        done(&mut sim, &qa),
+        [(2, OK, S, 8), (3, OK, S, 128), (4, OK, S, 16)],
+        "in posting order"
+    );
+    let b = sim.node_mut(1).poll_cq(qb.rcq);
+    assert_eq!(
+        b.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(),
+        [(7, 64), (8, 128), (9, 16)]
     );
 }
 

@@ -376,7 +376,7 @@ impl Host {
     /// filling a receive of it, and none will until it opens again. Returns
     /// how many receives were filled.
     pub fn recv_close(&self, qpn: u32) -> u64 {
-        self.recv_hold(qpn, None)
+        self.recv_stop(qpn, None, 0)
     }
 
     /// The index in our segment of `peer`'s ring and in-flight words (the
@@ -392,10 +392,22 @@ impl Host {
     /// [`Host::recv_close`], waiting only for the in-flight words of the
     /// peer at index `from` (the ring a packet came in by: the sender's
     /// words share its index) if known, else for every peer's.
+    ///
+    /// A hold is for a moment ([`Host::recv_release`] follows): the area
+    /// says so (`open` 2), and a sender may keep its SENDs for the lane
+    /// meanwhile rather than send them the packet way (see
+    /// [`Peer::receives_lane`]).
     pub fn recv_hold(&self, qpn: u32, from: Option<u32>) -> u64 {
+        self.recv_stop(qpn, from, 2)
+    }
+
+    /// Stop the sender filling QP `qpn`'s receives (`open` to `to`: 0
+    /// closed, 2 held), then wait for a sender inside (see
+    /// [`Host::recv_hold`]).
+    fn recv_stop(&self, qpn: u32, from: Option<u32>, to: u32) -> u64 {
         let m = &self.inner.map;
         let a = m.recv(qpn);
-        a.open.store(0, Ordering::SeqCst);
+        a.open.store(to, Ordering::SeqCst);
         let tag = seg::RECV_BIT | (qpn & 0xff_ffff) as u64;
         let peers = match from {
             Some(i) => i as usize..i as usize + 1,
@@ -1412,12 +1424,14 @@ impl Peer {
         })
     }
 
-    /// Whether a SEND from `qps.local` would find a receive of the peer's
-    /// `qps.remote` to fill now (its receive area open for our QP, its next
-    /// receive published). A look only: what a [`Peer::send_recv`] then
-    /// finds may differ, and it checks again.
-    pub fn recv_ready(&self, qps: &Qps) -> bool {
-        self.alive() && next_receive(self.map.recv(qps.remote), qps).is_some()
+    /// Whether the peer's `qps.remote` has a receive lane for SENDs from
+    /// `qps.local`, open or held for a moment: it publishes its receives
+    /// there as its application polls, so a SEND that finds none published
+    /// now finds one once the receiver catches up. A look only: a
+    /// [`Peer::send_recv`] checks again.
+    pub fn receives_lane(&self, qps: &Qps) -> bool {
+        let a = self.map.recv(qps.remote);
+        self.alive() && matches!(a.open.load(Ordering::Relaxed), 1 | 2) && area_for(a, qps)
     }
 
     /// # Safety
@@ -1506,14 +1520,7 @@ impl Peer {
 /// previous result taken).
 #[inline(always)]
 fn next_receive<'a>(a: &'a seg::RecvArea, qps: &Qps) -> Option<(u64, &'a seg::RecvSlot)> {
-    if a.open.load(Ordering::SeqCst) != 1
-        || a.qpn.load(Ordering::Relaxed) != qps.remote
-        || a.src_qpn.load(Ordering::Relaxed) != qps.local
-        || a.src_gid
-            .iter()
-            .zip(qps.local_gid.chunks_exact(4))
-            .any(|(w, c)| w.load(Ordering::Relaxed).to_ne_bytes() != c)
-    {
+    if !area_ours(a, qps) {
         return None;
     }
     let t = a.taken.load(Ordering::Relaxed);
@@ -1521,6 +1528,25 @@ fn next_receive<'a>(a: &'a seg::RecvArea, qps: &Qps) -> Option<(u64, &'a seg::Re
     // Wrapping: `taken` is the owner's to write, and no value of it may
     // panic this process.
     (slot.posted.load(Ordering::Acquire) == t.wrapping_add(1)).then_some((t, slot))
+}
+
+/// The receive area `a` of the peer's `qps.remote` is open for SENDs
+/// from `qps.local`.
+#[inline(always)]
+fn area_ours(a: &seg::RecvArea, qps: &Qps) -> bool {
+    a.open.load(Ordering::SeqCst) == 1 && area_for(a, qps)
+}
+
+/// The receive area `a` is the peer's `qps.remote`'s for SENDs from
+/// `qps.local` (open or not).
+#[inline(always)]
+fn area_for(a: &seg::RecvArea, qps: &Qps) -> bool {
+    a.qpn.load(Ordering::Relaxed) == qps.remote
+        && a.src_qpn.load(Ordering::Relaxed) == qps.local
+        && a.src_gid
+            .iter()
+            .zip(qps.local_gid.chunks_exact(4))
+            .all(|(w, c)| w.load(Ordering::Relaxed).to_ne_bytes() == c)
 }
 
 /// Copy `n` bytes from `src` to `dst`: up to 16 with two (overlapping)

@@ -172,7 +172,9 @@ pub struct RecvSlot {
 /// sequentially consistent: Dekker's pattern, as for regions).
 #[repr(C)]
 pub struct RecvArea {
-    /// 1 while the owner lets the sender fill receives.
+    /// 1 while the owner lets the sender fill receives; 2 while it holds
+    /// them for a moment (a packet of the QP's is handled: see
+    /// `Host::recv_hold`), to be 1 again; 0 closed.
     pub open: AtomicU32,
     pub qpn: AtomicU32,
     /// The QP and GID allowed to fill them.

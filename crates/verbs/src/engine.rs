@@ -524,7 +524,7 @@ impl softrdma_core::Offload for PeerOffload<'_> {
     fn would_carry(&mut self, op: &softrdma_core::wr::SendOp) -> bool {
         use softrdma_core::wr::SendOp;
         match op {
-            SendOp::Send | SendOp::SendWithImm { .. } => self.0.peer.recv_ready(&self.0.qps),
+            SendOp::Send | SendOp::SendWithImm { .. } => self.0.peer.receives_lane(&self.0.qps),
             _ => self.0.peer.alive(),
         }
     }

@@ -76,11 +76,12 @@ pub struct Qp {
     /// endpoint's is on): not while its peer is reached through
     /// shared-memory rings (`Endpoint::set_qp_selective_repeat`).
     pub(crate) sr_allowed: bool,
-    /// Requests not yet started wait, in RTS, for those on the wire to
-    /// complete, to be carried out by the connection's offload then
-    /// (`Endpoint::post_send_offload`, `Endpoint::offload_held`) instead
-    /// of going on the wire behind them.
+    /// Requests not yet started from send queue index `hold_from` on
+    /// wait, in RTS, for those before them to complete, to be carried out
+    /// by the connection's offload then (`Endpoint::post_send_offload`,
+    /// `Endpoint::offload_held`) instead of going on the wire behind them.
     pub(crate) offload_hold: bool,
+    pub(crate) hold_from: u64,
 }
 
 impl Qp {
@@ -105,6 +106,7 @@ impl Qp {
             resp: Responder::new(1),
             sr_allowed: true,
             offload_hold: false,
+            hold_from: 0,
         }
     }
 

@@ -167,10 +167,14 @@ impl Qp {
         w.flags.contains(crate::wr::SendFlags::FENCE) && self.req.rd_atomic_inflight > 0
     }
 
-    /// `w`, not started yet, waits to be carried out by the connection's
-    /// offload (`Qp::offload_hold`; in SQD nothing starts anyway).
-    fn held(&self, w: &super::queue::SendWqe) -> bool {
-        self.offload_hold && w.state == SendState::Posted && self.state == QpState::Rts
+    /// `w`, at send queue index `idx` and not started yet, waits to be
+    /// carried out by the connection's offload (`Qp::offload_hold`; in SQD
+    /// nothing starts anyway).
+    fn held(&self, idx: u64, w: &super::queue::SendWqe) -> bool {
+        self.offload_hold
+            && idx >= self.hold_from
+            && w.state == SendState::Posted
+            && self.state == QpState::Rts
     }
 
     /// Carry out the bind and invalidate WQEs the requester has reached, in
@@ -178,7 +182,7 @@ impl Qp {
     /// complete in order once what is before them has.
     fn run_local_ops(&mut self, ctx: &mut Ctx<'_>) {
         while let Some(w) = self.sq.get(self.sq.send).copied() {
-            if !w.op.is_local() || w.state != SendState::Posted || self.held(&w) {
+            if !w.op.is_local() || w.state != SendState::Posted || self.held(self.sq.send, &w) {
                 return;
             }
             if self.fenced(&w) {
@@ -225,7 +229,7 @@ impl Qp {
         }
         let idx = self.sq.send;
         let wqe = *self.sq.get(idx).ok_or(Stop::Idle)?;
-        if self.held(&wqe) {
+        if self.held(idx, &wqe) {
             return Err(Stop::Idle);
         }
         match wqe.state {

@@ -302,8 +302,8 @@ fn unsupported_perftest_flags_are_refused_by_name() {
         ),
         (&["send_lat", "--use-srq"][..], "perftest's --use-srq"),
         (
-            &["write_lat", "-D", "2"][..],
-            "perftest's -D/--duration on latency tests",
+            &["write_lat", "-D", "2", "-H"][..],
+            "-U, -H or -C with -D on a latency test",
         ),
     ] {
         let mut a = args.to_vec();

@@ -133,3 +133,73 @@ fn bidirectional_runs_in_both_roles() {
         }
     }
 }
+
+/// `-D` on the latency tests, against the real binaries serving: the two
+/// sides agree on the run (both exit 0), and ours prints perftest's
+/// duration report — its header exactly as perftest prints it here, one
+/// row of size, iterations, t_avg and tps, consistent with each other
+/// (t_avg × tps × the round-trip factor is a second, to t_avg's rounding).
+#[test]
+fn duration_latency_reports_as_perftest() {
+    for (bin, test, rtt) in [
+        ("ib_write_lat", "write_lat", 2.0),
+        ("ib_send_lat", "send_lat", 2.0),
+        ("ib_read_lat", "read_lat", 1.0),
+    ] {
+        let port = common::next_port();
+        let (s, c) = common::pair(
+            perftest(bin, port, &["-D", "2"]),
+            softrdma_perf(port, &[test, "-D", "2"]),
+            port,
+            TIMEOUT,
+        );
+        let what = format!("{bin} -D 2 server / softrdma perf {test} -D 2 client");
+        common::assert_pair_ok(&what, &s, &c);
+        let header = |out: &str| {
+            out.lines()
+                .find(|l| l.starts_with(" #bytes"))
+                .map(str::to_string)
+        };
+        let ours = header(&c.stdout);
+        assert_eq!(
+            ours.as_deref(),
+            Some(" #bytes        #iterations       t_avg[usec]    tps average"),
+            "{what}\n{}",
+            c.text()
+        );
+        if bin != "ib_read_lat" {
+            // perftest's read_lat server prints no table.
+            assert_eq!(
+                header(&s.stdout),
+                ours,
+                "{what}: perftest's own header\n{}",
+                s.text()
+            );
+        }
+        let rows = table(&c.stdout);
+        assert_eq!(rows.len(), 1, "{what}\n{}", c.text());
+        let f: Vec<f64> = rows[0]
+            .split_whitespace()
+            .map(|w| w.parse().expect("a number"))
+            .collect();
+        assert_eq!(f.len(), 4, "{what}: {}", rows[0]);
+        assert_eq!(f[0], 2.0, "perftest's default latency size");
+        assert!(f[1] > 0.0 && f[3] > 0.0, "{what}: {}", rows[0]);
+        let t_avg = 1e6 / (f[3] * rtt);
+        assert!(
+            (t_avg - f[2]).abs() <= 0.005 + 1e-9,
+            "{what}: t_avg {} against tps {} ({t_avg})",
+            f[2],
+            f[3]
+        );
+        // The row as perftest formats it (REPORT_FMT_LAT_DUR and tps).
+        assert_eq!(
+            rows[0],
+            format!(
+                " {:<7}       {}            {:<7.2}        {:<7.2}",
+                2, f[1] as u64, f[2], f[3]
+            ),
+            "{what}"
+        );
+    }
+}

@@ -420,6 +420,87 @@ fn duration_margin(secs: u64) -> Duration {
     Duration::from_secs(secs / 4)
 }
 
+/// perftest's duration mode for latency tests (`-D`): its `SIGALRM`
+/// state machine — a warm-up margin, the measured window, a cool-down
+/// margin, the end — kept by a thread that sleeps until each boundary,
+/// so the loop's only cost is a relaxed load of the phase per iteration
+/// (perftest's is a load of `user_param->state`).
+struct Phases {
+    phase: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    timer: Option<std::thread::JoinHandle<Duration>>,
+}
+
+const WARMUP: u8 = 0;
+const SAMPLE: u8 = 1;
+const END: u8 = 3;
+
+impl Phases {
+    fn start(secs: u64) -> Phases {
+        use std::sync::atomic::Ordering::Relaxed;
+        let phase = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(WARMUP));
+        let ph = phase.clone();
+        let m = duration_margin(secs);
+        let t0 = Instant::now();
+        let sleep_until =
+            |t: Instant| std::thread::sleep(t.saturating_duration_since(Instant::now()));
+        let timer = std::thread::spawn(move || {
+            sleep_until(t0 + m);
+            let from = Instant::now();
+            ph.store(SAMPLE, Relaxed);
+            sleep_until(t0 + Duration::from_secs(secs) - m);
+            let window = from.elapsed();
+            ph.store(SAMPLE + 1, Relaxed);
+            sleep_until(t0 + Duration::from_secs(secs));
+            ph.store(END, Relaxed);
+            window
+        });
+        Phases {
+            phase,
+            timer: Some(timer),
+        }
+    }
+
+    fn now(&self) -> u8 {
+        self.phase.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn ended(&self) -> bool {
+        self.now() == END
+    }
+
+    /// perftest's `print_report_lat_duration`: the window over the
+    /// iterations started in it, halved for a ping-pong (`rtt_factor`),
+    /// and the iterations per second.
+    fn result(mut self, size: u64, n: u64, rtt_factor: f64) -> R<LatResult> {
+        let window = self
+            .timer
+            .take()
+            .expect("joined once")
+            .join()
+            .map_err(|_| " the -D timer thread failed")?;
+        if n == 0 {
+            return Err(" No iteration started in the measured window of -D".into());
+        }
+        let us = window.as_secs_f64() * 1e6;
+        Ok(LatResult {
+            size,
+            iters: n,
+            avg: us / rtt_factor / n as f64,
+            tps: Some(n as f64 / window.as_secs_f64()),
+            ..Default::default()
+        })
+    }
+}
+
+/// Whether a latency loop goes on: `-n` iterations, or with `-D` until its
+/// end.
+fn more(phases: &Option<Phases>, k: u64, iters: u64) -> bool {
+    match phases {
+        Some(ph) => !ph.ended(),
+        None => k < iters,
+    }
+}
+
 /// One post list (`-l`): the WRs chained into a single `post_send` call, as
 /// perftest posts its `wr[]` chain.
 fn post_list(qp: &Qp, i: usize, ud: Option<UdDest>, batch: &[(Sge, SendOp, SendFlags)]) -> R<()> {
@@ -718,6 +799,7 @@ fn lat_summary(size: u64, iters: u64, mut d: Vec<f64>) -> LatResult {
         p99: at((m as f64 * 0.99).ceil() as usize),
         p999: at((m as f64 * 0.999).ceil() as usize),
         intervals: Vec::new(),
+        tps: None,
     }
 }
 
@@ -728,13 +810,18 @@ fn lat_summary(size: u64, iters: u64, mut d: Vec<f64>) -> LatResult {
 pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     let poll_off = r.target_off(0) + size as usize - 1;
     let src = r.local_off(0);
-    let mut stamps = Vec::with_capacity(p.iters as usize);
+    let phases = p.duration.map(Phases::start);
+    let mut stamps = Vec::with_capacity(if phases.is_some() {
+        0
+    } else {
+        p.iters as usize
+    });
     let clock = clock();
     let mut wcs = [Completion::default(); 1];
     let mut dog = Watchdog::new();
-    let (mut scnt, mut rcnt) = (0u64, 0u64);
-    while scnt < p.iters || rcnt < p.iters {
-        if rcnt < p.iters && (client || scnt != 0) {
+    let (mut scnt, mut rcnt, mut sampled) = (0u64, 0u64, 0u64);
+    'run: while more(&phases, scnt, p.iters) || more(&phases, rcnt, p.iters) {
+        if more(&phases, rcnt, p.iters) && (client || scnt != 0) {
             rcnt += 1;
             let tag = rcnt as u8;
             let mut spins = 0u32;
@@ -746,6 +833,10 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
                     // on a host with few cores this beats waiting for the
                     // engine thread to be scheduled.
                     r.ctx.progress();
+                    // With -D the peer may have stopped first.
+                    if phases.as_ref().is_some_and(Phases::ended) {
+                        break 'run;
+                    }
                 }
                 if spins.is_multiple_of(65536) {
                     dog.check()?;
@@ -753,7 +844,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
             }
             dog.progress();
         }
-        if scnt < p.iters {
+        if more(&phases, scnt, p.iters) {
             scnt += 1;
             r.mr.write_volatile_u8(src + size as usize - 1, scnt as u8);
             let sge = [r.mr.sge(src, size as u32)];
@@ -762,7 +853,10 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
             } else {
                 SendFlags::SIGNALED
             };
-            stamps.push(clock.raw());
+            match &phases {
+                Some(ph) => sampled += u64::from(ph.now() == SAMPLE),
+                None => stamps.push(clock.raw()),
+            }
             r.qps[0].post_send(&SendWr {
                 wr_id: scnt,
                 op: op_for(r, p, 0, 0),
@@ -776,24 +870,38 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
                     check_wc(&wcs[0], if client { "client" } else { "server" })?;
                     break;
                 }
+                if phases.as_ref().is_some_and(Phases::ended) {
+                    break 'run;
+                }
                 dog.check()?;
             }
         }
     }
-    Ok(lat_stats(size, p.iters, &stamps, 2.0, p.cycles))
+    match phases {
+        Some(ph) => ph.result(size, sampled, 2.0),
+        None => Ok(lat_stats(size, p.iters, &stamps, 2.0, p.cycles)),
+    }
 }
 
 /// send_lat: SEND/receive ping-pong; the client sends first.
 pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     let rcq = r.rcq.as_ref().expect("send tests have a receive CQ");
-    let mut stamps = Vec::with_capacity(p.iters as usize);
+    let phases = p.duration.map(Phases::start);
+    let mut stamps = Vec::with_capacity(if phases.is_some() {
+        0
+    } else {
+        p.iters as usize
+    });
     let clock = clock();
     let mut wcs = [Completion::default(); 1];
     let mut posted = p.rx_depth as u64;
     let mut dog = Watchdog::new();
     let ud = if p.conn == QpType::Ud { 40 } else { 0 };
+    let ended = || phases.as_ref().is_some_and(Phases::ended);
+    let mut sampled = 0u64;
     arm_for_events(r, p)?;
-    for k in 0..p.iters {
+    let mut k = 0u64;
+    'run: while more(&phases, k, p.iters) {
         if !(client && k == 0) {
             loop {
                 let n = wait_one(r, rcq, p, &mut wcs, k <= 1)?;
@@ -801,10 +909,13 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
                     check_wc(&wcs[0], if client { "client" } else { "server" })?;
                     break;
                 }
+                if ended() {
+                    break 'run; // the peer may have stopped first
+                }
                 dog.check()?;
             }
             dog.progress();
-            if posted < p.iters {
+            if phases.is_some() || posted < p.iters {
                 let sge = [r.mr.sge(r.target_off(0), size as u32 + ud)];
                 r.qps[0].post_recv(&RecvWr {
                     wr_id: 0,
@@ -818,7 +929,10 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
         if p.inline > 0 && size <= p.inline as u64 {
             flags = flags | SendFlags::INLINE;
         }
-        stamps.push(clock.raw());
+        match &phases {
+            Some(ph) => sampled += u64::from(ph.now() == SAMPLE),
+            None => stamps.push(clock.raw()),
+        }
         r.qps[0].post_send(&SendWr {
             wr_id: k,
             op: SendOp::Send,
@@ -835,8 +949,15 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
                 check_wc(&wcs[0], "send")?;
                 break;
             }
+            if ended() {
+                break 'run;
+            }
             dog.check()?;
         }
+        k += 1;
+    }
+    if let Some(ph) = phases {
+        return ph.result(size, sampled, 2.0);
     }
     // The client sent first, so the server's last message is still to come:
     // perftest's client loops until it has received all `iters` too. Left in
@@ -858,13 +979,23 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
 
 /// read_lat / atomic_lat: one request at a time, full round trip.
 pub fn rd_atomic_lat(r: &Res, p: &Params, size: u64) -> R<LatResult> {
-    let mut stamps = Vec::with_capacity(p.iters as usize);
+    let phases = p.duration.map(Phases::start);
+    let mut stamps = Vec::with_capacity(if phases.is_some() {
+        0
+    } else {
+        p.iters as usize
+    });
     let clock = clock();
     let mut wcs = [Completion::default(); 1];
     let mut dog = Watchdog::new();
-    for k in 0..p.iters {
+    let mut sampled = 0u64;
+    let mut k = 0u64;
+    while more(&phases, k, p.iters) {
         let sge = [r.mr.sge(r.local_off(0), size as u32)];
-        stamps.push(clock.raw());
+        match &phases {
+            Some(ph) => sampled += u64::from(ph.now() == SAMPLE),
+            None => stamps.push(clock.raw()),
+        }
         r.qps[0].post_send(&SendWr {
             wr_id: k,
             op: op_for(r, p, 0, 0),
@@ -881,8 +1012,12 @@ pub fn rd_atomic_lat(r: &Res, p: &Params, size: u64) -> R<LatResult> {
             dog.check()?;
         }
         dog.progress();
+        k += 1;
     }
-    Ok(lat_stats(size, p.iters, &stamps, 1.0, p.cycles))
+    match phases {
+        Some(ph) => ph.result(size, sampled, 1.0),
+        None => Ok(lat_stats(size, p.iters, &stamps, 1.0, p.cycles)),
+    }
 }
 
 fn used_ranges(r: &Res, p: &Params) -> Vec<(usize, usize)> {

@@ -373,9 +373,12 @@ impl Params {
                 " Bidirectional send_bw (-b) polls both completion queues in one loop: -e is not supported with it",
             ));
         }
-        if a.duration.is_some() && !t.is_bw() {
+        if a.duration.is_some()
+            && !t.is_bw()
+            && (a.report_unsorted || a.report_histogram || a.report_cycles)
+        {
             return Err(fail(
-                " softrdma perf does not support perftest's -D/--duration on latency tests (their t_avg and tps report): it runs -D on bandwidth tests only",
+                " softrdma perf does not support -U, -H or -C with -D on a latency test: -D reports the average over its window (t_avg, tps), -U, -H and -C need -n's samples",
             ));
         }
         if (a.report_unsorted || a.report_histogram || a.report_cycles) && t.is_bw() {

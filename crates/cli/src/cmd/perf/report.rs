@@ -66,6 +66,9 @@ pub struct LatResult {
     pub p999: f64,
     /// Every interval measured, in the order taken, in the same unit.
     pub intervals: Vec<f64>,
+    /// `-D`: iterations per second over the measured window (then only
+    /// `iters` and `avg` are measured, as perftest reports them).
+    pub tps: Option<f64>,
 }
 
 /// C's `%g`: six significant digits, trailing zeros dropped, exponent form
@@ -125,6 +128,20 @@ pub fn lat_samples(r: &LatResult, unsorted: bool, histogram: bool, cycles: bool)
     let _ = writeln!(o, "{RESULT_LINE}");
     o.push_str(LAT_HEADER);
     Some(o)
+}
+
+/// perftest's latency header in duration mode (`-D`).
+pub const LAT_DUR_HEADER: &str = " #bytes        #iterations       t_avg[usec]    tps average";
+
+/// perftest's `REPORT_FMT_LAT_DUR` row with its tps column (perftest 4.5).
+pub fn lat_dur_row(r: &LatResult) -> String {
+    format!(
+        " {:<7}       {}            {}        {}",
+        r.size,
+        r.iters,
+        left(r.avg, 7, 2),
+        left(r.tps.unwrap_or(0.0), 7, 2)
+    )
 }
 
 pub fn lat_row(r: &LatResult) -> String {
@@ -284,5 +301,26 @@ mod tests {
         assert!(lat_samples(&c, false, true, true)
             .unwrap()
             .starts_with("#, cycles\n1, 689.5\n---"));
+    }
+
+    /// perftest 4.5 on this host (`ib_write_lat -D 5` through our
+    /// libibverbs.so.1), byte for byte.
+    #[test]
+    fn duration_row_is_perftests() {
+        let r = LatResult {
+            size: 2,
+            iters: 2995490,
+            avg: 0.5007,
+            tps: Some(997797.94),
+            ..Default::default()
+        };
+        assert_eq!(
+            lat_dur_row(&r),
+            " 2             2995490            0.50           997797.94"
+        );
+        assert_eq!(
+            LAT_DUR_HEADER,
+            " #bytes        #iterations       t_avg[usec]    tps average"
+        );
     }
 }

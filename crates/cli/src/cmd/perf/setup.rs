@@ -635,7 +635,7 @@ pub fn run_test(
             chan.close(&mine[0])?;
         }
         Test::WriteLat | Test::SendLat => {
-            say(report::LAT_HEADER);
+            say(lat_header(p));
             for &size in &p.sizes {
                 let res = if p.test == Test::WriteLat {
                     bench::write_lat(&r, p, size, client)?
@@ -654,7 +654,7 @@ pub fn run_test(
         }
         Test::ReadLat | Test::AtomicLat => {
             if client {
-                say(report::LAT_HEADER);
+                say(lat_header(p));
                 for &size in &p.sizes {
                     let res = bench::rd_atomic_lat(&r, p, size)?;
                     say(&lat_report(p, &res));
@@ -749,6 +749,9 @@ fn bw_tsv(p: &Params, transport: &str, r: &report::BwResult) -> String {
 /// A latency result as perftest prints it: `-U`'s and `-H`'s lists (and
 /// the header again) first, then the row.
 fn lat_report(p: &Params, r: &report::LatResult) -> String {
+    if r.tps.is_some() {
+        return report::lat_dur_row(r);
+    }
     let row = report::lat_row(r);
     match report::lat_samples(r, p.unsorted, p.histogram, p.cycles.is_some()) {
         Some(lists) => format!("{lists}\n{row}"),
@@ -756,7 +759,25 @@ fn lat_report(p: &Params, r: &report::LatResult) -> String {
     }
 }
 
+/// The latency table's header: perftest's duration-mode one with `-D`.
+fn lat_header(p: &Params) -> &'static str {
+    if p.duration.is_some() {
+        report::LAT_DUR_HEADER
+    } else {
+        report::LAT_HEADER
+    }
+}
+
 fn lat_tsv(p: &Params, transport: &str, r: &report::LatResult) -> String {
+    if r.tps.is_some() {
+        // -D measures the average alone.
+        return format!(
+            "self.{transport}.{}.lat_avg\t{}\t{:.3}\tus",
+            p.test.name(),
+            r.size,
+            r.avg
+        );
+    }
     format!(
         "self.{transport}.{}.lat_p50\t{}\t{:.3}\tus\nself.{transport}.{}.lat_avg\t{}\t{:.3}\tus",
         p.test.name(),

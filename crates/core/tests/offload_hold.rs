@@ -18,6 +18,8 @@ mod support;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use softrdma_core::qp::attr::{AttrMask, QpAttr};
+use softrdma_core::qp::state::QpState;
 use softrdma_core::wc::{WcOpcode, WcStatus};
 use softrdma_core::wr::{SendFlags, SendOp, SendWr, Sge};
 use softrdma_core::{Offload, OffloadLocal};
@@ -366,4 +368,54 @@ fn held_requests_are_flushed_in_order_when_the_qp_fails() {
         [(1, WcStatus::RnrRetryExcErr), (2, WcStatus::WrFlushErr)]
     );
     assert!(!sim.node(0).ep.holds_for_offload());
+}
+
+#[test]
+fn a_state_change_gives_held_requests_back_to_the_requester() {
+    let (mut sim, qa, qb) = pair(1, 8 << 20, &Opts::default());
+    let t = trace(&mut sim, &[0, 1]);
+    sim.node_mut(1).post_recv(&qb, 7, region(1), 4096);
+    sim.node_mut(1).post_recv(&qb, 8, region(1) + 4096, 4096);
+    assert!(!send(
+        sim.node_mut(0),
+        &qa,
+        1,
+        region(0),
+        64,
+        &mut Fake::new(0, true)
+    ));
+    sim.run_until(sim.now() + 100);
+    assert!(!send(
+        sim.node_mut(0),
+        &qa,
+        2,
+        region(0),
+        32,
+        &mut Fake::new(0, true)
+    ));
+    sim.run_until_idle(SEC).unwrap();
+    assert_eq!(done(&mut sim, &qa), [(1, OK, S, 64)]);
+    // RTS -> SQD -> RTS, with nobody calling offload_held: the held SEND
+    // is the requester's again, and goes on the wire.
+    for state in [QpState::Sqd, QpState::Rts] {
+        let a = QpAttr {
+            qp_state: state,
+            ..Default::default()
+        };
+        sim.node_mut(0)
+            .ep
+            .modify_qp(qa.qpn, &a, AttrMask::STATE)
+            .unwrap();
+    }
+    sim.run_until_idle(SEC).unwrap();
+    assert_eq!(
+        lines(&t),
+        [
+            "A SEND_ONLY 100 ackreq",
+            "B ACKNOWLEDGE 100 [ACK msn=1]",
+            "A SEND_ONLY 101 ackreq",
+            "B ACKNOWLEDGE 101 [ACK msn=2]",
+        ]
+    );
+    assert_eq!(done(&mut sim, &qa), [(2, OK, S, 32)]);
 }

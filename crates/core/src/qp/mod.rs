@@ -200,6 +200,11 @@ impl Qp {
         let prev = self.state;
         self.state = next;
         self.attr.qp_state = next;
+        if prev != next {
+            // Requests held for the offload are the requester's again: a
+            // QP back in RTS sends them (nothing else would wake a drain).
+            self.offload_hold = false;
+        }
         // Entering SQD starts a drain of what is in flight (`sq_draining`
         // until then); leaving SQD ends it.
         if next != QpState::Sqd {

@@ -384,8 +384,8 @@ pub struct Endpoint {
     /// UD QPs attached to multicast groups.
     mcast: crate::mcast::McastTable,
     /// QPs holding requests back for an offload (`Qp::offload_hold`),
-    /// each once; one that no longer does leaves at the next
-    /// [`Endpoint::offload_held`].
+    /// listed once per hold (`Qp::hold_listed`); one that no longer does leaves at
+    /// the next [`Endpoint::offload_held`].
     holding: Vec<u32>,
 }
 
@@ -1408,7 +1408,8 @@ impl Endpoint {
                 // This one and what follows; what is before it goes on.
                 qp.offload_hold = true;
                 qp.hold_from = qp.sq.head - 1;
-                if !self.holding.contains(&qpn) {
+                if !qp.hold_listed {
+                    qp.hold_listed = true;
                     self.holding.push(qpn);
                 }
             }
@@ -1438,7 +1439,11 @@ impl Endpoint {
             let qpn = self.holding[i];
             let s = match self.slot(qpn) {
                 Some(s) if self.qps[s].as_ref().is_some_and(|q| q.offload_hold) => s,
-                _ => {
+                slot => {
+                    // Not holding (or gone): off the list.
+                    if let Some(q) = slot.and_then(|s| self.qps[s].as_mut()) {
+                        q.hold_listed = false;
+                    }
                     self.holding.swap_remove(i);
                     continue;
                 }
@@ -1450,9 +1455,11 @@ impl Endpoint {
                     self.sync(s);
                 }
             }
-            if self.qps[s].as_ref().is_some_and(|q| q.offload_hold) {
+            let q = self.qps[s].as_mut().expect("slot checked");
+            if q.offload_hold {
                 i += 1;
             } else {
+                q.hold_listed = false;
                 self.holding.swap_remove(i);
             }
         }

@@ -82,6 +82,9 @@ pub struct Qp {
     /// `Endpoint::offload_held`) instead of going on the wire behind them.
     pub(crate) offload_hold: bool,
     pub(crate) hold_from: u64,
+    /// In `Endpoint::holding` (so a hold that starts again does not look
+    /// the list through).
+    pub(crate) hold_listed: bool,
 }
 
 impl Qp {
@@ -107,6 +110,7 @@ impl Qp {
             sr_allowed: true,
             offload_hold: false,
             hold_from: 0,
+            hold_listed: false,
         }
     }
 

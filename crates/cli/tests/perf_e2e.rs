@@ -296,10 +296,6 @@ fn unsupported_perftest_flags_are_refused_by_name() {
         (&["read_lat", "-g"][..], "perftest's -g/--mcg"),
         (&["send_bw", "-S", "3"][..], "perftest's -S/--sl"),
         (&["write_bw", "--out_json"][..], "perftest's --out_json"),
-        (
-            &["write_bw", "-f", "1", "-D", "4"][..],
-            "perftest's -f/--margin",
-        ),
         (&["send_lat", "--use-srq"][..], "perftest's --use-srq"),
         (
             &["write_lat", "-D", "2", "-H"][..],
@@ -315,6 +311,53 @@ fn unsupported_perftest_flags_are_refused_by_name() {
             "{a:?}: {err}"
         );
     }
+}
+
+/// `-D` on a latency test over the loopback pair, with perftest's default
+/// margin and with `-f`'s: perftest's duration table (header, one row of
+/// size, iterations, t_avg and tps consistent with each other); and `-f`
+/// as large as half of `-D` refused with perftest's words.
+#[test]
+fn duration_latency_with_and_without_a_margin() {
+    for args in [
+        &["write_lat", "-D", "2"][..],
+        &["send_lat", "-D", "3", "-f", "1"][..],
+    ] {
+        let mut a = args.to_vec();
+        a.push("--loopback");
+        let o = finish(spawn(&a), &a.join(" "));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{a:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let mut lines = out.lines().skip_while(|l| !l.starts_with(" #bytes"));
+        assert_eq!(
+            lines.next(),
+            Some(" #bytes        #iterations       t_avg[usec]    tps average"),
+            "{a:?}\n{out}"
+        );
+        let f: Vec<f64> = lines
+            .next()
+            .expect("a row")
+            .split_whitespace()
+            .map(|w| w.parse().expect("a number"))
+            .collect();
+        assert_eq!(f.len(), 4, "{a:?}\n{out}");
+        assert!(f[1] >= 1.0, "{a:?}: iterations\n{out}");
+        assert!(
+            (1e6 / (2.0 * f[3]) - f[2]).abs() <= 0.005 + 1e-9,
+            "{a:?}: t_avg against tps\n{out}"
+        );
+    }
+    let a = ["write_bw", "-D", "4", "-f", "2", "--loopback"];
+    let o = finish(spawn(&a), &a.join(" "));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("DURATION > 2*MARGIN"),
+        "{err}"
+    );
 }
 
 /// `-U` and `-H` print every interval, as perftest's lists: `#, usec`,

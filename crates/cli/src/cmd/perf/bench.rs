@@ -243,7 +243,7 @@ pub fn bw_both(r: &Res, p: &Params, size: u64, mut rx: Option<&mut RecvSide<'_>>
     let start = Instant::now();
     let ns = |t: Instant| t.duration_since(start).as_nanos() as u64;
     let deadline = p.duration.map(|d| start + Duration::from_secs(d));
-    let margin = p.duration.map(duration_margin);
+    let margin = p.duration.map(|d| duration_margin(d, p.margin));
     let mut sample: Option<(Instant, u64)> = None;
     let mut sample_end: Option<(Instant, u64)> = None;
     let mut completed_total = 0u64;
@@ -414,10 +414,11 @@ pub fn bw_both(r: &Res, p: &Params, size: u64, mut rx: Option<&mut RecvSide<'_>>
 }
 
 /// The margin a `-D` run leaves out at each end of its measured interval:
-/// perftest's `duration / 4` in whole seconds (so -D 2 and -D 3 measure
-/// the whole run and -D 5 leaves 1 s, not 1.25 s, at each end).
-fn duration_margin(secs: u64) -> Duration {
-    Duration::from_secs(secs / 4)
+/// `-f`'s, or perftest's default `duration / 4` in whole seconds (so -D 2
+/// and -D 3 measure the whole run and -D 5 leaves 1 s, not 1.25 s, at
+/// each end). The parser made sure that `secs > 2 * margin`.
+fn duration_margin(secs: u64, margin: Option<u64>) -> Duration {
+    Duration::from_secs(margin.unwrap_or(secs / 4))
 }
 
 /// perftest's duration mode for latency tests (`-D`): its `SIGALRM`
@@ -435,11 +436,11 @@ const SAMPLE: u8 = 1;
 const END: u8 = 3;
 
 impl Phases {
-    fn start(secs: u64) -> Phases {
+    fn start(secs: u64, margin: Option<u64>) -> Phases {
         use std::sync::atomic::Ordering::Relaxed;
         let phase = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(WARMUP));
         let ph = phase.clone();
-        let m = duration_margin(secs);
+        let m = duration_margin(secs, margin);
         let t0 = Instant::now();
         let sleep_until =
             |t: Instant| std::thread::sleep(t.saturating_duration_since(Instant::now()));
@@ -810,7 +811,7 @@ fn lat_summary(size: u64, iters: u64, mut d: Vec<f64>) -> LatResult {
 pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     let poll_off = r.target_off(0) + size as usize - 1;
     let src = r.local_off(0);
-    let phases = p.duration.map(Phases::start);
+    let phases = p.duration.map(|d| Phases::start(d, p.margin));
     let mut stamps = Vec::with_capacity(if phases.is_some() {
         0
     } else {
@@ -886,7 +887,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
 /// send_lat: SEND/receive ping-pong; the client sends first.
 pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     let rcq = r.rcq.as_ref().expect("send tests have a receive CQ");
-    let phases = p.duration.map(Phases::start);
+    let phases = p.duration.map(|d| Phases::start(d, p.margin));
     let mut stamps = Vec::with_capacity(if phases.is_some() {
         0
     } else {
@@ -979,7 +980,7 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
 
 /// read_lat / atomic_lat: one request at a time, full round trip.
 pub fn rd_atomic_lat(r: &Res, p: &Params, size: u64) -> R<LatResult> {
-    let phases = p.duration.map(Phases::start);
+    let phases = p.duration.map(|d| Phases::start(d, p.margin));
     let mut stamps = Vec::with_capacity(if phases.is_some() {
         0
     } else {
@@ -1107,7 +1108,8 @@ mod tests {
     #[test]
     fn duration_margin_is_perftests_whole_seconds() {
         for (d, m) in [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (10, 2)] {
-            assert_eq!(duration_margin(d), Duration::from_secs(m), "-D {d}");
+            assert_eq!(duration_margin(d, None), Duration::from_secs(m), "-D {d}");
+            assert_eq!(duration_margin(d, Some(0)), Duration::ZERO, "-D {d} -f 0");
         }
     }
 

@@ -156,6 +156,10 @@ pub struct Args {
     /// Run for this many seconds instead of a number of iterations.
     #[arg(short = 'D', long = "duration")]
     pub duration: Option<u64>,
+    /// With -D: seconds left out of the measurement at each end (default:
+    /// a quarter of -D, in whole seconds, as perftest's).
+    #[arg(short = 'f', long = "margin")]
+    pub margin: Option<u64>,
     /// Send queue depth.
     #[arg(short = 't', long = "tx-depth")]
     pub tx_depth: Option<u32>,
@@ -299,6 +303,8 @@ pub struct Params {
     pub buf_size: u64,
     pub iters: u64,
     pub duration: Option<u64>,
+    /// `-f`: the margin of a `-D` run, if given.
+    pub margin: Option<u64>,
     pub qps: usize,
     pub tx_depth: u32,
     pub rx_depth: u32,
@@ -393,6 +399,14 @@ impl Params {
         } else {
             None
         };
+        // perftest's check (with its defaults, -D 5 and -f 2, when either
+        // is left out).
+        if a.duration.is_some() || a.margin.is_some() {
+            let (d, m) = (a.duration.unwrap_or(5), a.margin.unwrap_or(2));
+            if a.margin.is_some() && d <= 2 * m {
+                return Err(fail(" please check that DURATION > 2*MARGIN"));
+            }
+        }
         if a.duration.is_some() && (a.all || a.events) {
             return Err(fail(" Duration mode cannot be combined with -a or -e"));
         }
@@ -509,6 +523,7 @@ impl Params {
             buf_size,
             iters,
             duration: a.duration,
+            margin: a.margin,
             qps: a.qps,
             tx_depth,
             rx_depth,
@@ -712,6 +727,7 @@ fn server_args(a: &Args, port: u16) -> Vec<String> {
     push("-q", Some(a.qps.to_string()));
     push("-m", a.mtu.map(|s| s.to_string()));
     push("-D", a.duration.map(|s| s.to_string()));
+    push("-f", a.margin.map(|s| s.to_string()));
     push("-t", a.tx_depth.map(|s| s.to_string()));
     push("-r", a.rx_depth.map(|s| s.to_string()));
     push("-Q", a.cq_mod.map(|s| s.to_string()));

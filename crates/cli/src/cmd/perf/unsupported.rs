@@ -37,13 +37,7 @@ macro_rules! flag {
 }
 
 /// The flags, in the order a refusal names the first one given.
-const FLAGS: [Flag; 55] = [
-    flag!(
-        Some('f'),
-        "margin",
-        true,
-        "measuring within margins of a -D run (the margins are a quarter of -D)",
-    ),
+const FLAGS: [Flag; 54] = [
     flag!(
         Some('S'),
         "sl",

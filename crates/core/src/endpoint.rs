@@ -342,13 +342,16 @@ pub trait Offload {
     /// successfully; false if it was not touched at all.
     fn one_sided(&mut self, op: &SendOp, local: OffloadLocal<'_>) -> bool;
 
-    /// Whether `op` would be carried out now if nothing of its QP's were
-    /// still on its way to the responder: the offload's own judgement of
-    /// what it can reach, without touching anything (a SEND: whether the
-    /// peer has a receive reachable for it). The core holds a request back
-    /// behind ones on the wire, to carry it out here once they complete
-    /// (see [`Endpoint::offload_held`]), only while this says yes: one
-    /// that would go on the wire anyway is sent at once.
+    /// Whether `op` would be carried out if nothing of its QP's were still
+    /// on its way to the responder — or will be once a passing cause is
+    /// gone (a SEND: the peer's receives behind, not missing): the
+    /// offload's own judgement, without touching anything. The core starts
+    /// holding requests back behind ones on the wire, to carry them out
+    /// here once those complete (see [`Endpoint::offload_held`]), only for
+    /// a request this says yes to; and when one it holds is refused, the
+    /// rest go on waiting only if this says yes to it. Requests posted
+    /// while a hold lasts are held whatever it says (they may not pass
+    /// the ones held before them).
     fn would_carry(&mut self, op: &SendOp) -> bool {
         let _ = op;
         true
@@ -1152,6 +1155,13 @@ impl Endpoint {
     /// offload does not judge itself would fail — it is queued and goes on
     /// the wire, where the responder gives it IBA's outcome. Returns
     /// whether `off` carried it out. RC only (see the UC note inside).
+    ///
+    /// A request posted behind requests still on the wire is not offered
+    /// (it may not overtake them): if `off` could carry it
+    /// ([`Offload::would_carry`]), or the QP already holds requests, it is
+    /// held — queued unsent — until those ahead of it complete, and then
+    /// carried out by the offload ([`Endpoint::offload_held`]); returns
+    /// true if that happened within this call.
     pub fn post_send_offload(
         &mut self,
         qpn: u32,
@@ -1429,11 +1439,16 @@ impl Endpoint {
     /// Carry out the requests QPs hold back for their offload (see
     /// [`Endpoint::post_send_offload`]) once everything ahead of them has
     /// completed, in order, through the offload `off` gives for the QP.
-    /// A request the offload refuses, and every one after it, goes on the
-    /// wire as any other (so do those of a QP `off` gives none for). Call
-    /// it after handling packets: a completion among them may be what a QP
-    /// waits for. Cheap when nothing is held ([`Endpoint::holds_for_offload`]).
-    pub fn offload_held<O: Offload>(&mut self, mut off: impl FnMut(u32) -> Option<O>) {
+    /// A request the offload refuses goes on the wire as any other — alone
+    /// if the offload could carry what follows it, which waits for its
+    /// answer, else with the rest (so do those of a QP `off` gives none
+    /// for). Call it after anything that may complete requests: handling
+    /// packets, and the requester's turn (a bind or invalidate completes
+    /// there). Returns whether it gave any request to the requester (then
+    /// there is something to transmit). Cheap when nothing is held
+    /// ([`Endpoint::holds_for_offload`]).
+    pub fn offload_held<O: Offload>(&mut self, mut off: impl FnMut(u32) -> Option<O>) -> bool {
+        let mut released = false;
         let mut i = 0;
         while i < self.holding.len() {
             let qpn = self.holding[i];
@@ -1449,10 +1464,11 @@ impl Endpoint {
                 }
             };
             match off(qpn) {
-                Some(mut o) => self.drain_held(s, &mut o),
+                Some(mut o) => released |= self.drain_held(s, &mut o),
                 None => {
                     self.qps[s].as_mut().expect("slot checked").offload_hold = false;
                     self.sync(s);
+                    released = true;
                 }
             }
             let q = self.qps[s].as_mut().expect("slot checked");
@@ -1463,6 +1479,7 @@ impl Endpoint {
                 self.holding.swap_remove(i);
             }
         }
+        released
     }
 
     /// Some QP holds requests back for its offload.
@@ -1477,10 +1494,11 @@ impl Endpoint {
     /// one `off` refuses goes on the wire; if `off` could carry what
     /// follows it (`Offload::would_carry`: say the peer's receives are
     /// behind, not gone) the rest wait for its answer, else they go too.
-    fn drain_held(&mut self, s: usize, off: &mut dyn Offload) {
+    /// Returns whether one was refused (the requester has it now).
+    fn drain_held(&mut self, s: usize, off: &mut dyn Offload) -> bool {
         let Endpoint { qps, shared, .. } = self;
         let Some(qp) = qps[s].as_mut() else {
-            return;
+            return false;
         };
         let mut refused = false;
         while qp.offload_hold && qp.state == QpState::Rts {
@@ -1529,6 +1547,7 @@ impl Endpoint {
         if refused {
             self.sync(s);
         }
+        refused
     }
 
     /// `ibv_post_recv`, its SGEs checked at post ([`RecvCheck::AtPost`]).

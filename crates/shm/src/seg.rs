@@ -168,7 +168,7 @@ pub struct RecvSlot {
 /// lane); a slot is published again only after the owner has taken its
 /// result. The sender tags an in-flight word with [`RECV_BIT`] and the
 /// QPN before it looks at `open`; the owner holds (or closes) the lane by
-/// storing 0 in `open` and then waits until no word carries the tag (both
+/// storing 2 (or 0) in `open` and then waits until no word carries the tag (both
 /// sequentially consistent: Dekker's pattern, as for regions).
 #[repr(C)]
 pub struct RecvArea {

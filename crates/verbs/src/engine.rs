@@ -521,11 +521,16 @@ impl softrdma_core::Offload for PeerOffload<'_> {
         unsafe { self.0.peer.send_recv(&self.0.qps, spans, imm, None) }.is_some()
     }
 
+    /// SENDs only: a refused SEND's cause passes (the receiver catches up
+    /// with its receives). A one-sided operation the offload refuses (a
+    /// region not in moved pages, zero bytes, an ATOMIC WRITE in pieces)
+    /// is refused again however long it waits, and holding those would
+    /// only take a stream of them one round trip at a time.
     fn would_carry(&mut self, op: &softrdma_core::wr::SendOp) -> bool {
         use softrdma_core::wr::SendOp;
         match op {
             SendOp::Send | SendOp::SendWithImm { .. } => self.0.peer.receives_lane(&self.0.qps),
-            _ => self.0.peer.alive(),
+            _ => false,
         }
     }
 }
@@ -694,11 +699,7 @@ impl State {
         }
         if self.ep.holds_for_offload() {
             // Requests held behind ones these packets may have completed.
-            let State { ep, direct, .. } = self;
-            ep.offload_held(|qpn| match direct.get((qpn & 0xffff) as usize) {
-                Some(Some(d)) if d.qps.local == qpn => Some(PeerOffload(d)),
-                _ => None,
-            });
+            self.offload_held();
         }
         let may_defer = match defer {
             Defer::App => true,
@@ -789,6 +790,16 @@ impl State {
 
     /// Send what the core has, up to the budget. Returns (sent, budget
     /// exhausted with more to send).
+    /// Drain the requests QPs hold for their offload
+    /// (`Endpoint::offload_held`); whether any went to the requester.
+    fn offload_held(&mut self) -> bool {
+        let State { ep, direct, .. } = self;
+        ep.offload_held(|qpn| match direct.get((qpn & 0xffff) as usize) {
+            Some(Some(d)) if d.qps.local == qpn => Some(PeerOffload(d)),
+            _ => None,
+        })
+    }
+
     fn transmit(&mut self, now: Nanos) -> (usize, bool) {
         self.tx_deferred = false;
         let mut sent = 0;
@@ -804,24 +815,42 @@ impl State {
             let (_, _, buf) = self.stalled.pop_front().expect("front seen");
             self.stall_bufs.push(buf);
         }
-        while sent < TX_BUDGET {
-            let room = TX_BURST.min(TX_BUDGET - sent);
-            let n =
-                self.ep
-                    .poll_transmit_burst(now, &mut self.head, &mut self.txs[..room], &self.mem);
-            if n == 0 {
-                break;
+        loop {
+            while sent < TX_BUDGET {
+                let room = TX_BURST.min(TX_BUDGET - sent);
+                let n = self.ep.poll_transmit_burst(
+                    now,
+                    &mut self.head,
+                    &mut self.txs[..room],
+                    &self.mem,
+                );
+                if n == 0 {
+                    break;
+                }
+                for k in 0..n {
+                    self.transmit_one(k);
+                }
+                sent += n;
+                if !self.stalled.is_empty() {
+                    // Nothing more is built while a ring is full: what
+                    // waits goes first, when the peer has freed space and
+                    // rung our bell.
+                    break;
+                }
             }
-            for k in 0..n {
-                self.transmit_one(k);
+            // A bind or invalidate the requester carried out just now
+            // completes here, not with a packet: requests held behind it
+            // for the offload are drained now (nothing else would come
+            // for them), and one the offload refuses goes on the wire in
+            // another round.
+            if sent < TX_BUDGET
+                && self.stalled.is_empty()
+                && self.ep.holds_for_offload()
+                && self.offload_held()
+            {
+                continue;
             }
-            sent += n;
-            if !self.stalled.is_empty() {
-                // Nothing more is built while a ring is full: what waits
-                // goes first, when the peer has freed space and rung our
-                // bell.
-                break;
-            }
+            break;
         }
         if sent > 0 {
             if let Err(e) = self.port.flush() {

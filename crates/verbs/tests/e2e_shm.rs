@@ -1707,3 +1707,92 @@ fn receives_flushed_as_the_lane_closes_wake_an_armed_cq() {
         },
     );
 }
+
+/// A SEND held behind an invalidate for the lane (the invalidate ahead of
+/// it in the send queue, the peer's receive lane open) goes out once the
+/// invalidate has run, with no further call from its poster: the
+/// requester carries out an invalidate (or a bind) in its transmit turn,
+/// where no packet completes anything, so the engine drains the requests
+/// held for the lane there too. The poster here makes no verbs call after
+/// its post until the receiver has the message (it waits on the
+/// out-of-band channel), as an application that waits for a reply does.
+#[test]
+fn a_send_held_behind_an_invalidate_goes_without_another_call() {
+    two_processes(
+        "a_send_held_behind_an_invalidate_goes_without_another_call",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let rbuf = pd.alloc_mr(4 * 4096, ALL_REMOTE).unwrap();
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 43);
+            assert_eq!(qp.transport(), "shm");
+            // After the connection, so that they open the receive lane.
+            for i in 0..4 {
+                post_recv(&qp, 10 + i as u64, rbuf.sge(i * 4096, 4096));
+            }
+            oob.send(b"posted");
+            let c = wait_cq(&cq, 1, "the SEND behind the invalidate");
+            assert_wc(&c[0], 10, WcStatus::Success, WcOpcode::Recv, 64);
+            assert_bytes(&read_mr(&rbuf, 0, 64), &pattern(44, 64), "the SEND");
+            oob.send(b"got it");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let src = mr_with(&pd, 4096, 44, AccessFlags::LOCAL_WRITE);
+            let inv = mr_with(
+                &pd,
+                4096,
+                45,
+                AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+            );
+            let mw = pd.alloc_mw(MwType::Type2).unwrap();
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 43);
+            let rkey = qp
+                .bind_mw(
+                    &mw,
+                    &inv,
+                    0,
+                    4096,
+                    AccessFlags::REMOTE_WRITE,
+                    1,
+                    SendFlags::SIGNALED,
+                )
+                .unwrap();
+            wait_cq(&cq, 1, "the bind");
+            assert_eq!(oob.recv(), b"posted");
+            let sge = [src.sge(0, 64)];
+            qp.post_send_list(&[
+                SendWr {
+                    wr_id: 2,
+                    op: SendOp::LocalInv { rkey },
+                    sgl: &[],
+                    flags: SendFlags::default(),
+                    ud: None,
+                },
+                SendWr {
+                    wr_id: 3,
+                    op: SendOp::Send,
+                    sgl: &sge,
+                    flags: SendFlags::SIGNALED,
+                    ud: None,
+                },
+            ])
+            .map_err(|(i, e)| format!("request {i}: {e}"))
+            .unwrap();
+            // No call into the device until the receiver has it.
+            assert_eq!(oob.recv(), b"got it");
+            let c = wait_cq(&cq, 1, "the SEND's completion");
+            assert_wc(&c[0], 3, WcStatus::Success, WcOpcode::Send, 64);
+            assert!(
+                ctx.stats().0.offloaded_after_hold >= 1,
+                "the SEND went through the lane after a hold: {:?}",
+                ctx.stats().0
+            );
+        },
+    );
+}

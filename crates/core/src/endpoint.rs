@@ -293,6 +293,29 @@ impl Shared {
         }
     }
 
+    /// A request the offload carried out: counted, and completed
+    /// successfully into the QP's send CQ if it was signaled.
+    fn complete_offloaded(
+        &mut self,
+        qp: &Qp,
+        wr_id: u64,
+        op: &SendOp,
+        byte_len: u32,
+        signaled: bool,
+    ) {
+        self.stats.offloaded += 1;
+        if signaled {
+            let mut c = Completion::new(
+                wr_id,
+                crate::wc::WcStatus::Success,
+                crate::qp::wc_opcode_of(op),
+                qp.qpn,
+            );
+            c.byte_len = byte_len;
+            self.complete(qp.send_cq, c, false);
+        }
+    }
+
     pub fn push_event(&mut self, e: Event) {
         if self.events.contains(&e) {
             return; // an undelivered identical event says it already
@@ -1178,7 +1201,7 @@ impl Endpoint {
         wr: &SendWr<'_>,
         xrc_srqn: Option<u32>,
         mem: &impl Memory,
-        off: Option<&mut dyn Offload>,
+        mut off: Option<&mut dyn Offload>,
     ) -> Result<bool, Error> {
         let s = self.slot(qpn).ok_or(Error::NoSuchQp(qpn))?;
         let qp = self.qps[s].as_mut().expect("slot checked");
@@ -1349,18 +1372,13 @@ impl Endpoint {
         let ilen = ibuf.len();
         let nsge = segs.len();
         let signaled = qp.sq_sig_all || wr.flags.contains(crate::wr::SendFlags::SIGNALED);
-        let mut off = off;
         let mut hold = false;
         if let Some(o) = off.as_deref_mut() {
             // RC only: a UC send queue retires a request once its last
             // packet is built, not once the responder has executed it, so
             // an empty UC queue does not order an offloaded WRITE after an
             // earlier SEND still on its way.
-            if qp.qp_type == QpType::Rc
-                && qp.state == QpState::Rts
-                && (wr.op.is_one_sided()
-                    || matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }))
-            {
+            if qp.qp_type == QpType::Rc && qp.state == QpState::Rts && offloadable(&wr.op) {
                 let mut host = arrayvec::ArrayVec::<(u64, u32), MAX_SGE>::new();
                 let mapped = inline || offload_spans(&self.shared.mrs, &segs, &mut host);
                 if qp.sq.head == qp.sq.tail {
@@ -1370,15 +1388,13 @@ impl Endpoint {
                         OffloadLocal::Host(&host)
                     };
                     if mapped && o.one_sided(&wr.op, local) {
-                        self.shared.stats.offloaded += 1;
-                        if signaled {
-                            let op = crate::qp::wc_opcode_of(&wr.op);
-                            let mut c =
-                                Completion::new(wr.wr_id, crate::wc::WcStatus::Success, op, qpn);
-                            c.byte_len = length as u32;
-                            let cq = qp.send_cq;
-                            self.shared.complete(cq, c, false);
-                        }
+                        self.shared.complete_offloaded(
+                            qp,
+                            wr.wr_id,
+                            &wr.op,
+                            length as u32,
+                            signaled,
+                        );
                         return Ok(true);
                     }
                 } else {
@@ -1514,8 +1530,7 @@ impl Endpoint {
             let inline =
                 w.flags.contains(crate::wr::SendFlags::INLINE) && !w.op.is_read_or_atomic();
             let mut host = arrayvec::ArrayVec::<(u64, u32), MAX_SGE>::new();
-            let carried = (w.op.is_one_sided()
-                || matches!(w.op, SendOp::Send | SendOp::SendWithImm { .. }))
+            let carried = offloadable(&w.op)
                 && (inline || offload_spans(&shared.mrs, qp.sq.sges(idx), &mut host))
                 && off.one_sided(
                     &w.op,
@@ -1534,14 +1549,8 @@ impl Endpoint {
                 refused = true;
                 break;
             }
-            shared.stats.offloaded += 1;
+            shared.complete_offloaded(qp, w.wr_id, &w.op, w.length, w.signaled);
             shared.stats.offloaded_after_hold += 1;
-            if w.signaled {
-                let op = crate::qp::wc_opcode_of(&w.op);
-                let mut c = Completion::new(w.wr_id, crate::wc::WcStatus::Success, op, qp.qpn);
-                c.byte_len = w.length;
-                shared.complete(qp.send_cq, c, false);
-            }
             qp.sq.pop_tail();
         }
         if refused {
@@ -2003,6 +2012,12 @@ impl Endpoint {
         self.fail_qps_of_dead_cqs();
         self.shared.events.pop_front()
     }
+}
+
+/// What an offload may carry out: an RDMA WRITE (without immediate), READ,
+/// atomic or ATOMIC WRITE, or a SEND with or without immediate.
+fn offloadable(op: &SendOp) -> bool {
+    op.is_one_sided() || matches!(op, SendOp::Send | SendOp::SendWithImm { .. })
 }
 
 /// The host spans of `segs`' entries with bytes (zero-length ones move

@@ -21,7 +21,7 @@ use std::rc::Rc;
 use softrdma_core::qp::attr::{AttrMask, QpAttr};
 use softrdma_core::qp::state::QpState;
 use softrdma_core::wc::{WcOpcode, WcStatus};
-use softrdma_core::wr::{SendFlags, SendOp, SendWr, Sge};
+use softrdma_core::wr::{SendFlags, SendOp};
 use softrdma_core::{Offload, OffloadLocal};
 use support::*;
 
@@ -69,20 +69,8 @@ impl Offload for Fake {
 /// Post a signaled SEND of `len` bytes at `addr` through `off`; whether it
 /// was carried out at once.
 fn send(h: &mut Host, q: &QpEnd, wr_id: u64, addr: u64, len: u32, off: &mut Fake) -> bool {
-    let sge = [Sge {
-        addr,
-        length: len,
-        lkey: q.lkey,
-    }];
-    let wr = SendWr {
-        wr_id,
-        op: SendOp::Send,
-        sgl: &sge,
-        flags: SIG,
-        ud: None,
-    };
-    h.sync();
-    h.ep.post_send_offload(q.qpn, &wr, &h.mem, off).unwrap()
+    h.post_via(q, wr_id, SendOp::Send, addr, len, SIG, Some(off))
+        .unwrap()
 }
 
 fn done(sim: &mut softrdma_netsim::Sim<Host>, q: &QpEnd) -> Vec<(u64, WcStatus, WcOpcode, u32)> {
@@ -91,6 +79,35 @@ fn done(sim: &mut softrdma_netsim::Sim<Host>, q: &QpEnd) -> Vec<(u64, WcStatus, 
         .iter()
         .map(|c| (c.wr_id, c.status, c.opcode, c.byte_len))
         .collect()
+}
+
+/// SEND 1, 64 bytes, which the transport cannot take at post (`ready`:
+/// whether it could carry what follows), is on the wire and unanswered.
+fn first_on_the_wire(sim: &mut softrdma_netsim::Sim<Host>, qa: &QpEnd, ready: bool) {
+    assert!(!send(
+        sim.node_mut(0),
+        qa,
+        1,
+        region(0),
+        64,
+        &mut Fake::new(0, ready)
+    ));
+    sim.run_until(sim.now() + 100);
+}
+
+/// What the engine does after handling packets: A's requests held for
+/// QP `qa` go through `off`; whether any went to the requester.
+fn drain(sim: &mut softrdma_netsim::Sim<Host>, qa: &QpEnd, off: &Fake) -> bool {
+    let qpn = qa.qpn;
+    sim.node_mut(0)
+        .ep
+        .offload_held(|n| (n == qpn).then(|| off.clone()))
+}
+
+/// B's receive completions: (wr_id, byte_len).
+fn received(sim: &mut softrdma_netsim::Sim<Host>, qb: &QpEnd) -> Vec<(u64, u32)> {
+    let b = sim.node_mut(1).poll_cq(qb.rcq);
+    b.iter().map(|c| (c.wr_id, c.byte_len)).collect()
 }
 
 const OK: WcStatus = WcStatus::Success;
@@ -104,16 +121,7 @@ fn a_request_behind_one_on_the_wire_waits_for_it_then_goes_through_the_offload()
     pattern(sim.node_mut(0), region(0), 4096, 5);
     // The transport cannot take the first (say, the peer had no receive
     // it could reach): it goes on the wire.
-    let refuse = Fake::new(0, true);
-    assert!(!send(
-        sim.node_mut(0),
-        &qa,
-        1,
-        region(0),
-        64,
-        &mut refuse.clone()
-    ));
-    sim.run_until(sim.now() + 100);
+    first_on_the_wire(&mut sim, &qa, true);
     assert_eq!(lines(&t), ["A SEND_ONLY 100 ackreq"]);
     // The next ones could go through the transport, but the first is
     // still unanswered: they wait, unsent.
@@ -145,10 +153,7 @@ fn a_request_behind_one_on_the_wire_waits_for_it_then_goes_through_the_offload()
     assert!(take.carried().is_empty());
     // What the engine does after handling packets: the first completed,
     // so the held ones go through the transport, in order.
-    let qpn = qa.qpn;
-    sim.node_mut(0)
-        .ep
-        .offload_held(|n| (n == qpn).then(|| take.clone()));
+    drain(&mut sim, &qa, &take);
     assert_eq!(take.carried(), [32, 0]);
     assert_eq!(done(&mut sim, &qa), [(2, OK, S, 32), (3, OK, S, 0)]);
     assert!(!sim.node(0).ep.holds_for_offload());
@@ -183,15 +188,7 @@ fn three_held() -> (softrdma_netsim::Sim<Host>, QpEnd, QpEnd, Trace) {
             .post_recv(&qb, 7 + k, region(1) + 4096 * k, 4096);
     }
     pattern(sim.node_mut(0), region(0), 4096, 9);
-    assert!(!send(
-        sim.node_mut(0),
-        &qa,
-        1,
-        region(0),
-        64,
-        &mut Fake::new(0, true)
-    ));
-    sim.run_until(sim.now() + 100);
+    first_on_the_wire(&mut sim, &qa, true);
     let ready = Fake::new(0, true);
     for (wr_id, at, len) in [(2, 64, 8), (3, 128, 128), (4, 256, 16)] {
         assert!(!send(
@@ -214,11 +211,8 @@ fn a_held_request_the_offload_refuses_goes_on_the_wire_alone_while_the_rest_wait
     // The transport takes SEND 2 and refuses SEND 3, but could carry what
     // follows (the peer's receives are behind, say): SEND 3 goes on the
     // wire with the next PSN, SEND 4 waits for its answer.
-    let qpn = qa.qpn;
     let once = Fake::new(1, true);
-    sim.node_mut(0)
-        .ep
-        .offload_held(|n| (n == qpn).then(|| once.clone()));
+    drain(&mut sim, &qa, &once);
     assert_eq!(once.carried(), [8]);
     assert!(sim.node(0).ep.holds_for_offload());
     sim.run_until_idle(SEC).unwrap();
@@ -234,19 +228,13 @@ fn a_held_request_the_offload_refuses_goes_on_the_wire_alone_while_the_rest_wait
     assert_eq!(done(&mut sim, &qa), [(2, OK, S, 8), (3, OK, S, 128)]);
     // Answered: SEND 4 goes through the transport.
     let take = Fake::new(usize::MAX, true);
-    sim.node_mut(0)
-        .ep
-        .offload_held(|n| (n == qpn).then(|| take.clone()));
+    drain(&mut sim, &qa, &take);
     assert_eq!(take.carried(), [16]);
     assert_eq!(done(&mut sim, &qa), [(4, OK, S, 16)], "in posting order");
     assert!(!sim.node(0).ep.holds_for_offload());
     sim.run_until_idle(SEC).unwrap();
     assert_eq!(lines(&t).len(), 4, "SEND 4 never on the wire");
-    let b = sim.node_mut(1).poll_cq(qb.rcq);
-    assert_eq!(
-        b.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(),
-        [(7, 64), (8, 128)]
-    );
+    assert_eq!(received(&mut sim, &qb), [(7, 64), (8, 128)]);
     assert_eq!(
         sim.node_mut(1)
             .mem
@@ -263,11 +251,8 @@ fn held_requests_the_offload_can_no_longer_carry_all_go_on_the_wire() {
     // SEND 2 carried, SEND 3 refused, and the transport could not carry
     // what follows either (the peer's receive lane closed, say): SENDs 3
     // and 4 go on the wire, with the next PSNs.
-    let qpn = qa.qpn;
     let gone = Fake::new(1, false);
-    sim.node_mut(0)
-        .ep
-        .offload_held(|n| (n == qpn).then(|| gone.clone()));
+    drain(&mut sim, &qa, &gone);
     assert_eq!(gone.carried(), [8]);
     assert!(!sim.node(0).ep.holds_for_offload());
     sim.run_until_idle(SEC).unwrap();
@@ -282,11 +267,7 @@ fn held_requests_the_offload_can_no_longer_carry_all_go_on_the_wire() {
         [(2, OK, S, 8), (3, OK, S, 128), (4, OK, S, 16)],
         "in posting order"
     );
-    let b = sim.node_mut(1).poll_cq(qb.rcq);
-    assert_eq!(
-        b.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(),
-        [(7, 64), (8, 128), (9, 16)]
-    );
+    assert_eq!(received(&mut sim, &qb), [(7, 64), (8, 128), (9, 16)]);
 }
 
 #[test]
@@ -295,15 +276,7 @@ fn a_request_the_offload_could_not_carry_is_sent_at_once() {
     let t = trace(&mut sim, &[0, 1]);
     sim.node_mut(1).post_recv(&qb, 7, region(1), 4096);
     sim.node_mut(1).post_recv(&qb, 8, region(1) + 4096, 4096);
-    assert!(!send(
-        sim.node_mut(0),
-        &qa,
-        1,
-        region(0),
-        64,
-        &mut Fake::new(0, false)
-    ));
-    sim.run_until(sim.now() + 100);
+    first_on_the_wire(&mut sim, &qa, false);
     // Not ready (the peer has no receive the transport could fill, say):
     // holding it would only wait for the first's answer to send it then.
     let not_ready = Fake::new(usize::MAX, false);
@@ -335,15 +308,7 @@ fn held_requests_are_flushed_in_order_when_the_qp_fails() {
         ..Default::default()
     };
     let (mut sim, qa, _qb) = pair(1, 8 << 20, &o);
-    assert!(!send(
-        sim.node_mut(0),
-        &qa,
-        1,
-        region(0),
-        64,
-        &mut Fake::new(0, true)
-    ));
-    sim.run_until(sim.now() + 100);
+    first_on_the_wire(&mut sim, &qa, true);
     let take = Fake::new(usize::MAX, true);
     assert!(!send(
         sim.node_mut(0),
@@ -354,10 +319,7 @@ fn held_requests_are_flushed_in_order_when_the_qp_fails() {
         &mut take.clone()
     ));
     sim.run_until_idle(SEC).unwrap();
-    let qpn = qa.qpn;
-    sim.node_mut(0)
-        .ep
-        .offload_held(|n| (n == qpn).then(|| take.clone()));
+    drain(&mut sim, &qa, &take);
     assert!(
         take.carried().is_empty(),
         "nothing carried out after a failure"
@@ -376,15 +338,7 @@ fn a_state_change_gives_held_requests_back_to_the_requester() {
     let t = trace(&mut sim, &[0, 1]);
     sim.node_mut(1).post_recv(&qb, 7, region(1), 4096);
     sim.node_mut(1).post_recv(&qb, 8, region(1) + 4096, 4096);
-    assert!(!send(
-        sim.node_mut(0),
-        &qa,
-        1,
-        region(0),
-        64,
-        &mut Fake::new(0, true)
-    ));
-    sim.run_until(sim.now() + 100);
+    first_on_the_wire(&mut sim, &qa, true);
     assert!(!send(
         sim.node_mut(0),
         &qa,

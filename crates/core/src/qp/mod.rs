@@ -259,7 +259,6 @@ impl Qp {
         self.req = Requester::default();
         self.comp = Completer::default();
         self.resp = Responder::new(1);
-        self.offload_hold = false;
         // A UD QP's path MTU is the port's, set when it was created; no
         // modify can set it again, so RESET must not forget it.
         let mtu = self.attr.path_mtu;

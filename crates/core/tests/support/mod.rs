@@ -165,6 +165,24 @@ impl Host {
         len: u32,
         flags: SendFlags,
     ) -> Result<(), Error> {
+        self.post_via(q, wr_id, op, addr, len, flags, None)
+            .map(|_| ())
+    }
+
+    /// [`Host::post`] through `off` if given (`Endpoint::post_send_offload`,
+    /// the shared-memory transport's way): whether it was carried out at
+    /// once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_via(
+        &mut self,
+        q: &QpEnd,
+        wr_id: u64,
+        op: SendOp,
+        addr: u64,
+        len: u32,
+        flags: SendFlags,
+        off: Option<&mut dyn softrdma_core::Offload>,
+    ) -> Result<bool, Error> {
         let sge = [Sge {
             addr,
             length: len,
@@ -179,7 +197,10 @@ impl Host {
             ud: None,
         };
         self.sync();
-        self.ep.post_send(q.qpn, &wr, &self.mem)
+        match off {
+            Some(o) => self.ep.post_send_offload(q.qpn, &wr, &self.mem, o),
+            None => self.ep.post_send(q.qpn, &wr, &self.mem).map(|_| false),
+        }
     }
 
     /// Tell the guarded memory which regions are live now.

@@ -493,12 +493,74 @@ impl Phases {
     }
 }
 
-/// Whether a latency loop goes on: `-n` iterations, or with `-D` until its
-/// end.
-fn more(phases: &Option<Phases>, k: u64, iters: u64) -> bool {
-    match phases {
-        Some(ph) => !ph.ended(),
-        None => k < iters,
+/// What a latency loop measures: with `-n`, the stamp of every post
+/// (perftest's intervals); with `-D`, how many posts started in the
+/// measured window of perftest's phases.
+struct LatRun {
+    phases: Option<Phases>,
+    clock: &'static quanta::Clock,
+    iters: u64,
+    stamps: Vec<u64>,
+    sampled: u64,
+}
+
+impl LatRun {
+    fn new(p: &Params) -> LatRun {
+        let phases = p.duration.map(|d| Phases::start(d, p.margin));
+        let stamps = Vec::with_capacity(if phases.is_some() {
+            0
+        } else {
+            p.iters as usize
+        });
+        LatRun {
+            phases,
+            clock: clock(),
+            iters: p.iters,
+            stamps,
+            sampled: 0,
+        }
+    }
+
+    /// Whether the loop goes on after `k` iterations: `-n` of them, or
+    /// with `-D` until its end.
+    fn more(&self, k: u64) -> bool {
+        match &self.phases {
+            Some(ph) => !ph.ended(),
+            None => k < self.iters,
+        }
+    }
+
+    /// `-D`'s end has come (never with `-n`): a wait for the peer stops,
+    /// as it may have stopped first.
+    fn ended(&self) -> bool {
+        self.phases.as_ref().is_some_and(Phases::ended)
+    }
+
+    fn timed(&self) -> bool {
+        self.phases.is_some()
+    }
+
+    /// An iteration posts now: its stamp (on the critical path, as
+    /// perftest's), or its count if it starts in `-D`'s window.
+    fn stamp(&mut self) {
+        match &self.phases {
+            Some(ph) => self.sampled += u64::from(ph.now() == SAMPLE),
+            None => self.stamps.push(self.clock.raw()),
+        }
+    }
+
+    /// The result, halving round trips by `rtt_factor`.
+    fn finish(self, size: u64, rtt_factor: f64, cycles: Option<f64>) -> R<LatResult> {
+        match self.phases {
+            Some(ph) => ph.result(size, self.sampled, rtt_factor),
+            None => Ok(lat_stats(
+                size,
+                self.iters,
+                &self.stamps,
+                rtt_factor,
+                cycles,
+            )),
+        }
     }
 }
 
@@ -811,18 +873,12 @@ fn lat_summary(size: u64, iters: u64, mut d: Vec<f64>) -> LatResult {
 pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     let poll_off = r.target_off(0) + size as usize - 1;
     let src = r.local_off(0);
-    let phases = p.duration.map(|d| Phases::start(d, p.margin));
-    let mut stamps = Vec::with_capacity(if phases.is_some() {
-        0
-    } else {
-        p.iters as usize
-    });
-    let clock = clock();
+    let mut run = LatRun::new(p);
     let mut wcs = [Completion::default(); 1];
     let mut dog = Watchdog::new();
-    let (mut scnt, mut rcnt, mut sampled) = (0u64, 0u64, 0u64);
-    'run: while more(&phases, scnt, p.iters) || more(&phases, rcnt, p.iters) {
-        if more(&phases, rcnt, p.iters) && (client || scnt != 0) {
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    'run: while run.more(scnt) || run.more(rcnt) {
+        if run.more(rcnt) && (client || scnt != 0) {
             rcnt += 1;
             let tag = rcnt as u8;
             let mut spins = 0u32;
@@ -835,7 +891,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
                     // engine thread to be scheduled.
                     r.ctx.progress();
                     // With -D the peer may have stopped first.
-                    if phases.as_ref().is_some_and(Phases::ended) {
+                    if run.ended() {
                         break 'run;
                     }
                 }
@@ -845,7 +901,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
             }
             dog.progress();
         }
-        if more(&phases, scnt, p.iters) {
+        if run.more(scnt) {
             scnt += 1;
             r.mr.write_volatile_u8(src + size as usize - 1, scnt as u8);
             let sge = [r.mr.sge(src, size as u32)];
@@ -854,10 +910,7 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
             } else {
                 SendFlags::SIGNALED
             };
-            match &phases {
-                Some(ph) => sampled += u64::from(ph.now() == SAMPLE),
-                None => stamps.push(clock.raw()),
-            }
+            run.stamp();
             r.qps[0].post_send(&SendWr {
                 wr_id: scnt,
                 op: op_for(r, p, 0, 0),
@@ -871,38 +924,27 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
                     check_wc(&wcs[0], if client { "client" } else { "server" })?;
                     break;
                 }
-                if phases.as_ref().is_some_and(Phases::ended) {
+                if run.ended() {
                     break 'run;
                 }
                 dog.check()?;
             }
         }
     }
-    match phases {
-        Some(ph) => ph.result(size, sampled, 2.0),
-        None => Ok(lat_stats(size, p.iters, &stamps, 2.0, p.cycles)),
-    }
+    run.finish(size, 2.0, p.cycles)
 }
 
 /// send_lat: SEND/receive ping-pong; the client sends first.
 pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     let rcq = r.rcq.as_ref().expect("send tests have a receive CQ");
-    let phases = p.duration.map(|d| Phases::start(d, p.margin));
-    let mut stamps = Vec::with_capacity(if phases.is_some() {
-        0
-    } else {
-        p.iters as usize
-    });
-    let clock = clock();
+    let mut run = LatRun::new(p);
     let mut wcs = [Completion::default(); 1];
     let mut posted = p.rx_depth as u64;
     let mut dog = Watchdog::new();
     let ud = if p.conn == QpType::Ud { 40 } else { 0 };
-    let ended = || phases.as_ref().is_some_and(Phases::ended);
-    let mut sampled = 0u64;
     arm_for_events(r, p)?;
     let mut k = 0u64;
-    'run: while more(&phases, k, p.iters) {
+    'run: while run.more(k) {
         if !(client && k == 0) {
             loop {
                 let n = wait_one(r, rcq, p, &mut wcs, k <= 1)?;
@@ -910,13 +952,13 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
                     check_wc(&wcs[0], if client { "client" } else { "server" })?;
                     break;
                 }
-                if ended() {
+                if run.ended() {
                     break 'run; // the peer may have stopped first
                 }
                 dog.check()?;
             }
             dog.progress();
-            if phases.is_some() || posted < p.iters {
+            if run.timed() || posted < p.iters {
                 let sge = [r.mr.sge(r.target_off(0), size as u32 + ud)];
                 r.qps[0].post_recv(&RecvWr {
                     wr_id: 0,
@@ -930,10 +972,7 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
         if p.inline > 0 && size <= p.inline as u64 {
             flags = flags | SendFlags::INLINE;
         }
-        match &phases {
-            Some(ph) => sampled += u64::from(ph.now() == SAMPLE),
-            None => stamps.push(clock.raw()),
-        }
+        run.stamp();
         r.qps[0].post_send(&SendWr {
             wr_id: k,
             op: SendOp::Send,
@@ -950,15 +989,15 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
                 check_wc(&wcs[0], "send")?;
                 break;
             }
-            if ended() {
+            if run.ended() {
                 break 'run;
             }
             dog.check()?;
         }
         k += 1;
     }
-    if let Some(ph) = phases {
-        return ph.result(size, sampled, 2.0);
+    if run.timed() {
+        return run.finish(size, 2.0, p.cycles);
     }
     // The client sent first, so the server's last message is still to come:
     // perftest's client loops until it has received all `iters` too. Left in
@@ -975,28 +1014,18 @@ pub fn send_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
             dog.check()?;
         }
     }
-    Ok(lat_stats(size, p.iters, &stamps, 2.0, p.cycles))
+    run.finish(size, 2.0, p.cycles)
 }
 
 /// read_lat / atomic_lat: one request at a time, full round trip.
 pub fn rd_atomic_lat(r: &Res, p: &Params, size: u64) -> R<LatResult> {
-    let phases = p.duration.map(|d| Phases::start(d, p.margin));
-    let mut stamps = Vec::with_capacity(if phases.is_some() {
-        0
-    } else {
-        p.iters as usize
-    });
-    let clock = clock();
+    let mut run = LatRun::new(p);
     let mut wcs = [Completion::default(); 1];
     let mut dog = Watchdog::new();
-    let mut sampled = 0u64;
     let mut k = 0u64;
-    while more(&phases, k, p.iters) {
+    while run.more(k) {
         let sge = [r.mr.sge(r.local_off(0), size as u32)];
-        match &phases {
-            Some(ph) => sampled += u64::from(ph.now() == SAMPLE),
-            None => stamps.push(clock.raw()),
-        }
+        run.stamp();
         r.qps[0].post_send(&SendWr {
             wr_id: k,
             op: op_for(r, p, 0, 0),
@@ -1015,10 +1044,7 @@ pub fn rd_atomic_lat(r: &Res, p: &Params, size: u64) -> R<LatResult> {
         dog.progress();
         k += 1;
     }
-    match phases {
-        Some(ph) => ph.result(size, sampled, 1.0),
-        None => Ok(lat_stats(size, p.iters, &stamps, 1.0, p.cycles)),
-    }
+    run.finish(size, 1.0, p.cycles)
 }
 
 fn used_ranges(r: &Res, p: &Params) -> Vec<(usize, usize)> {

@@ -13,8 +13,17 @@
  *             receive socket; a recvmsg after an empty poll and a
  *             recvmmsg of up to 32 entries after one that found
  *             datagrams, with the receive socket's options (UDP_GRO,
- *             IP_PKTINFO, IP_RECVTOS, IP_RECVTTL, SO_RXQ_OVFL: their
+ *             IP_RECVTOS, IP_RECVTTL, SO_RXQ_OVFL: their
  *             control messages, the sender's address).
+ *   softrdma-rc
+ *             the same for an RC WRITE: each side's datagram also carries
+ *             the ACK of the one it answers, as softrdma's engine sends
+ *             them in a ping-pong (the reply first, its ACK behind it,
+ *             one `sendmsg` with UDP_SEGMENT 40: a 40-byte WRITE and a
+ *             20-byte ACK — BTH, AETH, ICRC), received as one GRO entry.
+ *             What any RoCEv2 RC engine on these sockets must do per
+ *             one-way of `perf write_lat`: an ACK per WRITE is IBA's, and
+ *             sent alone it would cost a second system call.
  *
  * Whatever softrdma does on top (headers, ICRC, queues, completions, an
  * RC ACK) comes on top of the `softrdma` figure. (A leaner engine could
@@ -22,7 +31,7 @@
  * control messages it needs. This measures the calls softrdma makes.)
  *
  *   cc -O2 -o udp_pingpong scripts/floor/udp_pingpong.c
- *   ./udp_pingpong softrdma [ITERS] [CPU_A CPU_B] [PORT]
+ *   ./udp_pingpong plain|softrdma|softrdma-rc [ITERS] [CPU_A CPU_B] [PORT]
  *
  * Prints the median and mean one-way time (half the round trip) in µs.
  */
@@ -31,6 +40,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
+#include <stdint.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -46,7 +56,7 @@
 
 #define BATCH 32
 
-static int soft;
+static int soft, rc;
 
 static int udp_socket(int port, int rx) {
     int s = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0), one = 1;
@@ -56,7 +66,6 @@ static int udp_socket(int port, int rx) {
     if (bind(s, (void *)&a, sizeof a) != 0) die("bind");
     if (soft && rx) {
         setsockopt(s, SOL_UDP, UDP_GRO, &one, sizeof one);
-        setsockopt(s, IPPROTO_IP, IP_PKTINFO, &one, sizeof one);
         setsockopt(s, IPPROTO_IP, IP_RECVTOS, &one, sizeof one);
         setsockopt(s, IPPROTO_IP, IP_RECVTTL, &one, sizeof one);
         setsockopt(s, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof one);
@@ -68,6 +77,9 @@ static char bufs[BATCH][2048], cms[BATCH][128];
 static struct sockaddr_in names[BATCH];
 static struct iovec riov[BATCH];
 static struct mmsghdr rmsg[BATCH];
+
+/* Bytes the receives took so far (the `soft` shapes). */
+static long got;
 
 /* One receive, non-blocking: the datagrams it took. As softrdma's ring:
  * the headers the kernel wrote into (the entries the last call filled) are
@@ -86,8 +98,11 @@ static int receive(int s) {
                                           .msg_iov = &riov[k], .msg_iovlen = 1,
                                           .msg_control = cms[k], .msg_controllen = sizeof cms[k]};
     }
-    int n = idle ? (recvmsg(s, &rmsg[0].msg_hdr, MSG_DONTWAIT) >= 0 ? 1 : -1)
+    ssize_t one = 0;
+    int n = idle ? ((one = recvmsg(s, &rmsg[0].msg_hdr, MSG_DONTWAIT)) >= 0 ? 1 : -1)
                  : recvmmsg(s, rmsg, BATCH, MSG_DONTWAIT, 0);
+    if (idle && n == 1) rmsg[0].msg_len = one;
+    for (int k = 0; k < n; k++) got += rmsg[k].msg_len;
     dirty = n > 0 ? n : (errno == EAGAIN ? 0 : BATCH);
     idle = n <= 0;
     return n > 0 ? n : 0;
@@ -105,11 +120,14 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || (strcmp(argv[1], "plain") && strcmp(argv[1], "softrdma"))) {
-        fprintf(stderr, "usage: %s plain|softrdma [ITERS] [CPU_A CPU_B] [PORT]\n", argv[0]);
+    if (argc < 2 || (strcmp(argv[1], "plain") && strcmp(argv[1], "softrdma") &&
+                     strcmp(argv[1], "softrdma-rc"))) {
+        fprintf(stderr, "usage: %s plain|softrdma|softrdma-rc [ITERS] [CPU_A CPU_B] [PORT]\n",
+                argv[0]);
         return 2;
     }
-    soft = strcmp(argv[1], "softrdma") == 0;
+    rc = strcmp(argv[1], "softrdma-rc") == 0;
+    soft = rc || strcmp(argv[1], "softrdma") == 0;
     int iters = argc > 2 ? atoi(argv[2]) : 200000;
     int cpu[2] = {argc > 4 ? atoi(argv[3]) : 0, argc > 4 ? atoi(argv[4]) : 1};
     int base = argc > 5 ? atoi(argv[5]) : 27400 + getpid() % 1000 * 4;
@@ -131,14 +149,34 @@ int main(int argc, char **argv) {
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(base + !me),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     char head[28] = {0}, payload[8] = {0}, icrc[4] = {0}, plain[16] = {0};
-    struct iovec tiov[3] = {{head, sizeof head}, {payload, sizeof payload}, {icrc, sizeof icrc}};
+    char ack[16] = {0}, ack_icrc[4] = {0};
+    /* The WRITE (headers, payload, ICRC) and, for RC, its ACK behind it. */
+    struct iovec tiov[5] = {{head, sizeof head}, {payload, sizeof payload}, {icrc, sizeof icrc},
+                            {ack, sizeof ack}, {ack_icrc, sizeof ack_icrc}};
     struct mmsghdr tmsg = {.msg_hdr = {.msg_name = &to, .msg_namelen = sizeof to,
-                                       .msg_iov = tiov, .msg_iovlen = 3}};
+                                       .msg_iov = tiov, .msg_iovlen = rc ? 5 : 3}};
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } seg = {0};
+    if (rc) {
+        tmsg.msg_hdr.msg_control = seg.buf;
+        tmsg.msg_hdr.msg_controllen = sizeof seg.buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&tmsg.msg_hdr);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        uint16_t size = sizeof head + sizeof payload + sizeof icrc;
+        memcpy(CMSG_DATA(c), &size, sizeof size);
+    }
     double *rtt = me ? 0 : malloc(sizeof(double) * iters);
     for (int i = 0; i < warm + iters; i++) {
         double t0 = now();
         if (!me) send_one(tx, &tmsg, plain, sizeof plain, &to);
-        while (!receive(rx)) {
+        /* A whole message: for RC the WRITE and its ACK (one GRO entry
+         * on loopback; two datagrams, were GRO to leave them apart). */
+        long want = got + (rc ? 60 : soft ? 40 : 0);
+        while (!receive(rx) || got < want) {
         }
         if (me) send_one(tx, &tmsg, plain, sizeof plain, &to);
         else if (i >= warm) rtt[i - warm] = now() - t0;

@@ -234,7 +234,9 @@ impl Receiver {
                 stats.rx_malformed += 1;
                 continue;
             };
-            let dgid = d.cmsgs.dst.unwrap_or(local_gid);
+            // The socket's own address: it receives nothing addressed
+            // elsewhere (see `crate::socket`).
+            let dgid = local_gid;
             let dst = SocketAddr::new(ip_of(dgid, src.is_ipv4()), local.port());
             let seg = d.cmsgs.gro_segment.map_or(d.data.len(), usize::from).max(1);
             if d.data.len() > seg {

@@ -5,8 +5,8 @@
 //! Everything here is a thin, typed wrapper: socket options as integers,
 //! socket addresses as a `sockaddr_in`/`sockaddr_in6` union, `sendmmsg` and
 //! `recvmmsg` over caller-built `mmsghdr` arrays, and control messages
-//! (`UDP_SEGMENT` out; `IP_PKTINFO`, `IP_TOS`, `IP_TTL`, their IPv6
-//! counterparts and `UDP_GRO` in). The arrays themselves are owned and laid out
+//! (`UDP_SEGMENT` out; `IP_TOS`, `IP_TTL`, their IPv6 counterparts,
+//! `SO_RXQ_OVFL` and `UDP_GRO` in). The arrays themselves are owned and laid out
 //! by [`crate::tx`] and [`crate::rx`]; the invariants that make the calls sound
 //! are stated at each `unsafe` block.
 
@@ -338,9 +338,6 @@ pub(crate) fn write_gso_cmsg(buf: &mut TxCmsg, segment_size: u16) -> usize {
 /// What the control messages of one received datagram said.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct RxCmsgs {
-    /// Header destination address (`IP_PKTINFO` / `IPV6_PKTINFO`).
-    pub(crate) dst: Option<[u8; 16]>,
-    pub(crate) dst_is_v4: bool,
     /// IPv4 TOS or IPv6 traffic class.
     pub(crate) tclass: Option<u8>,
     /// IPv4 TTL or IPv6 hop limit.
@@ -374,20 +371,6 @@ pub(crate) unsafe fn parse_rx_cmsgs(hdr: &libc::msghdr) -> RxCmsgs {
                 (data_len >= 4).then(|| std::ptr::read_unaligned(d.cast::<libc::c_int>()))
             };
             match (m.cmsg_level, m.cmsg_type) {
-                (libc::IPPROTO_IP, libc::IP_PKTINFO)
-                    if data_len >= mem::size_of::<libc::in_pktinfo>() =>
-                {
-                    let pi = std::ptr::read_unaligned(data.cast::<libc::in_pktinfo>());
-                    let v4 = Ipv4Addr::from(pi.ipi_addr.s_addr.to_ne_bytes());
-                    out.dst = Some(v4.to_ipv6_mapped().octets());
-                    out.dst_is_v4 = true;
-                }
-                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
-                    if data_len >= mem::size_of::<libc::in6_pktinfo>() =>
-                {
-                    let pi = std::ptr::read_unaligned(data.cast::<libc::in6_pktinfo>());
-                    out.dst = Some(pi.ipi6_addr.s6_addr);
-                }
                 // IP_TOS arrives as one byte, IP_TTL as an int.
                 (libc::IPPROTO_IP, libc::IP_TOS) if data_len >= 1 => out.tclass = Some(*data),
                 (libc::IPPROTO_IP, libc::IP_TTL) => out.hop_limit = int(data).map(|v| v as u8),

@@ -17,8 +17,8 @@
 //!
 //! The IPv4 Identification field and the DF flag are covered by the ICRC but
 //! a program receiving through an ordinary UDP socket never sees them. Every
-//! other covered field is known to such a receiver: addresses (from the source
-//! address and `IP_PKTINFO`), protocol, lengths, the masked fields, and the
+//! other covered field is known to such a receiver: addresses (the source's, and
+//! the receiving socket's own), protocol, lengths, the masked fields, and the
 //! whole UDP header except the checksum (masked anyway).
 //!
 //! softrdma's design, implemented by [`verify_ipv4_hidden`]:

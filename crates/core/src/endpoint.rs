@@ -358,11 +358,14 @@ impl OffloadLocal<'_> {
 /// core keeps every semantic it does not judge: what the offload refuses
 /// goes on the wire as usual.
 pub trait Offload {
-    /// Carry out `op` (an RDMA WRITE without immediate, READ, atomic or
-    /// ATOMIC WRITE; or a SEND, with or without immediate, into a receive
-    /// the peer has made reachable) with `local` as its data or result
-    /// buffer. Return true if it was carried out completely and
-    /// successfully; false if it was not touched at all.
+    /// Carry out `op` (an RDMA WRITE, READ, atomic or ATOMIC WRITE; or a
+    /// SEND, with or without immediate, or an RDMA WRITE with immediate,
+    /// into a receive the peer has made reachable) with `local` as its data
+    /// or result buffer. Return true if it was carried out completely and
+    /// successfully; false if it was not touched at all — or, for a WRITE
+    /// with immediate, if its receive was not filled: its bytes may be in
+    /// place already, and the message sent instead places the same bytes
+    /// again (as a retransmission does).
     fn one_sided(&mut self, op: &SendOp, local: OffloadLocal<'_>) -> bool;
 
     /// Whether `op` would be carried out if nothing of its QP's were still
@@ -375,8 +378,9 @@ pub trait Offload {
     /// rest go on waiting only if this says yes to it. Requests posted
     /// while a hold lasts are held whatever it says (they may not pass
     /// the ones held before them).
-    fn would_carry(&mut self, op: &SendOp) -> bool {
-        let _ = op;
+    /// `len` is the request's length in bytes.
+    fn would_carry(&mut self, op: &SendOp, len: u64) -> bool {
+        let _ = (op, len);
         true
     }
 }
@@ -1404,7 +1408,7 @@ impl Endpoint {
                     // queue never empties again — so, if the offload could
                     // carry it, it waits for them instead (see
                     // `Endpoint::offload_held`).
-                    hold = mapped && (qp.offload_hold || o.would_carry(&wr.op));
+                    hold = mapped && (qp.offload_hold || o.would_carry(&wr.op, length));
                 }
             }
         }
@@ -1541,7 +1545,7 @@ impl Endpoint {
                     },
                 );
             if !carried {
-                if off.would_carry(&w.op) {
+                if off.would_carry(&w.op, w.length as u64) {
                     qp.hold_from = idx + 1;
                 } else {
                     qp.offload_hold = false;
@@ -2017,7 +2021,11 @@ impl Endpoint {
 /// What an offload may carry out: an RDMA WRITE (without immediate), READ,
 /// atomic or ATOMIC WRITE, or a SEND with or without immediate.
 fn offloadable(op: &SendOp) -> bool {
-    op.is_one_sided() || matches!(op, SendOp::Send | SendOp::SendWithImm { .. })
+    op.is_one_sided()
+        || matches!(
+            op,
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::WriteWithImm { .. }
+        )
 }
 
 /// The host spans of `segs`' entries with bytes (zero-length ones move

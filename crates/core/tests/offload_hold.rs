@@ -61,7 +61,7 @@ impl Offload for Fake {
         true
     }
 
-    fn would_carry(&mut self, _op: &SendOp) -> bool {
+    fn would_carry(&mut self, _op: &SendOp, _len: u64) -> bool {
         self.ready
     }
 }

@@ -360,16 +360,18 @@ impl Host {
     }
 
     /// What the sender delivered into receive `i` of QP `qpn`, once it has
-    /// filled it: its length and immediate data, if any.
-    pub fn recv_filled(&self, qpn: u32, i: u64) -> Option<(u32, Option<u32>)> {
+    /// filled it.
+    pub fn recv_filled(&self, qpn: u32, i: u64) -> Option<Filled> {
         let slot = &self.inner.map.recv(qpn).slots[i as usize % seg::RECV_SLOTS];
         if slot.done.load(Ordering::Acquire) != i + 1 {
             return None;
         }
-        let len = slot.byte_len.load(Ordering::Relaxed);
-        let imm =
-            (slot.flags.load(Ordering::Relaxed) & 1 != 0).then(|| slot.imm.load(Ordering::Relaxed));
-        Some((len, imm))
+        let flags = slot.flags.load(Ordering::Relaxed);
+        Some(Filled {
+            len: slot.byte_len.load(Ordering::Relaxed),
+            imm: (flags & seg::FILLED_IMM != 0).then(|| slot.imm.load(Ordering::Relaxed)),
+            rdma: flags & seg::FILLED_RDMA != 0,
+        })
     }
 
     /// Close QP `qpn`'s receive lane: when this returns no sender is
@@ -994,6 +996,17 @@ impl Inner {
     }
 }
 
+/// What a sender delivered into a published receive ([`Host::recv_filled`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Filled {
+    /// The SEND's length, or the RDMA WRITE's (`rdma`).
+    pub len: u32,
+    pub imm: Option<u32>,
+    /// An RDMA WRITE with immediate ([`Peer::write_imm`]): its bytes went to
+    /// a region, none into the receive.
+    pub rdma: bool,
+}
+
 /// What follows a [`Host::withdraw_mr`], which decides whom it waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Withdrawal {
@@ -1420,7 +1433,112 @@ impl Peer {
         self.with_word(claim, None, |word| {
             // SAFETY: forwarded from the caller; `word` is ours alone for
             // the call (`with_word`).
-            unsafe { self.send_recv_locked(qps, local, imm, word) }
+            unsafe { self.send_recv_locked(qps, local, imm, None, word) }
+        })
+    }
+
+    /// Carry out an RDMA WRITE with immediate from `qps.local`: its bytes,
+    /// `local`'s spans (`len` in all), go to `remote_addr` under `rkey` as
+    /// [`Peer::one_sided_checked`] writes a WRITE's, then the next receive
+    /// the peer's `qps.remote` published for it completes with `imm` and
+    /// the WRITE's length, none of the bytes in it (IBA's RDMA WRITE with
+    /// immediate: the receive is consumed for its completion only). Returns
+    /// the receive's index; `None` if the lane has no receive published
+    /// right now (looked at first: then nothing is touched), or if the
+    /// region refuses the WRITE (nothing touched), or if the receive went
+    /// away between the WRITE and the fill (the bytes are in place, the
+    /// receive untouched). On `None` the caller sends the message: the
+    /// peer's responder places the same bytes again and consumes the
+    /// receive, or answers as IBA says (RNR, a remote access error; a WRITE
+    /// that fails may leave bytes placed, as a DMA does).
+    ///
+    /// # Safety
+    /// As for [`Peer::one_sided_checked`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write_imm(
+        &self,
+        qps: &Qps,
+        local: &OffloadLocal<'_>,
+        len: u64,
+        (remote_addr, rkey): (u64, u32),
+        imm: u32,
+        checked: Option<&mut Checked>,
+        claim: Option<&mut Claim>,
+    ) -> Option<u64> {
+        debug_assert_eq!(len, local.bytes());
+        let byte_len = u32::try_from(len).ok()?;
+        if !self.alive() {
+            return None;
+        }
+        let mut none = Checked::default();
+        let checked = checked.unwrap_or(&mut none);
+        self.with_word(claim, None, |word| {
+            if !self.receive_ready(qps, word) {
+                return None;
+            }
+            let write = SendOp::Write { remote_addr, rkey };
+            // SAFETY: forwarded from the caller; `word` is ours alone for
+            // the call (`with_word`). A zero-length WRITE moves nothing (and
+            // IBA checks no key for it): only the receive is filled.
+            if len > 0 && !unsafe { self.one_sided_locked(qps, &write, local, len, checked, word) }
+            {
+                return None;
+            }
+            // SAFETY: no span is read (the receive takes no bytes); `word`
+            // as above.
+            unsafe { self.send_recv_locked(qps, &[], Some(imm), Some(byte_len), word) }
+        })
+    }
+
+    /// Whether the peer's `qps.remote` has a receive published for
+    /// `qps.local` right now, looked at as a filler does (our word `word`
+    /// tagged, then untagged): a [`Peer::write_imm`] whose WRITE would
+    /// otherwise be placed twice, here and by the message sent instead.
+    fn receive_ready(&self, qps: &Qps, word: usize) -> bool {
+        let m = &self.map;
+        let w = &m.active(self.active as usize).words[word % seg::WORDS].word;
+        w.store(
+            seg::RECV_BIT | (qps.remote & 0xff_ffff) as u64,
+            Ordering::SeqCst,
+        );
+        let ready = next_receive(m.recv(qps.remote), qps).is_some();
+        w.store(0, Ordering::Release);
+        ready
+    }
+
+    /// Whether an RDMA WRITE with immediate of `len` bytes to `remote_addr`
+    /// under `rkey` is one [`Peer::write_imm`] carries out once the peer
+    /// publishes a receive: its receive lane is ours and the key names a
+    /// live region of the peer's that covers the range and grants remote
+    /// writes. A look only, as [`Peer::receives_lane`].
+    pub fn would_write_imm(&self, qps: &Qps, (remote_addr, rkey): (u64, u32), len: u64) -> bool {
+        if !self.receives_lane(qps) {
+            return false;
+        }
+        if len == 0 {
+            return true;
+        }
+        let m = &self.map;
+        seg::Mapping::mr_probe_slots(rkey).any(|slot| {
+            let e = m.mr(slot);
+            seg::read_locked_seq(&e.seq, || {
+                (
+                    e.used.load(Ordering::Relaxed),
+                    e.rkey.load(Ordering::Relaxed),
+                    e.access.load(Ordering::Relaxed),
+                    e.iova_lo.load(Ordering::Relaxed),
+                    e.len.load(Ordering::Relaxed),
+                )
+            })
+            .is_some_and(|(_, (used, key, acc, lo, elen))| {
+                used == MR_LIVE
+                    && key == rkey
+                    && AccessFlags::from_bits_retain(acc).contains(AccessFlags::REMOTE_WRITE)
+                    && remote_addr
+                        .checked_sub(lo)
+                        .and_then(|rel| rel.checked_add(len))
+                        .is_some_and(|end| end <= elen)
+            })
         })
     }
 
@@ -1434,6 +1552,9 @@ impl Peer {
         self.alive() && matches!(a.open.load(Ordering::Relaxed), 1 | 2) && area_for(a, qps)
     }
 
+    /// `rdma`: the length of the RDMA WRITE with immediate this receive
+    /// completes (`local` then empty: no bytes go into it).
+    ///
     /// # Safety
     /// As for [`Peer::send_recv`], with in-flight word `word` ours alone.
     unsafe fn send_recv_locked(
@@ -1441,6 +1562,7 @@ impl Peer {
         qps: &Qps,
         local: &[(u64, u32)],
         imm: Option<u32>,
+        rdma: Option<u32>,
         word: usize,
     ) -> Option<u64> {
         let m = &self.map;
@@ -1502,9 +1624,14 @@ impl Peer {
                     doff += k;
                 }
             }
-            slot.byte_len.store(len as u32, Ordering::Relaxed);
+            let (byte_len, rdma_flag) = match rdma {
+                Some(n) => (n, seg::FILLED_RDMA),
+                None => (len as u32, 0),
+            };
+            slot.byte_len.store(byte_len, Ordering::Relaxed);
             slot.imm.store(imm.unwrap_or(0), Ordering::Relaxed);
-            slot.flags.store(imm.is_some() as u32, Ordering::Relaxed);
+            let imm_flag = if imm.is_some() { seg::FILLED_IMM } else { 0 };
+            slot.flags.store(imm_flag | rdma_flag, Ordering::Relaxed);
             slot.done.store(t.wrapping_add(1), Ordering::Release);
             a.taken.store(t.wrapping_add(1), Ordering::Release);
             Some(t)

@@ -146,6 +146,13 @@ pub const RECV_SGES: usize = 4;
 /// with `posted = i + 1`, the sender fills it and sets `done = i + 1`
 /// (both Release, read with Acquire) — one line crosses each way per
 /// message, the one the results are in.
+/// A filled receive's flag: the message carried immediate data.
+pub const FILLED_IMM: u32 = 1;
+/// A filled receive's flag: the message was an RDMA WRITE with immediate —
+/// its bytes went to a region, none to the receive, and `byte_len` is the
+/// WRITE's length (the receive completes as `RECV_RDMA_WITH_IMM`).
+pub const FILLED_RDMA: u32 = 2;
+
 #[repr(C)]
 pub struct RecvSlot {
     pub posted: AtomicU64,
@@ -153,7 +160,7 @@ pub struct RecvSlot {
     pub nsge: AtomicU32,
     pub byte_len: AtomicU32,
     pub imm: AtomicU32,
-    /// Bit 0: the message carried immediate data.
+    /// [`FILLED_IMM`], [`FILLED_RDMA`].
     pub flags: AtomicU32,
     /// `[arena offset, length]` per SGE.
     pub spans: [[AtomicU64; 2]; RECV_SGES],

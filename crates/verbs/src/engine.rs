@@ -502,6 +502,26 @@ impl softrdma_core::Offload for PeerOffload<'_> {
         let imm = match *op {
             SendOp::Send => None,
             SendOp::SendWithImm { imm } => Some(imm),
+            // SAFETY: as below for the others.
+            SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => {
+                let len = local.bytes();
+                return unsafe {
+                    self.0.peer.write_imm(
+                        &self.0.qps,
+                        &local,
+                        len,
+                        (remote_addr, rkey),
+                        imm,
+                        None,
+                        None,
+                    )
+                }
+                .is_some();
+            }
             // SAFETY: the core translated `local`'s host spans through the
             // region table during this call, which runs under the engine's
             // lock; a region's buffer is freed only after `dereg_mr`
@@ -521,15 +541,23 @@ impl softrdma_core::Offload for PeerOffload<'_> {
         unsafe { self.0.peer.send_recv(&self.0.qps, spans, imm, None) }.is_some()
     }
 
-    /// SENDs only: a refused SEND's cause passes (the receiver catches up
-    /// with its receives). A one-sided operation the offload refuses (a
-    /// region not in moved pages, zero bytes, an ATOMIC WRITE in pieces)
-    /// is refused again however long it waits, and holding those would
-    /// only take a stream of them one round trip at a time.
-    fn would_carry(&mut self, op: &softrdma_core::wr::SendOp) -> bool {
+    /// SENDs and WRITEs with immediate only: a refused one's cause passes
+    /// (the receiver catches up with its receives) — for a WRITE with
+    /// immediate, if its region is one the offload writes. A one-sided
+    /// operation the offload refuses (a region not in moved pages, zero
+    /// bytes, an ATOMIC WRITE in pieces) is refused again however long it
+    /// waits, and holding those would only take a stream of them one round
+    /// trip at a time.
+    fn would_carry(&mut self, op: &softrdma_core::wr::SendOp, len: u64) -> bool {
         use softrdma_core::wr::SendOp;
-        match op {
+        match *op {
             SendOp::Send | SendOp::SendWithImm { .. } => self.0.peer.receives_lane(&self.0.qps),
+            SendOp::WriteWithImm {
+                remote_addr, rkey, ..
+            } => self
+                .0
+                .peer
+                .would_write_imm(&self.0.qps, (remote_addr, rkey), len),
             _ => false,
         }
     }

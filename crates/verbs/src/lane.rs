@@ -55,7 +55,7 @@ use std::sync::Arc;
 
 use softrdma_core::cq::CqId;
 use softrdma_core::mr::Span;
-use softrdma_core::wc::Completion;
+use softrdma_core::wc::{Completion, WcOpcode};
 use softrdma_core::wr::{SendFlags, SendOp, SendWr};
 use softrdma_core::{OffloadLocal, MAX_MSG_SIZE, MAX_SGE};
 use softrdma_shm::{barrier, RECV_SGES, RECV_SLOTS};
@@ -577,7 +577,8 @@ impl Lane {
         // A WRITE may be inline too (its bytes are copied at post either
         // way, from the region its SGE names).
         let flags = match wr.op {
-            SendOp::Send | SendOp::SendWithImm { .. } => {
+            // (As a SEND, a WRITE with immediate fills a receive.)
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::WriteWithImm { .. } => {
                 SendFlags(wr.flags.0 & !(SendFlags::INLINE.0 | SendFlags::SOLICITED.0))
             }
             SendOp::Write { .. } => SendFlags(wr.flags.0 & !SendFlags::INLINE.0),
@@ -589,6 +590,7 @@ impl Lane {
             || !matches!(
                 wr.op,
                 SendOp::Write { .. }
+                    | SendOp::WriteWithImm { .. }
                     | SendOp::Read { .. }
                     | SendOp::CompareSwap { .. }
                     | SendOp::FetchAdd { .. }
@@ -613,7 +615,10 @@ impl Lane {
         // anything else takes the engine's way, which says what is wrong.
         let read = !matches!(
             wr.op,
-            SendOp::Write { .. } | SendOp::Send | SendOp::SendWithImm { .. }
+            SendOp::Write { .. }
+                | SendOp::WriteWithImm { .. }
+                | SendOp::Send
+                | SendOp::SendWithImm { .. }
         );
         if wr.sgl.len() > i.max_sge || (read && !i.reads) {
             return false;
@@ -647,7 +652,10 @@ impl Lane {
             };
             spans.push((host, s.length));
         }
-        if spans.is_empty()
+        // A zero-length WRITE with immediate is a notification: it fills
+        // a receive and moves nothing.
+        let notice = matches!(wr.op, SendOp::WriteWithImm { .. });
+        if (spans.is_empty() && !notice)
             || total > MAX_MSG_SIZE
             || (wr.flags.contains(SendFlags::INLINE) && total > i.max_inline)
         {
@@ -689,6 +697,22 @@ impl Lane {
                 SendOp::Send => peer.send_recv(qps, &spans, None, claim.as_mut()).is_some(),
                 SendOp::SendWithImm { imm } => peer
                     .send_recv(qps, &spans, Some(imm), claim.as_mut())
+                    .is_some(),
+                // The WRITE as above, then the next published receive.
+                SendOp::WriteWithImm {
+                    remote_addr,
+                    rkey,
+                    imm,
+                } => peer
+                    .write_imm(
+                        qps,
+                        &OffloadLocal::Host(&spans),
+                        total,
+                        (remote_addr, rkey),
+                        imm,
+                        Some(checked),
+                        claim.as_mut(),
+                    )
                     .is_some(),
                 _ => peer.one_sided_checked(
                     qps,
@@ -975,10 +999,14 @@ impl CqInner {
         while r.polled < r.posted && n < max {
             let w = &r.slots[(r.polled % RECV_SLOTS as u64) as usize];
             if !w.core_took {
-                let Some((len, imm)) = host.recv_filled(r.qpn, r.polled) else {
+                let Some(filled) = host.recv_filled(r.qpn, r.polled) else {
                     break;
                 };
-                f(&Completion::received(w.wr_id, r.qpn, len, imm));
+                let mut c = Completion::received(w.wr_id, r.qpn, filled.len, filled.imm);
+                if filled.rdma {
+                    c.opcode = WcOpcode::RecvRdmaWithImm;
+                }
+                f(&c);
                 n += 1;
             }
             r.polled += 1;

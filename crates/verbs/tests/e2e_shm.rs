@@ -1040,8 +1040,8 @@ fn lane_msg(i: usize) -> (bool, usize, Option<u32>) {
 /// receives (the receive lane, `docs/DESIGN.md`): exact bytes scattered
 /// over two SGEs, immediates, lengths from 0 to the whole receive, more
 /// receives than the lane publishes at once, completions in posting
-/// order — with WRITEs with immediate among them, which come through the
-/// ring and take the lane's next receive at the responder. Then what the
+/// order — with WRITEs with immediate among them, which take the lane's
+/// next receive too (their bytes into the region). Then what the
 /// lane does not carry ends as IBA says: a receive too short gives
 /// `LOC_LEN_ERR` here and `REM_INV_REQ_ERR` at the sender, and the
 /// receives still posted are flushed, each exactly once.
@@ -1164,13 +1164,13 @@ fn sends_fill_posted_receives_in_order_and_fall_back_exactly() {
             }
             // The receiver's first sixteen receives are published before
             // the first message (the lane opens as its QP connects): the
-            // SENDs among the first sixteen messages (fifteen) fill them
-            // at post at least, whatever the receiver's polls publish
-            // later. None would with the lane gone.
+            // first sixteen messages fill them at post at least, whatever
+            // the receiver's polls publish later. None would with the lane
+            // gone.
             let lane = ctx.shm_stats().offloaded - before;
             assert!(
-                (15..=sends).contains(&lane),
-                "{lane} of {sends} SENDs carried out at post"
+                (16..=N as u64).contains(&lane),
+                "{lane} of {N} messages ({sends} SENDs) carried out at post"
             );
             // An inline WRITE through the lane; one beyond max_inline_data
             // (256) is refused at post, lane open or not.
@@ -1199,6 +1199,146 @@ fn sends_fill_posted_receives_in_order_and_fall_back_exactly() {
                 .unwrap();
             let c = wait_cq(&cq, 1, "the SEND into a short receive")[0];
             assert_eq!((c.wr_id, c.status), (50, WcStatus::RemInvReqErr), "{c:?}");
+            oob.expect("ok");
+        },
+    );
+}
+
+/// The length and target offset of WRITE with immediate `i` of the test
+/// below (zero-length ones among them: notifications).
+fn write_imm_msg(i: usize) -> (usize, usize) {
+    let len = [8, 0, 4096, 1, 3333, 64, 0, 2048][i % 8];
+    (len, i * 8192 + i % 3)
+}
+
+/// RDMA WRITEs with immediate carried out by the sender at post: the bytes
+/// straight into the target's region, the immediate and the WRITE's length
+/// into the next receive it published (`RECV_RDMA_WITH_IMM`, the receive's
+/// own memory untouched), zero-length ones included, nothing through the
+/// rings or on the wire. One posted while no receive is there waits for
+/// one (RNR, then the receive) and lands exactly once; one under a key the
+/// target never gave fails with `REM_ACCESS_ERR`, its receive untouched.
+#[test]
+fn writes_with_immediate_fill_receives_at_post() {
+    const N: usize = 8;
+    const SRC: u64 = 907;
+    const SPARE: usize = 120 * 1024;
+    two_processes(
+        "writes_with_immediate_fill_receives_at_post",
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let scq = ctx.create_cq(16, None).unwrap();
+            let rcq = ctx.create_cq(64, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &scq, &rcq, None, cap(16, 64));
+            let rbuf = pd.alloc_mr(128 * 1024, ALL_REMOTE).unwrap();
+            for i in 0..N {
+                post_recv(&qp, 100 + i as u64, rbuf.sge(SPARE, 16));
+            }
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 43);
+            assert_eq!(qp.transport(), "shm");
+            oob.send_region(&Region::of(&rbuf));
+            let c = wait_cq(&rcq, N, "every WRITE with immediate");
+            for (i, c) in c.iter().enumerate() {
+                let (len, at) = write_imm_msg(i);
+                assert_wc(
+                    c,
+                    100 + i as u64,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    len as u32,
+                );
+                assert_eq!(
+                    (c.wc_flags & wc_flags::WITH_IMM != 0, c.imm_or_inv),
+                    (true, 0x5eed_0000 + i as u32),
+                    "message {i}: {c:?}"
+                );
+                assert_bytes(
+                    &read_mr(&rbuf, at, len),
+                    &pattern(SRC + i as u64, len),
+                    "the WRITE's bytes",
+                );
+            }
+            assert_bytes(&read_mr(&rbuf, SPARE, 16), &[0; 16], "the receives' memory");
+            assert_cq_empty(&rcq, Duration::from_millis(20), "after the messages");
+            // No receive posted: the next one waits for one.
+            oob.expect("sent");
+            post_recv(&qp, 200, rbuf.sge(SPARE, 16));
+            let c = wait_cq(&rcq, 1, "the WRITE with immediate that waited")[0];
+            assert_wc(&c, 200, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 100);
+            assert_eq!(c.imm_or_inv, 0x5eed_0200, "{c:?}");
+            assert_bytes(
+                &read_mr(&rbuf, 100_000, 100),
+                &pattern(SRC + 200, 100),
+                "the bytes of the one that waited",
+            );
+            assert_cq_empty(&rcq, Duration::from_millis(50), "a receive completed twice");
+            // A key never given: the receive is not consumed by it.
+            post_recv(&qp, 300, rbuf.sge(SPARE, 16));
+            oob.signal("bad key");
+            oob.expect("refused");
+            assert_bytes(&read_mr(&rbuf, SPARE, 16), &[0; 16], "the receives' memory");
+            let (_, port) = ctx.stats();
+            assert_eq!(port.tx_packets, 0, "a datagram went on the wire: {port:?}");
+            oob.signal("ok");
+        },
+        |mut oob| {
+            let ctx = open_with(V4, Some(Transport::Auto));
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let qp = qp_init(&pd, QpType::Rc, &cq, &cq, None, cap(16, 16));
+            let src = pd.alloc_mr(64 * 1024, AccessFlags::LOCAL_WRITE).unwrap();
+            exchange_and_connect(&ctx, &mut oob, &[&qp], QpType::Rc, 43);
+            let tgt = oob.recv_region();
+            let before = ctx.shm_stats().offloaded;
+            let s = SendFlags::SIGNALED;
+            for i in 0..N {
+                let (len, at) = write_imm_msg(i);
+                src.write(i * 4096, &pattern(SRC + i as u64, len));
+                let op = SendOp::WriteWithImm {
+                    remote_addr: tgt.at(at),
+                    rkey: tgt.rkey,
+                    imm: 0x5eed_0000 + i as u32,
+                };
+                qp.post_send(&wr(i as u64, op, &[src.sge(i * 4096, len as u32)], s))
+                    .unwrap();
+                let c = wait_cq(&cq, 1, "a WRITE with immediate")[0];
+                assert_eq!(
+                    (c.wr_id, c.status, c.opcode),
+                    (i as u64, WcStatus::Success, WcOpcode::RdmaWrite),
+                    "{c:?}"
+                );
+            }
+            // The receiver published its receives before the first one
+            // (its lane opens as the QP connects): every one carried out at
+            // post (the first by the engine's offload, which opens the
+            // send lane; the rest by the lane). Without either, none would
+            // be.
+            assert_eq!(
+                ctx.shm_stats().offloaded - before,
+                N as u64,
+                "carried out at post"
+            );
+            src.write(0, &pattern(SRC + 200, 100));
+            let op = SendOp::WriteWithImm {
+                remote_addr: tgt.at(100_000),
+                rkey: tgt.rkey,
+                imm: 0x5eed_0200,
+            };
+            qp.post_send(&wr(200, op, &[src.sge(0, 100)], s)).unwrap();
+            oob.signal("sent");
+            let c = wait_cq(&cq, 1, "the WRITE with immediate that waited")[0];
+            assert_eq!((c.wr_id, c.status), (200, WcStatus::Success), "{c:?}");
+            oob.expect("bad key");
+            let op = SendOp::WriteWithImm {
+                remote_addr: tgt.at(0),
+                rkey: tgt.rkey ^ 0x5a5a_0000,
+                imm: 1,
+            };
+            qp.post_send(&wr(300, op, &[src.sge(0, 8)], s)).unwrap();
+            let c = wait_cq(&cq, 1, "the WRITE with immediate under a bad key")[0];
+            assert_eq!((c.wr_id, c.status), (300, WcStatus::RemAccessErr), "{c:?}");
+            oob.signal("refused");
             oob.expect("ok");
         },
     );

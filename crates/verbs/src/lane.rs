@@ -1124,8 +1124,10 @@ impl CqLane {
         let Some(k) = h.find(qpn) else {
             return Err(RecvFull);
         };
-        let host = h.host.clone().expect("a receive lane has its host");
-        let r = &mut h.recvs[k];
+        // Borrowed apart, not cloned: an `Arc` clone is a locked increment.
+        let CqInner { host, recvs, .. } = &mut *h;
+        let host = host.as_deref().expect("a receive lane has its host");
+        let r = &mut recvs[k];
         for g in learn {
             if !r.regions.iter().flatten().any(|x| x.lkey == g.lkey) {
                 r.regions.rotate_right(1);
@@ -1213,16 +1215,21 @@ impl CqLane {
     ) -> Option<Kept> {
         let mut h = self.inner.hold_sharing();
         let k = h.find(qpn)?;
-        let host = h.host.clone().expect("a receive lane has its host");
         // Only the lane's sender fills it: a packet from that peer needs
         // only its words checked (its ring and words share the index); one
         // from anyone else (a stale retransmission of an earlier
         // connection, say) says nothing of where the sender is, so every
         // peer's words are waited for.
         let wait = from.filter(|f| h.recvs[k].sender == Some(*f));
-        host.recv_hold(qpn, wait);
+        h.host
+            .as_deref()
+            .expect("a receive lane has its host")
+            .recv_hold(qpn, wait);
         h.take_filled(k, usize::MAX, &mut |c| done.push(*c));
-        let r = &mut h.recvs[k];
+        // Borrowed apart, not cloned: an `Arc` clone is a locked increment.
+        let CqInner { host, recvs, .. } = &mut *h;
+        let host = host.as_deref().expect("a receive lane has its host");
+        let r = &mut recvs[k];
         // All filled ones were taken: the next is number `polled`.
         let t = r.polled;
         if t < r.posted {
@@ -1252,8 +1259,9 @@ impl CqLane {
         let Some(k) = h.find(qpn) else {
             return;
         };
-        let host = h.host.clone().expect("a receive lane has its host");
-        let r = &mut h.recvs[k];
+        let CqInner { host, recvs, .. } = &mut *h;
+        let host = host.as_deref().expect("a receive lane has its host");
+        let r = &mut recvs[k];
         match (r.given, unused) {
             (Given::Slot(t), Some(_)) => {
                 r.slots[(t % RECV_SLOTS as u64) as usize].core_took = false;
@@ -1282,8 +1290,10 @@ impl CqLane {
         let Some(k) = h.find(qpn) else {
             return false;
         };
-        let host = h.host.clone().expect("a receive lane has its host");
-        host.recv_close(qpn);
+        h.host
+            .as_deref()
+            .expect("a receive lane has its host")
+            .recv_close(qpn);
         h.take_filled(k, usize::MAX, &mut |c| done.push(*c));
         let mut r = h.recvs.swap_remove(k);
         self.recvs.store(h.recvs.len(), Ordering::Relaxed);

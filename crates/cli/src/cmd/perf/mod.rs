@@ -552,6 +552,35 @@ pub fn run(a: Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.loopback {
         return loopback(&a);
     }
+    let r = run_one(a, p);
+    report_peak_cpu();
+    r
+}
+
+/// The environment variable through which a loopback run's server learns
+/// where to report the CPU time its peak computations took.
+const PEAK_CPU_FD: &str = "SOFTRDMA_PERF_PEAK_CPU_FD";
+
+/// A loopback run's server: write the CPU time of its peak computations
+/// (`bench::PEAK_CPU_NS`) to the pipe its parent gave it, for the parent's
+/// CPU per GB to leave out.
+fn report_peak_cpu() {
+    let Some(fd) = std::env::var(PEAK_CPU_FD)
+        .ok()
+        .and_then(|v| v.parse::<std::os::fd::RawFd>().ok())
+    else {
+        return;
+    };
+    let msg = format!(
+        "{}\n",
+        bench::PEAK_CPU_NS.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    // SAFETY: a write of our own buffer; a descriptor that is not the
+    // parent's pipe (the variable set by hand) fails or writes a line.
+    unsafe { libc::write(fd, msg.as_ptr().cast(), msg.len()) };
+}
+
+fn run_one(a: Args, p: Params) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let client = a.host.is_some();
     if a.rdma_cm && p.conn == QpType::Uc {
         outln!("{}", report::RESULT_LINE);
@@ -654,7 +683,40 @@ fn loopback(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     cmd.arg("perf").arg(a.test.name());
     cmd.args(server_args(a, port));
     cmd.stdout(std::process::Stdio::null());
+    // The server reports the CPU time of its peak computations here.
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two descriptors we pass.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: both are ours, just made, and owned from here on.
+    let (rd, wr) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    {
+        use std::os::fd::AsRawFd;
+        let w = wr.as_raw_fd();
+        cmd.env(PEAK_CPU_FD, w.to_string());
+        // SAFETY: runs in the child between fork and exec, and only makes
+        // the pipe's write end survive the exec (an async-signal-safe
+        // fcntl).
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                if libc::fcntl(w, libc::F_SETFD, 0) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
     let mut child = cmd.spawn()?;
+    drop(wr);
     let mut me = a.clone();
     me.loopback = false;
     me.host = Some("127.0.0.1".into());
@@ -672,7 +734,18 @@ fn loopback(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             .map(|s| s * p.iters * p.qps as u64)
             .sum::<u64>()
             * ways;
-        let cpu = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN);
+        // Not the peak computations, ours or the server's: they come after
+        // the transfer (see `bench::PEAK_CPU_NS`).
+        let theirs = {
+            use std::io::Read;
+            let mut s = String::new();
+            let mut rd = rd;
+            let _ = rd.read_to_string(&mut s);
+            s.trim().parse::<u64>().unwrap_or(0)
+        };
+        let peaks =
+            (bench::PEAK_CPU_NS.load(std::sync::atomic::Ordering::Relaxed) + theirs) as f64 / 1e9;
+        let cpu = cpu_seconds(libc::RUSAGE_SELF) + cpu_seconds(libc::RUSAGE_CHILDREN) - peaks;
         outln!(
             "self.{}.{}.cpu_s_per_gb\t{}\t{:.3}\ts/GB",
             LAST_TRANSPORT.lock().unwrap(),

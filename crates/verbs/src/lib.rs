@@ -1864,6 +1864,8 @@ impl Cq {
         }
         if n > 0 && !streaming {
             self.eng.took_completions(&mut st);
+        } else if streaming {
+            self.eng.keeps_polling(&mut st);
         }
         Ok(n)
     }

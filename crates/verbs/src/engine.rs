@@ -2010,6 +2010,7 @@ impl Engine {
             // goes in the same pass.
             let p = st.pass(&self.async_fd, true, true);
             self.after_pass(st, p.more_tx);
+            self.defer_bounded(st);
             return;
         }
         st.deliver_events(&self.async_fd);

@@ -16,7 +16,7 @@ use crate::{PortStats, RxMeta};
 use softrdma_wire::opcode::len;
 use std::io;
 use std::mem;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
 /// Buffer per entry with GRO: the largest coalesced datagram.
@@ -219,7 +219,10 @@ impl Receiver {
         };
         *idle = n == 0;
         stats.recvmmsg_calls += 1;
+        // Every datagram's destination is the socket's own address: it
+        // receives nothing addressed elsewhere (see `crate::socket`).
         let local_gid = gid_of(local.ip());
+        let dst = SocketAddr::new(local.ip(), local.port());
         let mut good = 0;
         for i in 0..n {
             let d = self.ring.get(i);
@@ -234,10 +237,6 @@ impl Receiver {
                 stats.rx_malformed += 1;
                 continue;
             };
-            // The socket's own address: it receives nothing addressed
-            // elsewhere (see `crate::socket`).
-            let dgid = local_gid;
-            let dst = SocketAddr::new(ip_of(dgid, src.is_ipv4()), local.port());
             let seg = d.cmsgs.gro_segment.map_or(d.data.len(), usize::from).max(1);
             if d.data.len() > seg {
                 stats.gro_batches += 1;
@@ -245,7 +244,7 @@ impl Receiver {
             }
             let meta = RxMeta {
                 sgid: gid_of(src.ip()),
-                dgid,
+                dgid: local_gid,
                 src_port: src.port(),
                 traffic_class: d.cmsgs.tclass.unwrap_or(0),
                 hop_limit: d.cmsgs.hop_limit.unwrap_or(0),
@@ -333,15 +332,6 @@ fn steer_key(d: &[u8]) -> SteerKey {
         }
         gsi::ATTR_SIDR_REP => SteerKey::Slot(d[gsi::REQUEST_ID_AT as usize]),
         _ => SteerKey::Slot(d[gsi::REMOTE_COMM_ID_AT as usize]),
-    }
-}
-
-/// The IP address of a GID, in the family of the socket.
-fn ip_of(gid: [u8; 16], v4: bool) -> IpAddr {
-    let ip = Ipv6Addr::from(gid);
-    match (v4, ip.to_ipv4_mapped()) {
-        (true, Some(a)) => a.into(),
-        _ => ip.into(),
     }
 }
 

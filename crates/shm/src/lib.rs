@@ -410,7 +410,7 @@ impl Host {
         let m = &self.inner.map;
         let a = m.recv(qpn);
         a.open.store(to, Ordering::SeqCst);
-        let tag = seg::RECV_BIT | (qpn & 0xff_ffff) as u64;
+        let tag = seg::recv_tag(qpn);
         let peers = match from {
             Some(i) => i as usize..i as usize + 1,
             None => 0..seg::PEERS,
@@ -1333,18 +1333,18 @@ impl Peer {
                         if e.used.load(Ordering::SeqCst) == MR_EMPTY {
                             break 'look false;
                         }
-                        let Some((seq, (used, key, pd, acc, lo, elen, off))) =
-                            seg::read_locked_seq(&e.seq, || {
-                                (
-                                    e.used.load(Ordering::Relaxed),
-                                    e.rkey.load(Ordering::Relaxed),
-                                    e.pd.load(Ordering::Relaxed),
-                                    e.access.load(Ordering::Relaxed),
-                                    e.iova_lo.load(Ordering::Relaxed),
-                                    e.len.load(Ordering::Relaxed),
-                                    e.off.load(Ordering::Relaxed),
-                                )
-                            })
+                        let Some((
+                            seq,
+                            seg::MrView {
+                                used,
+                                rkey: key,
+                                pd,
+                                access: acc,
+                                iova_lo: lo,
+                                len: elen,
+                                off,
+                            },
+                        )) = e.read()
                         else {
                             break 'look false;
                         };
@@ -1497,10 +1497,7 @@ impl Peer {
     fn receive_ready(&self, qps: &Qps, word: usize) -> bool {
         let m = &self.map;
         let w = &m.active(self.active as usize).words[word % seg::WORDS].word;
-        w.store(
-            seg::RECV_BIT | (qps.remote & 0xff_ffff) as u64,
-            Ordering::SeqCst,
-        );
+        w.store(seg::recv_tag(qps.remote), Ordering::SeqCst);
         let ready = next_receive(m.recv(qps.remote), qps).is_some();
         w.store(0, Ordering::Release);
         ready
@@ -1520,24 +1517,14 @@ impl Peer {
         }
         let m = &self.map;
         seg::Mapping::mr_probe_slots(rkey).any(|slot| {
-            let e = m.mr(slot);
-            seg::read_locked_seq(&e.seq, || {
-                (
-                    e.used.load(Ordering::Relaxed),
-                    e.rkey.load(Ordering::Relaxed),
-                    e.access.load(Ordering::Relaxed),
-                    e.iova_lo.load(Ordering::Relaxed),
-                    e.len.load(Ordering::Relaxed),
-                )
-            })
-            .is_some_and(|(_, (used, key, acc, lo, elen))| {
-                used == MR_LIVE
-                    && key == rkey
-                    && AccessFlags::from_bits_retain(acc).contains(AccessFlags::REMOTE_WRITE)
+            m.mr(slot).read().is_some_and(|(_, e)| {
+                e.used == MR_LIVE
+                    && e.rkey == rkey
+                    && AccessFlags::from_bits_retain(e.access).contains(AccessFlags::REMOTE_WRITE)
                     && remote_addr
-                        .checked_sub(lo)
+                        .checked_sub(e.iova_lo)
                         .and_then(|rel| rel.checked_add(len))
-                        .is_some_and(|end| end <= elen)
+                        .is_some_and(|end| end <= e.len)
             })
         })
     }
@@ -1575,10 +1562,7 @@ impl Peer {
         let len: u64 = local.iter().map(|&(_, l)| l as u64).sum();
         let a = m.recv(qps.remote);
         let w = &m.active(self.active as usize).words[word % seg::WORDS].word;
-        w.store(
-            seg::RECV_BIT | (qps.remote & 0xff_ffff) as u64,
-            Ordering::SeqCst,
-        );
+        w.store(seg::recv_tag(qps.remote), Ordering::SeqCst);
         let r = 'fill: {
             let Some((t, slot)) = next_receive(a, qps) else {
                 break 'fill None;

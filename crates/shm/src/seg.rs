@@ -104,6 +104,35 @@ pub struct MrEntry {
     _pad: [u64; 3],
 }
 
+/// A region entry's fields, read together ([`MrEntry::read`]).
+#[derive(Debug, Clone, Copy)]
+pub struct MrView {
+    pub used: u32,
+    pub rkey: u32,
+    pub pd: u32,
+    pub access: u32,
+    pub iova_lo: u64,
+    pub len: u64,
+    pub off: u64,
+}
+
+impl MrEntry {
+    /// The entry's fields as one consistent read under its seqlock, with
+    /// the sequence number they were read at (see [`read_locked_seq`]).
+    #[inline(always)]
+    pub fn read(&self) -> Option<(u64, MrView)> {
+        read_locked_seq(&self.seq, || MrView {
+            used: self.used.load(Ordering::Relaxed),
+            rkey: self.rkey.load(Ordering::Relaxed),
+            pd: self.pd.load(Ordering::Relaxed),
+            access: self.access.load(Ordering::Relaxed),
+            iova_lo: self.iova_lo.load(Ordering::Relaxed),
+            len: self.len.load(Ordering::Relaxed),
+            off: self.off.load(Ordering::Relaxed),
+        })
+    }
+}
+
 /// A peer's in-flight words: each the rkey (with bit 32 set) whose memory
 /// its user is touching now, or 0. The owner withdraws a region, then
 /// waits until no word names it.
@@ -134,6 +163,12 @@ pub const ACTIVE_BIT: u64 = 1 << 32;
 /// An in-flight word's tag while its user fills a receive of the QP whose
 /// number is in the low 24 bits (see [`RecvArea`]).
 pub const RECV_BIT: u64 = 1 << 33;
+
+/// The tag of an in-flight word whose user fills a receive of QP `qpn`.
+#[inline(always)]
+pub fn recv_tag(qpn: u32) -> u64 {
+    RECV_BIT | (qpn & 0xff_ffff) as u64
+}
 
 /// Receives a QP publishes at once for its peer's sender to fill (see
 /// [`RecvArea`]), and the SGEs each may have.

@@ -2018,8 +2018,9 @@ impl Endpoint {
     }
 }
 
-/// What an offload may carry out: an RDMA WRITE (without immediate), READ,
-/// atomic or ATOMIC WRITE, or a SEND with or without immediate.
+/// What an offload may carry out: an RDMA WRITE, READ, atomic or ATOMIC
+/// WRITE, a SEND with or without immediate, or an RDMA WRITE with
+/// immediate.
 fn offloadable(op: &SendOp) -> bool {
     op.is_one_sided()
         || matches!(

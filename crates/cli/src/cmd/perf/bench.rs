@@ -592,30 +592,23 @@ fn post_list(qp: &Qp, i: usize, ud: Option<UdDest>, batch: &[(Sge, SendOp, SendF
 /// `1 + n / 2000`-th post).
 const PEAK_SAMPLES: u64 = 2000;
 
+/// CPU time this process spent in [`peak_bw`]: perftest's peak pairs each
+/// sampled post with every completion after it (2 000 × n pairs with
+/// `cq_mod` 1, which perftest and we take above 8 KiB), after the transfer
+/// — ~5 % of a 64 KiB `write_bw`'s CPU (0.03 s/GB). Not CPU spent moving
+/// data: the loopback run's CPU per GB leaves it out (see `loopback`).
+pub static PEAK_CPU_NS: AtomicU64 = AtomicU64::new(0);
+
+/// This thread's CPU time, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    (super::cpu_seconds(libc::RUSAGE_THREAD) * 1e9) as u64
+}
+
 /// perftest's peak: the best per-message time over post→completion windows
 /// on the completion-moderation grid. `tp`: (index of the post, time) for
 /// the sampled posts; `tc`: (messages completed in all, time) for each
 /// completion, so message `j` completed at the first entry whose count
 /// exceeds `j`.
-/// CPU time this process spent in [`peak_bw`]: perftest's peak is a
-/// search over every pair of post and completion (O(n²) with `cq_mod` 1,
-/// which perftest and we take above 8 KiB), done after the transfer — a
-/// tenth of a second for 20 000 messages, ~5 % of a 64 KiB `write_bw`'s
-/// CPU. Not CPU spent moving data: the loopback run's CPU per GB leaves it
-/// out (see `loopback`).
-pub static PEAK_CPU_NS: AtomicU64 = AtomicU64::new(0);
-
-/// This thread's CPU time, in nanoseconds.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 fn peak_bw(tp: &[(u64, u64)], tc: &[(u64, u64)], cq_mod: usize, size: u64) -> f64 {
     let n = tc.last().map_or(0, |c| c.0);
     let (Some(&(_, t0)), Some(&(_, c0))) = (tp.first(), tc.first()) else {

@@ -502,13 +502,16 @@ impl softrdma_core::Offload for PeerOffload<'_> {
         let imm = match *op {
             SendOp::Send => None,
             SendOp::SendWithImm { imm } => Some(imm),
-            // SAFETY: as below for the others.
             SendOp::WriteWithImm {
                 remote_addr,
                 rkey,
                 imm,
             } => {
                 let len = local.bytes();
+                // SAFETY: `local` (its length `len`) as for the one-sided
+                // operations below: host spans the core translated during
+                // this call under the engine's lock, or the core's inline
+                // copy alive for the call.
                 return unsafe {
                     self.0.peer.write_imm(
                         &self.0.qps,

@@ -128,6 +128,14 @@ impl Completion {
         c
     }
 
+    /// A receive an RDMA WRITE with immediate consumed: no bytes of its
+    /// own, the WRITE's length, the immediate.
+    pub fn received_write_imm(wr_id: u64, qp_num: u32, byte_len: u32, imm: u32) -> Completion {
+        let mut c = Completion::received(wr_id, qp_num, byte_len, Some(imm));
+        c.opcode = WcOpcode::RecvRdmaWithImm;
+        c
+    }
+
     pub fn offloaded(wr_id: u64, op: &crate::wr::SendOp, qp_num: u32, byte_len: u32) -> Completion {
         let mut c = Completion::new(
             wr_id,

@@ -55,7 +55,7 @@ use std::sync::Arc;
 
 use softrdma_core::cq::CqId;
 use softrdma_core::mr::Span;
-use softrdma_core::wc::{Completion, WcOpcode};
+use softrdma_core::wc::Completion;
 use softrdma_core::wr::{SendFlags, SendOp, SendWr};
 use softrdma_core::{OffloadLocal, MAX_MSG_SIZE, MAX_SGE};
 use softrdma_shm::{barrier, RECV_SGES, RECV_SLOTS};
@@ -1002,11 +1002,12 @@ impl CqInner {
                 let Some(filled) = host.recv_filled(r.qpn, r.polled) else {
                     break;
                 };
-                let mut c = Completion::received(w.wr_id, r.qpn, filled.len, filled.imm);
-                if filled.rdma {
-                    c.opcode = WcOpcode::RecvRdmaWithImm;
-                }
-                f(&c);
+                f(&match filled.imm {
+                    Some(imm) if filled.rdma => {
+                        Completion::received_write_imm(w.wr_id, r.qpn, filled.len, imm)
+                    }
+                    imm => Completion::received(w.wr_id, r.qpn, filled.len, imm),
+                });
                 n += 1;
             }
             r.polled += 1;

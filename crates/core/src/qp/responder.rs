@@ -736,15 +736,12 @@ impl Qp {
                 self.resp.cur = Cur::Idle;
                 self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
                 if let Some((wr_id, _, _)) = imm_wqe {
-                    let mut c = Completion::new(
+                    let c = Completion::received_write_imm(
                         wr_id,
-                        WcStatus::Success,
-                        WcOpcode::RecvRdmaWithImm,
                         self.qpn,
+                        total as u32,
+                        repr.ext.immdt.map_or(0, |i| i.imm),
                     );
-                    c.byte_len = total as u32;
-                    c.wc_flags |= wc_flags::WITH_IMM;
-                    c.imm_or_inv = repr.ext.immdt.map_or(0, |i| i.imm);
                     ctx.complete(self.rx_cq(), c, repr.bth.solicited);
                 }
             }

@@ -308,6 +308,11 @@ pub(crate) struct State {
     /// Completions on their way from a CQ lane to the core (kept, so that
     /// settling allocates nothing after the first time).
     settle_buf: Vec<softrdma_core::wc::Completion>,
+    /// An application thread polled the device (`Engine::mask`) when this
+    /// stretch under the lock began: its CQ lanes' holds are bookkeeping,
+    /// at the stretch's end too, even if the stretch handed the rings back
+    /// (see `settle_cq_lanes`).
+    stretch_polled: bool,
     /// Receive lanes (see `lane::RecvQ`).
     pub(crate) recv: RecvLanes,
 }
@@ -1204,16 +1209,16 @@ impl State {
             l.set_udp(self.cq_uses_udp(cq.0));
         }
         if let Some(old) = self.cq_lanes[i].take() {
-            self.settle_one(&old);
+            self.settle_one(&old, true);
             self.cq_lanes_live.retain(|l| !Arc::ptr_eq(l, &old));
         }
         self.cq_lanes[i] = lane;
     }
 
     /// Close one CQ lane and hand what it holds to the core's CQ, in order.
-    fn settle_one(&mut self, l: &CqLane) {
+    fn settle_one(&mut self, l: &CqLane, share: bool) {
         let mut buf = std::mem::take(&mut self.settle_buf);
-        l.close_into(&mut buf);
+        l.close_into(&mut buf, share);
         for c in buf.drain(..) {
             self.ep.complete_external(l.id, c);
         }
@@ -1223,14 +1228,18 @@ impl State {
     /// At the start of every stretch of work under the lock: close the CQ
     /// lanes and hand their completions to the core's CQs, so that what
     /// the core completes from here on comes after them (see `CqLane`).
-    pub fn settle_cq_lanes(&mut self) {
+    /// `polled`: an application thread polls the device (`Engine::mask`),
+    /// so the queues' holds here are bookkeeping and leave no queue shared
+    /// for good (`CqLane::bookkeeping_hold`).
+    pub fn settle_cq_lanes(&mut self, polled: bool) {
+        self.stretch_polled = polled;
         if self.cq_lanes_live.is_empty() {
             return;
         }
         let live = std::mem::take(&mut self.cq_lanes_live);
         for l in &live {
             if l.is_open() {
-                self.settle_one(l);
+                self.settle_one(l, !polled);
             }
         }
         self.cq_lanes_live = live;
@@ -1239,12 +1248,13 @@ impl State {
     /// At the end of a stretch under the lock: reopen each CQ lane whose
     /// core CQ is neither armed nor in error, with the room it has left
     /// and whether it is empty (only then may a poll take from the lane
-    /// without the lock).
+    /// without the lock). As bookkeeping if the stretch began so
+    /// (`stretch_polled`).
     fn reopen_cq_lanes(&mut self) {
         for l in &self.cq_lanes_live {
             if !l.is_open() {
                 if let Some((room, empty)) = self.ep.cq_room(l.id) {
-                    l.open(room, empty);
+                    l.open(room, empty, !self.stretch_polled);
                 }
             }
         }
@@ -1703,6 +1713,12 @@ pub(crate) struct Engine {
     rang_at: AtomicU64,
     beats: AtomicU64,
     seen_beats: AtomicU64,
+    /// A poll went through a CQ's lane since the watchdog's last tick
+    /// (`Engine::note_lane_poll`; the tick clears it).
+    lane_polled: AtomicBool,
+    /// Watchdog ticks taken, for the crate's tests.
+    #[cfg(test)]
+    ticks: AtomicU64,
     /// Serialises changes of the socket's epoll registration, which
     /// follows `masked && !sock_kept || poller_masked || sleepers`, and
     /// holds whether the socket is in the engine's epoll set now, so an
@@ -1736,7 +1752,7 @@ impl<'a> Guard<'a> {
     /// The state, just taken: CQ lanes settle before anything else (see
     /// `State::settle_cq_lanes`).
     fn new(mut g: MutexGuard<'a, State>, eng: &'a Engine) -> Guard<'a> {
-        g.settle_cq_lanes();
+        g.settle_cq_lanes(eng.masked.load(Ordering::Relaxed));
         Guard { g: Some(g), eng }
     }
 }
@@ -1775,7 +1791,7 @@ impl Drop for Guard<'_> {
                 // Its owner will see the flag when it lets go.
                 Err(std::sync::TryLockError::WouldBlock) => return,
             }
-            g.settle_cq_lanes();
+            g.settle_cq_lanes(self.eng.masked.load(Ordering::Relaxed));
         }
     }
 }
@@ -1828,6 +1844,7 @@ impl Engine {
                 cq_lanes_live: Vec::new(),
                 recv: RecvLanes::default(),
                 settle_buf: Vec::new(),
+                stretch_polled: false,
                 lane_carried: 0,
             }),
             shm,
@@ -1868,6 +1885,9 @@ impl Engine {
             rang_at: AtomicU64::new(0),
             beats: AtomicU64::new(0),
             seen_beats: AtomicU64::new(0),
+            lane_polled: AtomicBool::new(false),
+            #[cfg(test)]
+            ticks: AtomicU64::new(0),
             sock_events: Mutex::new(true),
             acks_deferred: AtomicBool::new(false),
         });
@@ -1947,6 +1967,18 @@ impl Engine {
     fn count_call(&self, _st: &mut State) {
         let n = self.app_calls.load(Ordering::Relaxed);
         self.app_calls.store(n.wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// Watchdog ticks the engine thread has taken, whether an application
+    /// thread holds the rings (`mask`), and whether the watchdog runs, for
+    /// the crate's tests.
+    #[cfg(test)]
+    pub(crate) fn watchdog_state(&self) -> (u64, bool, bool) {
+        (
+            self.ticks.load(Ordering::SeqCst),
+            self.masked.load(Ordering::SeqCst),
+            self.watchdog_on.load(Ordering::SeqCst),
+        )
     }
 
     /// `app_served` and whether an application thread holds the socket,
@@ -2198,23 +2230,38 @@ impl Engine {
         served != self.seen_served.swap(served, Ordering::Relaxed)
     }
 
+    /// A watchdog tick's second look at a poller that made no serving pass
+    /// for a period but polled CQ lanes (`lane_polled`): it is alive if
+    /// nothing it took from the engine thread waits for it — it left the
+    /// socket with the engine thread (it polls only shared-memory CQs,
+    /// `Engine::mask`), no ring holds a packet and no ACK waits for its
+    /// next call (`Engine::quiet`). A thread that spins on memory and
+    /// polls only the completions its own lane posts put in its CQ (`perf
+    /// write_lat` over shared memory, `ib_write_lat`) makes no serving
+    /// pass at all: ticks took the state from it to hand back rings that
+    /// held nothing, and closed its CQ's lane meanwhile (see
+    /// `CqLane::bookkeeping_hold`). Costs no lock.
+    fn lane_poller_owes_nothing(&self) -> bool {
+        self.sock_kept.load(Ordering::SeqCst) && self.quiet()
+    }
+
+    /// A poll took completions from a CQ's lane, or found it empty, without
+    /// the engine's lock: evidence for the watchdog that the thread the
+    /// rings were handed to still polls (see `lane_poller_owes_nothing`).
+    /// A load first, so pollers only read the flag's line between ticks.
+    #[inline]
+    pub(crate) fn note_lane_poll(&self) {
+        if !self.lane_polled.load(Ordering::Relaxed) {
+            self.lane_polled.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// What the engine thread was woken for, run by whoever owns the state.
     fn service(&self, st: &mut State) {
         let tick = self.watchdog_fired.swap(false, Ordering::SeqCst);
-        if tick {
-            if !self.masked.load(Ordering::Relaxed) && !self.poller_masked.load(Ordering::SeqCst) {
-                // Handed back since: stop ticking — unless a poller took
-                // the socket meanwhile and saw the watchdog still on (both
-                // sides SeqCst: one of them sees the other).
-                self.watchdog_on.store(false, Ordering::SeqCst);
-                self.watchdog.set_relative(0);
-                if self.masked.load(Ordering::SeqCst) || self.poller_masked.load(Ordering::SeqCst) {
-                    self.start_watchdog();
-                }
-            } else if !self.poller_alive() {
-                // No serving pass for a whole period: nobody polls.
-                self.unmask(st);
-            }
+        if tick && !self.stop_watchdog() && !self.poller_alive() {
+            // No serving pass for a whole period: nobody polls.
+            self.unmask(st);
         }
         // The timer fired (the engine thread drained it): nothing is armed
         // now, so the pass re-arms for the current deadline. One that has
@@ -2312,6 +2359,25 @@ impl Engine {
         let _ = self
             .epoll
             .modify(self.sock_fd, if out { 0 } else { SOCK_EVENTS });
+    }
+
+    /// A tick after the socket and rings were handed back (no application
+    /// thread or idle poller holds them): stop ticking. Whether it was so.
+    /// Without the state lock: the timer is disarmed before `watchdog_on`
+    /// clears, and a poller that took them meanwhile (its mark stored
+    /// before it looks at `watchdog_on`, SeqCst both sides) either found
+    /// the watchdog off and armed it after the disarm, or found it on and
+    /// is seen here, which starts it again.
+    fn stop_watchdog(&self) -> bool {
+        if self.masked.load(Ordering::SeqCst) || self.poller_masked.load(Ordering::SeqCst) {
+            return false;
+        }
+        self.watchdog.set_relative(0);
+        self.watchdog_on.store(false, Ordering::SeqCst);
+        if self.masked.load(Ordering::SeqCst) || self.poller_masked.load(Ordering::SeqCst) {
+            self.start_watchdog();
+        }
+        true
     }
 
     fn start_watchdog(&self) {
@@ -2523,6 +2589,8 @@ impl Engine {
                 self.timer_fired.store(true, Ordering::SeqCst);
             }
             if ready.has(self.watchdog.as_raw_fd()) && self.watchdog.drain() > 0 {
+                #[cfg(test)]
+                self.ticks.fetch_add(1, Ordering::SeqCst);
                 self.check_poller();
                 let app = self.masked.load(Ordering::SeqCst);
                 let idle = self.poller_masked.load(Ordering::SeqCst);
@@ -2532,7 +2600,29 @@ impl Engine {
                 // reported once, so skipping the pass would leave its
                 // datagrams to the next arrival — a resend, or never.
                 let alone = ready.len() == 1;
-                if alone && !rang && !timed && (app || idle) && (!app || self.poller_alive()) {
+                let lane_polled = self.lane_polled.swap(false, Ordering::Relaxed);
+                if alone
+                    && !rang
+                    && !timed
+                    && !app
+                    && !idle
+                    && !self.acks_deferred()
+                    && self.stop_watchdog()
+                {
+                    // Handed back since the last tick, and no ACK for the
+                    // tick to send: stopped, with no lock (a stretch under
+                    // it would close the CQ lanes of a thread that may be
+                    // polling them again, see `State::settle_cq_lanes`).
+                    continue;
+                }
+                if alone
+                    && !rang
+                    && !timed
+                    && (app || idle)
+                    && (!app
+                        || self.poller_alive()
+                        || (lane_polled && self.lane_poller_owes_nothing()))
+                {
                     // Only the watchdog, and whoever has the socket still
                     // polls it.
                     continue;

@@ -99,6 +99,9 @@ const KEYS: usize = 2;
 /// and any other thread's hold — the engine thread's included
 /// (`hold_sharing`) — leaves it shared for good: a CQ the engine thread
 /// serves pays the compare-and-swap as before, and one `membarrier` once.
+/// The exception is the engine's closing and reopening of the queue while
+/// an application thread polls the device: that only revokes the bias
+/// until the poller's next hold (see `CqLane::bookkeeping_hold`).
 /// A thread's `me` is its thread pointer (or a thread-local's address),
 /// unique among live threads: a later thread that reuses an exited owner's
 /// is the only one that can claim it, which is all the bias needs.
@@ -1327,6 +1330,16 @@ impl CqLane {
         self.open.load(Ordering::Relaxed)
     }
 
+    /// Whether the queue is biased to the calling thread, and whether it
+    /// was left shared for good, for the crate's tests.
+    #[cfg(test)]
+    pub(crate) fn bias(&self) -> (bool, bool) {
+        (
+            self.inner.owner.load(Ordering::Relaxed) == me(),
+            self.inner.shared.load(Ordering::Relaxed),
+        )
+    }
+
     /// Whether anything is queued (a look, without the lock).
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
@@ -1334,10 +1347,12 @@ impl CqLane {
     }
 
     /// Close (the engine, under its lock), moving what is queued to `out`
-    /// in order: from the return on, no lane completes into it.
-    pub(crate) fn close_into(&self, out: &mut Vec<Completion>) {
+    /// in order: from the return on, no lane completes into it. `share`:
+    /// whether the hold leaves the queue shared for good if it was another
+    /// thread's (see [`CqLane::bookkeeping_hold`]).
+    pub(crate) fn close_into(&self, out: &mut Vec<Completion>, share: bool) {
         self.open.store(false, Ordering::Relaxed);
-        let mut h = self.inner.hold_sharing();
+        let mut h = self.bookkeeping_hold(share);
         out.reserve(h.len);
         while h.len > 0 {
             h.pop_with(&mut |c| out.push(*c));
@@ -1353,8 +1368,8 @@ impl CqLane {
     /// Open with room for `room` completions, `core_empty` if the core's
     /// CQ holds none (the engine, under its lock, for a CQ neither armed
     /// nor in error).
-    pub(crate) fn open(&self, room: usize, core_empty: bool) {
-        let mut i = self.inner.hold_sharing();
+    pub(crate) fn open(&self, room: usize, core_empty: bool, share: bool) {
+        let mut i = self.bookkeeping_hold(share);
         let cap = room.min(RING_MAX);
         if i.ring.len() < cap && i.len == 0 {
             // Grown to what the CQ can take, once (the engine opens the
@@ -1369,6 +1384,31 @@ impl CqLane {
             i.publish(k);
         }
         self.open.store(true, Ordering::Relaxed);
+    }
+
+    /// The engine's hold to close or reopen the queue around a stretch of
+    /// work under its lock. With `share`, a queue biased to another thread
+    /// stays unbiased for good ([`Biased::hold_sharing`]): the engine thread
+    /// serving a CQ whose application sleeps (event mode) would otherwise
+    /// revoke the bias, a `membarrier`, at every wake-up, and the
+    /// application's next poll take it back. Without, the bias is revoked
+    /// only until its owner's next post or poll takes it back
+    /// ([`BiasedHolding::bias`]): the engine passes that while an
+    /// application thread polls the device (`Engine::mask`), when that
+    /// thread is still the queue's one consumer and the stretch is
+    /// bookkeeping — a watchdog tick that found the poller stalled for a
+    /// period (a VM that was descheduled), another thread reading counters.
+    /// Shared for good by such a tick, a polling loop paid a
+    /// compare-and-swap per post and per poll for the rest of its run, each
+    /// a full barrier behind the last post's copy into the peer's memory
+    /// (`perf write_lat` over shared memory: from ~0.7 s into a run, a
+    /// third of the poller's time).
+    fn bookkeeping_hold(&self, share: bool) -> BiasedHolding<'_, CqInner> {
+        if share {
+            self.inner.hold_sharing()
+        } else {
+            self.inner.hold()
+        }
     }
 
     /// Hand up to `max` queued completions to `f`, oldest first, where

@@ -1805,6 +1805,7 @@ impl Cq {
         // poll again: taking completions hands it back to the engine
         // thread (`took_completions`), which needs the lock.
         if !self.eng.holds_socket_unpromised() {
+            self.eng.note_lane_poll();
             return self.lane.poll_quiet(max, f);
         }
         (0, false)
@@ -2632,6 +2633,206 @@ mod tests {
         );
         assert_eq!(cq.poll(&mut [Completion::default(); 4]).unwrap(), 0);
         assert_ne!(ctx.eng.served().0, served, "a poll serves it");
+    }
+
+    /// `SOFTRDMA_UNIT_CHILD`: a test re-executed as a peer process.
+    const CHILD: &str = "SOFTRDMA_UNIT_CHILD";
+
+    fn shm_context() -> Context {
+        let dev = DeviceInfo {
+            name: "srdma-unit".into(),
+            addr: "127.0.0.1".parse().unwrap(),
+        };
+        let opts = OpenOptions {
+            transport: Some(Transport::Shm),
+            ..OpenOptions::default()
+        };
+        Context::open(&dev, &opts).unwrap()
+    }
+
+    /// An RC QP's endpoint as one line, and back (`qpn psn gid addr rkey`).
+    fn endpoint_line(e: &QpEndpoint) -> String {
+        let gid: String = e.gid.iter().map(|b| format!("{b:02x}")).collect();
+        let r = e
+            .regions
+            .first()
+            .map_or((0, 0, 0), |r| (r.addr, r.rkey, r.len));
+        format!("EP {} {} {gid} {} {} {}", e.qpn, e.psn, r.0, r.1, r.2)
+    }
+
+    fn parse_endpoint(l: &str) -> QpEndpoint {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!((f.len(), f[0]), (7, "EP"), "an endpoint line: {l:?}");
+        let mut gid = [0u8; 16];
+        for (i, b) in gid.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&f[3][2 * i..2 * i + 2], 16).unwrap();
+        }
+        QpEndpoint {
+            qp_type: QpType::Rc,
+            qpn: f[1].parse().unwrap(),
+            psn: f[2].parse().unwrap(),
+            gid,
+            regions: vec![RemoteRegion {
+                addr: f[4].parse().unwrap(),
+                rkey: f[5].parse().unwrap(),
+                len: f[6].parse().unwrap(),
+            }],
+        }
+    }
+
+    /// A thread that polls only the completions its lane posts put in its
+    /// CQ (a WRITE ping-pong over shared memory: it spins on memory and
+    /// makes no serving pass) still polls: with nothing in the rings the
+    /// watchdog leaves the rings with it and takes no lock, and its CQ's
+    /// queue stays biased to it. A tick used to take the state, hand the
+    /// rings back and leave the queue shared for good — a full barrier per
+    /// post and poll for the rest of the run. Once the thread stops
+    /// polling, the watchdog hands the rings back and stops ticking.
+    /// The target is a second process (a process's own QPs reach each
+    /// other through its rings, not a lane).
+    #[test]
+    fn a_lane_poller_keeps_the_rings_and_its_cqs_bias() {
+        use std::io::{BufRead, Write};
+        const NAME: &str = "tests::a_lane_poller_keeps_the_rings_and_its_cqs_bias";
+        if std::env::var(CHILD).is_ok_and(|v| v == NAME) {
+            // The target: a region to WRITE into, connected, then waiting
+            // for its parent to close its input.
+            let ctx = shm_context();
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq)).unwrap();
+            let tgt = pd
+                .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+                .unwrap();
+            let mut e = qp.endpoint();
+            e.regions = vec![tgt.remote()];
+            println!("{}", endpoint_line(&e));
+            std::io::stdout().flush().unwrap();
+            let mut input = std::io::stdin().lock();
+            let mut l = String::new();
+            input.read_line(&mut l).unwrap();
+            qp.connect(&parse_endpoint(&l), &ConnectOptions::default())
+                .unwrap();
+            println!("CONNECTED");
+            std::io::stdout().flush().unwrap();
+            while input.read_line(&mut l).unwrap_or(0) > 0 {}
+            return;
+        }
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, NAME)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        // Its lines from `prefix` on (the harness's "test NAME ... " is
+        // printed before them, without a newline).
+        let mut line = |prefix: &str| loop {
+            let mut l = String::new();
+            assert!(
+                out.read_line(&mut l).unwrap() > 0,
+                "the target ended before {prefix}"
+            );
+            if let Some(at) = l.find(prefix) {
+                return l[at..].to_string();
+            }
+        };
+        let theirs = parse_endpoint(&line("EP "));
+        let ctx = shm_context();
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq)).unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{}", endpoint_line(&qp.endpoint())).unwrap();
+        qp.connect(&theirs, &ConnectOptions::default()).unwrap();
+        line("CONNECTED");
+        assert_eq!(qp.transport(), "shm");
+        // Allocated: every byte in the pages the shared segment maps (a
+        // `Vec` region's partial pages go the engine's way).
+        let src = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let write = |i: u64| {
+            qp.post_send(&SendWr {
+                wr_id: i,
+                op: SendOp::Write {
+                    remote_addr: theirs.regions[0].addr,
+                    rkey: theirs.regions[0].rkey,
+                },
+                sgl: &[src.sge(0, 8)],
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            })
+            .unwrap();
+            let mut wc = [Completion::default(); 1];
+            let t0 = std::time::Instant::now();
+            while cq.poll(&mut wc).unwrap() == 0 {
+                assert!(
+                    t0.elapsed() < std::time::Duration::from_secs(10),
+                    "WRITE {i}'s completion"
+                );
+            }
+            assert_eq!((wc[0].wr_id, wc[0].status), (i, WcStatus::Success));
+        };
+        // A pass of this thread's takes the rings (as `perf write_lat`'s
+        // spin does now and then); the first posts open the lanes.
+        ctx.progress();
+        write(0);
+        write(1);
+        let (ticks, masked, _) = ctx.eng.watchdog_state();
+        assert!(masked, "the pass took the rings");
+        assert_eq!(
+            cq.lane.bias(),
+            (true, false),
+            "the CQ's queue biased to this thread"
+        );
+        let lane_before = ctx.shm_stats().lane;
+        let mut i = 2;
+        // Three ticks in a row with the rings kept. A tick may still hand
+        // them back when this thread lost its core for a whole period
+        // (no poll in it: a loaded test machine): then a pass takes them
+        // again and the count starts over. Before, every tick handed them
+        // back.
+        let mut since = ticks;
+        let t0 = std::time::Instant::now();
+        while ctx.eng.watchdog_state().0 < since + 3 {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "three watchdog ticks in a row that left the rings with a \
+                 thread that polls"
+            );
+            write(i);
+            i += 1;
+            let (now, masked, _) = ctx.eng.watchdog_state();
+            if !masked {
+                ctx.progress();
+                since = now;
+            }
+        }
+        assert_eq!(
+            cq.lane.bias(),
+            (true, false),
+            "the CQ's queue after the ticks (biased to this thread, shared for good)"
+        );
+        let lane_after = ctx.shm_stats().lane;
+        assert!(
+            lane_after - lane_before >= i - 2,
+            "the WRITEs went through the lane: {lane_before} -> {lane_after}, {i} posted"
+        );
+        // Stopped polling: the rings go back, and the watchdog stops.
+        let t0 = std::time::Instant::now();
+        loop {
+            let (_, masked, on) = ctx.eng.watchdog_state();
+            if !masked && !on {
+                break;
+            }
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "the watchdog hands back and stops"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(stdin);
+        assert!(child.wait().unwrap().success(), "the target process");
     }
 
     /// Two CQs on one channel: a thread waiting for its own CQ's

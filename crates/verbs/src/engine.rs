@@ -313,6 +313,10 @@ pub(crate) struct State {
     /// at the stretch's end too, even if the stretch handed the rings back
     /// (see `settle_cq_lanes`).
     stretch_polled: bool,
+    /// A CQ a poll in this stretch took all it asked for from: what its
+    /// core CQ holds at the stretch's end goes back to its lane queue
+    /// (`State::requeue_cq`).
+    pub(crate) requeue: Option<softrdma_core::cq::CqId>,
     /// Receive lanes (see `lane::RecvQ`).
     pub(crate) recv: RecvLanes,
 }
@@ -1245,6 +1249,36 @@ impl State {
         self.cq_lanes_live = live;
     }
 
+    /// At the end of a stretch in which a poll of CQ `cq` the engine's way
+    /// took all it was asked for (`State::requeue`), just before the lanes
+    /// reopen — nothing completes into the core's CQ after it in this
+    /// stretch, so its completions are older than anything a lane post
+    /// completes next: what the core's CQ still holds goes back to the
+    /// CQ's lane queue (`CqLane::requeue`), if the CQ has a live one and is
+    /// neither armed nor in error, and the queue reopens with the core's
+    /// CQ empty, so the next polls take from it without the lock. Without
+    /// this, once the core's CQ held more than one poll takes (the first
+    /// posts of a stream go the engine's way; a thread that signals every
+    /// post keeps a send queue's worth outstanding), the queue reopened
+    /// behind older completions every time, no poll could take from it
+    /// without the lock, and every completion went lane → core → poll under
+    /// the lock for as long as the stream ran (`perf write_bw -s 8 -Q 1`
+    /// over shared memory: every poll the engine's way).
+    fn requeue_cq(&mut self, cq: softrdma_core::cq::CqId) {
+        let Some(Some(l)) = self.cq_lanes.get(cq.0 as usize) else {
+            return;
+        };
+        if l.is_open()
+            || !self.cq_lanes_live.iter().any(|x| Arc::ptr_eq(x, l))
+            || self.ep.cq_room(cq).is_none_or(|(_, empty)| empty)
+        {
+            return;
+        }
+        let share = !self.stretch_polled;
+        let ep = &mut self.ep;
+        l.requeue(share, |buf| ep.poll_cq(cq, buf).unwrap_or(0));
+    }
+
     /// At the end of a stretch under the lock: reopen each CQ lane whose
     /// core CQ is neither armed nor in error, with the room it has left
     /// and whether it is empty (only then may a poll take from the lane
@@ -1777,6 +1811,9 @@ impl Drop for Guard<'_> {
             // transport ran into, say): the lanes, which act on "it is in
             // RTS", close before anyone can see the change.
             g.check_lane_epoch();
+            if let Some(cq) = g.requeue.take() {
+                g.requeue_cq(cq);
+            }
             g.reopen_cq_lanes();
             self.eng
                 .acks_deferred
@@ -1845,6 +1882,7 @@ impl Engine {
                 recv: RecvLanes::default(),
                 settle_buf: Vec::new(),
                 stretch_polled: false,
+                requeue: None,
                 lane_carried: 0,
             }),
             shm,

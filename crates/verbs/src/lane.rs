@@ -1022,7 +1022,7 @@ impl CqInner {
 }
 
 impl CqInner {
-    /// The slot after the last entry (`len < room <= ring.len()`).
+    /// The slot after the last entry (`len < ring.len()`).
     fn tail(&mut self) -> &mut Completion {
         // Both below `ring.len()`: a compare instead of a division (a
         // `div` was a quarter of this function's time).
@@ -1330,6 +1330,12 @@ impl CqLane {
         self.open.load(Ordering::Relaxed)
     }
 
+    /// Completions queued, for the crate's tests.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
     /// Whether the queue is biased to the calling thread, and whether it
     /// was left shared for good, for the crate's tests.
     #[cfg(test)]
@@ -1384,6 +1390,31 @@ impl CqLane {
             i.publish(k);
         }
         self.open.store(true, Ordering::Relaxed);
+    }
+
+    /// Put back, oldest first, completions the core's CQ still holds after
+    /// a poll the engine's way (the engine, under its lock, with the queue
+    /// closed and emptied by this stretch's settling): `take` fills a
+    /// buffer from the core's CQ and says how many, and is asked for no
+    /// more than the ring has room for. Queued here, they are the CQ's
+    /// oldest, and the stretch reopens the queue with the core's CQ empty.
+    /// `share` as for [`CqLane::close_into`].
+    pub(crate) fn requeue(&self, share: bool, mut take: impl FnMut(&mut [Completion]) -> usize) {
+        let mut h = self.bookkeeping_hold(share);
+        debug_assert!(!self.open.load(Ordering::Relaxed) && h.len == 0);
+        let mut buf = [Completion::default(); 16];
+        loop {
+            let want = (h.ring.len() - h.len).min(buf.len());
+            let k = if want == 0 { 0 } else { take(&mut buf[..want]) };
+            for c in &buf[..k] {
+                *h.tail() = *c;
+                h.len += 1;
+            }
+            if k < buf.len() {
+                break;
+            }
+        }
+        self.len.store(h.len, Ordering::Release);
     }
 
     /// The engine's hold to close or reopen the queue around a stretch of

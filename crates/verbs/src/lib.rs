@@ -1828,6 +1828,11 @@ impl Cq {
             self.eng.app_pass_with(&mut st, !armed, udp);
             n = st.ep.poll_cq(self.id, out)?;
         }
+        if n == out.len() {
+            // What the core's CQ holds beyond this poll goes back to the
+            // lane queue as the stretch ends (`State::requeue_cq`).
+            st.requeue = Some(self.id);
+        }
         // The application may go off with its completions and not poll
         // again — unless it is mid-stream: a QP it took them from still
         // has sends in flight over UDP (it polls on for their completions,
@@ -2680,6 +2685,137 @@ mod tests {
         }
     }
 
+    /// A context of this process with an RC QP connected over shared
+    /// memory to one of a second process (this test binary re-executed as
+    /// the target of test `name`: a region to WRITE into, then waiting for
+    /// its input to close), and a source region for lane WRITEs. A
+    /// process's own QPs reach each other through its rings, not a lane.
+    struct LanePair {
+        child: std::process::Child,
+        stdin: Option<std::process::ChildStdin>,
+        /// Read until the target ends (closed early, its harness's last
+        /// lines would fail it with a broken pipe).
+        out: std::io::BufReader<std::process::ChildStdout>,
+        ctx: Context,
+        _pd: Pd,
+        cq: Cq,
+        qp: Qp,
+        theirs: QpEndpoint,
+        src: Mr,
+    }
+
+    impl LanePair {
+        /// `None` in the target process (its part is done then).
+        fn new(name: &str, cq_depth: u32) -> Option<LanePair> {
+            use std::io::{BufRead, Write};
+            if std::env::var(CHILD).is_ok_and(|v| v == name) {
+                let ctx = shm_context();
+                let pd = ctx.alloc_pd();
+                let cq = ctx.create_cq(16, None).unwrap();
+                let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq)).unwrap();
+                let tgt = pd
+                    .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+                    .unwrap();
+                let mut e = qp.endpoint();
+                e.regions = vec![tgt.remote()];
+                println!("{}", endpoint_line(&e));
+                std::io::stdout().flush().unwrap();
+                let mut input = std::io::stdin().lock();
+                let mut l = String::new();
+                input.read_line(&mut l).unwrap();
+                qp.connect(&parse_endpoint(&l), &ConnectOptions::default())
+                    .unwrap();
+                println!("CONNECTED");
+                std::io::stdout().flush().unwrap();
+                while input.read_line(&mut l).unwrap_or(0) > 0 {}
+                return None;
+            }
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([name, "--exact", "--nocapture", "--test-threads=1"])
+                .env(CHILD, name)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+            // Its lines from `prefix` on (the harness's "test NAME ... " is
+            // printed before them, without a newline).
+            let mut line = |prefix: &str| loop {
+                let mut l = String::new();
+                assert!(
+                    out.read_line(&mut l).unwrap() > 0,
+                    "the target ended before {prefix}"
+                );
+                if let Some(at) = l.find(prefix) {
+                    return l[at..].to_string();
+                }
+            };
+            let theirs = parse_endpoint(&line("EP "));
+            let ctx = shm_context();
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(cq_depth, None).unwrap();
+            let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq)).unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            writeln!(stdin, "{}", endpoint_line(&qp.endpoint())).unwrap();
+            qp.connect(&theirs, &ConnectOptions::default()).unwrap();
+            line("CONNECTED");
+            assert_eq!(qp.transport(), "shm");
+            // Allocated: every byte in the pages the shared segment maps (a
+            // `Vec` region's partial pages go the engine's way).
+            let src = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+            Some(LanePair {
+                child,
+                stdin: Some(stdin),
+                out,
+                ctx,
+                _pd: pd,
+                cq,
+                qp,
+                theirs,
+                src,
+            })
+        }
+
+        /// Post a signaled 8-byte WRITE.
+        fn post(&self, i: u64) {
+            self.qp
+                .post_send(&SendWr {
+                    wr_id: i,
+                    op: SendOp::Write {
+                        remote_addr: self.theirs.regions[0].addr,
+                        rkey: self.theirs.regions[0].rkey,
+                    },
+                    sgl: &[self.src.sge(0, 8)],
+                    flags: SendFlags::SIGNALED,
+                    ud: None,
+                })
+                .unwrap();
+        }
+
+        /// Post a signaled 8-byte WRITE and poll until its completion.
+        fn write(&self, i: u64) {
+            self.post(i);
+            let mut wc = [Completion::default(); 1];
+            let t0 = std::time::Instant::now();
+            while self.cq.poll(&mut wc).unwrap() == 0 {
+                assert!(
+                    t0.elapsed() < std::time::Duration::from_secs(10),
+                    "WRITE {i}'s completion"
+                );
+            }
+            assert_eq!((wc[0].wr_id, wc[0].status), (i, WcStatus::Success));
+        }
+
+        /// Close the target's input and wait for it to end well.
+        fn finish(mut self) {
+            use std::io::Read;
+            drop(self.stdin.take());
+            let mut rest = String::new();
+            let _ = self.out.read_to_string(&mut rest);
+            assert!(self.child.wait().unwrap().success(), "the target process");
+        }
+    }
+
     /// A thread that polls only the completions its lane posts put in its
     /// CQ (a WRITE ping-pong over shared memory: it spins on memory and
     /// makes no serving pass) still polls: with nothing in the rings the
@@ -2692,87 +2828,12 @@ mod tests {
     /// other through its rings, not a lane).
     #[test]
     fn a_lane_poller_keeps_the_rings_and_its_cqs_bias() {
-        use std::io::{BufRead, Write};
-        const NAME: &str = "tests::a_lane_poller_keeps_the_rings_and_its_cqs_bias";
-        if std::env::var(CHILD).is_ok_and(|v| v == NAME) {
-            // The target: a region to WRITE into, connected, then waiting
-            // for its parent to close its input.
-            let ctx = shm_context();
-            let pd = ctx.alloc_pd();
-            let cq = ctx.create_cq(16, None).unwrap();
-            let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq)).unwrap();
-            let tgt = pd
-                .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
-                .unwrap();
-            let mut e = qp.endpoint();
-            e.regions = vec![tgt.remote()];
-            println!("{}", endpoint_line(&e));
-            std::io::stdout().flush().unwrap();
-            let mut input = std::io::stdin().lock();
-            let mut l = String::new();
-            input.read_line(&mut l).unwrap();
-            qp.connect(&parse_endpoint(&l), &ConnectOptions::default())
-                .unwrap();
-            println!("CONNECTED");
-            std::io::stdout().flush().unwrap();
-            while input.read_line(&mut l).unwrap_or(0) > 0 {}
+        let Some(pair) = LanePair::new("tests::a_lane_poller_keeps_the_rings_and_its_cqs_bias", 64)
+        else {
             return;
-        }
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD, NAME)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        // Its lines from `prefix` on (the harness's "test NAME ... " is
-        // printed before them, without a newline).
-        let mut line = |prefix: &str| loop {
-            let mut l = String::new();
-            assert!(
-                out.read_line(&mut l).unwrap() > 0,
-                "the target ended before {prefix}"
-            );
-            if let Some(at) = l.find(prefix) {
-                return l[at..].to_string();
-            }
         };
-        let theirs = parse_endpoint(&line("EP "));
-        let ctx = shm_context();
-        let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(64, None).unwrap();
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq)).unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        writeln!(stdin, "{}", endpoint_line(&qp.endpoint())).unwrap();
-        qp.connect(&theirs, &ConnectOptions::default()).unwrap();
-        line("CONNECTED");
-        assert_eq!(qp.transport(), "shm");
-        // Allocated: every byte in the pages the shared segment maps (a
-        // `Vec` region's partial pages go the engine's way).
-        let src = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-        let write = |i: u64| {
-            qp.post_send(&SendWr {
-                wr_id: i,
-                op: SendOp::Write {
-                    remote_addr: theirs.regions[0].addr,
-                    rkey: theirs.regions[0].rkey,
-                },
-                sgl: &[src.sge(0, 8)],
-                flags: SendFlags::SIGNALED,
-                ud: None,
-            })
-            .unwrap();
-            let mut wc = [Completion::default(); 1];
-            let t0 = std::time::Instant::now();
-            while cq.poll(&mut wc).unwrap() == 0 {
-                assert!(
-                    t0.elapsed() < std::time::Duration::from_secs(10),
-                    "WRITE {i}'s completion"
-                );
-            }
-            assert_eq!((wc[0].wr_id, wc[0].status), (i, WcStatus::Success));
-        };
+        let (ctx, cq) = (&pair.ctx, &pair.cq);
+        let write = |i: u64| pair.write(i);
         // A pass of this thread's takes the rings (as `perf write_lat`'s
         // spin does now and then); the first posts open the lanes.
         ctx.progress();
@@ -2831,8 +2892,65 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        drop(stdin);
-        assert!(child.wait().unwrap().success(), "the target process");
+        pair.finish();
+    }
+
+    /// A poll the engine's way that leaves completions in the core's CQ
+    /// (it took all it was asked for) hands them back to the CQ's lane
+    /// queue, oldest first, so the polls after it take them without the
+    /// lock — in order, and before what lane posts complete after them.
+    /// Before, a CQ whose core held more than one poll takes (a stream
+    /// that signals every post) reopened its queue behind older
+    /// completions every time, and every completion went lane → core →
+    /// poll under the lock for as long as the stream ran.
+    #[test]
+    fn completions_a_poll_leaves_behind_go_back_to_the_lane() {
+        const N: u64 = 40;
+        let Some(pair) = LanePair::new(
+            "tests::completions_a_poll_leaves_behind_go_back_to_the_lane",
+            64,
+        ) else {
+            return;
+        };
+        // The first posts open the lanes (no pass of this thread's takes
+        // the rings: no watchdog, no stretch of the engine thread's).
+        pair.write(0);
+        pair.write(1);
+        for i in 2..2 + N {
+            pair.post(i);
+        }
+        // A stretch under the lock hands the lane posts' completions to
+        // the core's CQ.
+        let _ = pair.ctx.stats();
+        assert_eq!(pair.cq.lane.queued(), 0, "settled into the core's CQ");
+        let mut wc = [Completion::default(); 4];
+        assert_eq!(pair.cq.poll(&mut wc).unwrap(), 4);
+        assert_eq!(
+            wc.map(|c| c.wr_id),
+            [2, 3, 4, 5],
+            "the oldest, from the core's CQ"
+        );
+        assert_eq!(
+            pair.cq.lane.queued(),
+            N as usize - 4,
+            "the rest back in the lane's queue"
+        );
+        pair.post(2 + N);
+        let mut next = 6;
+        let t0 = std::time::Instant::now();
+        while next <= 2 + N {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "completion {next}"
+            );
+            let n = pair.cq.poll(&mut wc).unwrap();
+            for c in &wc[..n] {
+                assert_eq!((c.wr_id, c.status), (next, WcStatus::Success));
+                next += 1;
+            }
+        }
+        assert_eq!(pair.cq.poll(&mut wc).unwrap(), 0, "nothing more");
+        pair.finish();
     }
 
     /// Two CQs on one channel: a thread waiting for its own CQ's

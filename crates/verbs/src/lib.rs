@@ -2588,17 +2588,21 @@ mod tests {
     use super::*;
     use std::sync::atomic::Ordering::SeqCst;
 
-    /// A context on 127.0.0.1 that carries everything over UDP.
-    fn udp_context() -> Context {
+    /// A context on 127.0.0.1 that carries everything over `transport`.
+    fn context_on(transport: Transport) -> Context {
         let dev = DeviceInfo {
             name: "srdma-unit".into(),
             addr: "127.0.0.1".parse().unwrap(),
         };
         let opts = OpenOptions {
-            transport: Some(Transport::Udp),
+            transport: Some(transport),
             ..OpenOptions::default()
         };
         Context::open(&dev, &opts).unwrap()
+    }
+
+    fn udp_context() -> Context {
+        context_on(Transport::Udp)
     }
 
     /// Posts read no socket, so they are no sign that the application
@@ -2644,15 +2648,7 @@ mod tests {
     const CHILD: &str = "SOFTRDMA_UNIT_CHILD";
 
     fn shm_context() -> Context {
-        let dev = DeviceInfo {
-            name: "srdma-unit".into(),
-            addr: "127.0.0.1".parse().unwrap(),
-        };
-        let opts = OpenOptions {
-            transport: Some(Transport::Shm),
-            ..OpenOptions::default()
-        };
-        Context::open(&dev, &opts).unwrap()
+        context_on(Transport::Shm)
     }
 
     /// An RC QP's endpoint as one line, and back (`qpn psn gid addr rkey`).

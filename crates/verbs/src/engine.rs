@@ -2639,31 +2639,24 @@ impl Engine {
                 // datagrams to the next arrival — a resend, or never.
                 let alone = ready.len() == 1;
                 let lane_polled = self.lane_polled.swap(false, Ordering::Relaxed);
-                if alone
-                    && !rang
-                    && !timed
-                    && !app
-                    && !idle
-                    && !self.acks_deferred()
-                    && self.stop_watchdog()
-                {
-                    // Handed back since the last tick, and no ACK for the
-                    // tick to send: stopped, with no lock (a stretch under
-                    // it would close the CQ lanes of a thread that may be
-                    // polling them again, see `State::settle_cq_lanes`).
-                    continue;
-                }
-                if alone
-                    && !rang
-                    && !timed
-                    && (app || idle)
-                    && (!app
+                if alone && !rang && !timed {
+                    if !app && !idle {
+                        if !self.acks_deferred() && self.stop_watchdog() {
+                            // Handed back since the last tick, and no ACK
+                            // for the tick to send: stopped, with no lock (a
+                            // stretch under it would close the CQ lanes of a
+                            // thread that may be polling them again, see
+                            // `State::settle_cq_lanes`).
+                            continue;
+                        }
+                    } else if !app
                         || self.poller_alive()
-                        || (lane_polled && self.lane_poller_owes_nothing()))
-                {
-                    // Only the watchdog, and whoever has the socket still
-                    // polls it.
-                    continue;
+                        || (lane_polled && self.lane_poller_owes_nothing())
+                    {
+                        // Only the watchdog, and whoever has the socket
+                        // still polls it.
+                        continue;
+                    }
                 }
                 self.watchdog_fired.store(true, Ordering::SeqCst);
             }

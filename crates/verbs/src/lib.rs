@@ -2651,34 +2651,20 @@ mod tests {
         context_on(Transport::Shm)
     }
 
-    /// An RC QP's endpoint as one line, and back (`qpn psn gid addr rkey`).
+    /// An endpoint as one line: `EP ` and its [`QpEndpoint::to_bytes`] in
+    /// hex; and back.
     fn endpoint_line(e: &QpEndpoint) -> String {
-        let gid: String = e.gid.iter().map(|b| format!("{b:02x}")).collect();
-        let r = e
-            .regions
-            .first()
-            .map_or((0, 0, 0), |r| (r.addr, r.rkey, r.len));
-        format!("EP {} {} {gid} {} {} {}", e.qpn, e.psn, r.0, r.1, r.2)
+        let hex: String = e.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        format!("EP {hex}")
     }
 
     fn parse_endpoint(l: &str) -> QpEndpoint {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        assert_eq!((f.len(), f[0]), (7, "EP"), "an endpoint line: {l:?}");
-        let mut gid = [0u8; 16];
-        for (i, b) in gid.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&f[3][2 * i..2 * i + 2], 16).unwrap();
-        }
-        QpEndpoint {
-            qp_type: QpType::Rc,
-            qpn: f[1].parse().unwrap(),
-            psn: f[2].parse().unwrap(),
-            gid,
-            regions: vec![RemoteRegion {
-                addr: f[4].parse().unwrap(),
-                rkey: f[5].parse().unwrap(),
-                len: f[6].parse().unwrap(),
-            }],
-        }
+        let hex = l.trim().strip_prefix("EP ").expect("an endpoint line");
+        let b: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+            .collect();
+        QpEndpoint::from_bytes(&b).expect("an endpoint")
     }
 
     /// A context of this process with an RC QP connected over shared

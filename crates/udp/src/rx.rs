@@ -222,7 +222,6 @@ impl Receiver {
         // Every datagram's destination is the socket's own address: it
         // receives nothing addressed elsewhere (see `crate::socket`).
         let local_gid = gid_of(local.ip());
-        let dst = SocketAddr::new(local.ip(), local.port());
         let mut good = 0;
         for i in 0..n {
             let d = self.ring.get(i);
@@ -254,7 +253,7 @@ impl Receiver {
                 if steer_key(chunk) != first_key {
                     events.mixed_gro = true;
                 }
-                let verdict = check(chunk, src, dst, &mut self.checker, &mut self.policy);
+                let verdict = check(chunk, src, local, &mut self.checker, &mut self.policy);
                 if let Some(c) = capture {
                     let (ident, df) = match verdict {
                         Ok((ident, df, _)) => (ident, df),
@@ -266,7 +265,7 @@ impl Receiver {
                         tclass: meta.traffic_class,
                         hop_limit: meta.hop_limit,
                     };
-                    c.received(src, dst, ip, chunk);
+                    c.received(src, local, ip, chunk);
                 }
                 match verdict {
                     Err(Bad::Short) => stats.rx_malformed += 1,

@@ -1240,22 +1240,14 @@ impl Peer {
                 return false;
             }
         }
-        // Nothing of ours may still be in the peer's ring: the responder
-        // executes a QP's requests in order, and one in the ring has not
-        // been executed yet.
-        let ours = self.map.ring(self.active as usize);
-        if ours.hdr.tail.load(Ordering::Acquire) != self.tx_head.load(Ordering::Relaxed) {
+        if !self.ring_drained() {
             return false;
         }
         let m = &self.map;
         // The responder QP: connected to ours, executing requests, granting
         // this access.
         let q = m.qp(qps.remote);
-        // The verdict on the entry as read at the sequence number
-        // remembered, for this QP of ours: unchanged since, it holds.
-        let remembered = checked.qp.filter(|c| {
-            c.slot == qps.remote && c.local == qps.local && q.seq.load(Ordering::Acquire) == c.seq
-        });
+        let remembered = checked.qp.filter(|c| c.holds(m, qps));
         let verdict = match remembered {
             Some(c) => c,
             None => {
@@ -1304,23 +1296,10 @@ impl Peer {
             return false;
         }
         let qpd = verdict.pd;
-        let word = &m.active(self.active as usize).words[word % seg::WORDS].word;
-        if self.fast && m.header().expedited.load(Ordering::Relaxed) == 1 {
-            // The owner's withdrawal runs a global barrier between marking
-            // the entry and reading our word, which orders this store before
-            // our loads below as a fence here would.
-            word.store(seg::ACTIVE_BIT | rkey as u64, Ordering::Relaxed);
-            std::sync::atomic::compiler_fence(Ordering::SeqCst);
-        } else {
-            word.store(seg::ACTIVE_BIT | rkey as u64, Ordering::SeqCst);
-        }
+        let word = self.word(word);
+        self.announce(word, rkey);
         let ok = 'look: {
-            // The entry remembered for this key, if its sequence number
-            // (read after the word, as the whole entry would be) is
-            // unchanged: it is the live entry it was, with the same fields.
-            let remembered = checked.mr.filter(|c| {
-                c.rkey == rkey && c.pd == qpd && m.mr(c.slot).seq.load(Ordering::SeqCst) == c.seq
-            });
+            let remembered = checked.mr.filter(|c| c.holds(m, rkey, qpd));
             let mut probes = seg::Mapping::mr_probe_slots(rkey);
             loop {
                 let c = match remembered {
@@ -1376,23 +1355,19 @@ impl Peer {
                         c
                     }
                 };
-                let Some(rel) = va.checked_sub(c.lo) else {
+                let Some(at) = c.place(va, len, need) else {
                     break 'look false;
                 };
-                if !c.grants.contains(need) || rel.checked_add(len).is_none_or(|end| end > c.len) {
-                    break 'look false;
-                }
-                let off = c.off;
                 // The word's address in the arena must be aligned, not just
                 // its offset in the region: the entry's arena offset is the
                 // owner's to write, and an atomic across a cache line is a
                 // split lock (and a misaligned `&AtomicU64`).
                 if !matches!(op, SendOp::Write { .. } | SendOp::Read { .. })
-                    && ((off + rel) % 8 != 0 || len != 8)
+                    && (at % 8 != 0 || len != 8)
                 {
                     break 'look false;
                 }
-                let target = m.arena(off + rel);
+                let target = m.arena(at);
                 // SAFETY: `target..target+len` lies in the arena extent the
                 // live entry publishes (checked above), which stays mapped
                 // (the whole segment is) and is not freed while our word
@@ -1408,6 +1383,101 @@ impl Peer {
 }
 
 impl Peer {
+    /// Nothing of ours is left in the peer's ring: the responder executes
+    /// a QP's requests in order, and one in the ring has not been executed
+    /// yet, so a request carried out at post must not pass it.
+    #[inline(always)]
+    fn ring_drained(&self) -> bool {
+        let ours = self.map.ring(self.active as usize);
+        ours.hdr.tail.load(Ordering::Acquire) == self.tx_head.load(Ordering::Relaxed)
+    }
+
+    /// In-flight word `k` of ours in the peer's segment.
+    #[inline(always)]
+    fn word(&self, k: usize) -> &AtomicU64 {
+        &self.map.active(self.active as usize).words[k % seg::WORDS].word
+    }
+
+    /// Name `rkey` in in-flight `word` (ours alone for the call), ordered
+    /// before the loads of the region entry that follow it.
+    #[inline(always)]
+    fn announce(&self, word: &AtomicU64, rkey: u32) {
+        if self.fast && self.map.header().expedited.load(Ordering::Relaxed) == 1 {
+            // The owner's withdrawal runs a global barrier between marking
+            // the entry and reading our word, which orders this store before
+            // our loads below as a fence here would.
+            word.store(seg::ACTIVE_BIT | rkey as u64, Ordering::Relaxed);
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        } else {
+            word.store(seg::ACTIVE_BIT | rkey as u64, Ordering::SeqCst);
+        }
+    }
+
+    /// [`Peer::one_sided_checked`] for the request a lane repeats most — a
+    /// WRITE of `len` bytes from `src`, to the responder QP and region the
+    /// last call remembered in `checked`, through `claim`'s in-flight word
+    /// — in the fewest instructions it can: on a ping-pong every
+    /// instruction before the copy lies on the round trip (each cycle of
+    /// work added before the copy of an 8-byte `perf write_lat` over shared
+    /// memory added a cycle to its one-way time, measured with 0-80 cycles
+    /// of filler). The checks are the general call's with its remembered
+    /// verdicts: the peer alive, nothing of ours in its ring, the QP's and
+    /// the region's entries unchanged since `checked` read them (their
+    /// sequence numbers, the region's read after our word names the key),
+    /// the access and extent they granted. False, with nothing touched,
+    /// where any does not hold, nothing is remembered yet or `claim` is
+    /// another peer's: the caller then makes the general call, which reads
+    /// the entries afresh (and refuses, or carries the request out).
+    ///
+    /// # Safety
+    /// `src..src + len` must be readable for the call (as `local`'s spans
+    /// for [`Peer::one_sided`]).
+    #[inline(always)]
+    pub unsafe fn write_remembered(
+        &self,
+        qps: &Qps,
+        src: u64,
+        len: u64,
+        (va, rkey): (u64, u32),
+        checked: &Checked,
+        claim: &mut Claim,
+    ) -> bool {
+        let (Some(q), Some(r)) = (checked.qp, checked.mr) else {
+            return false;
+        };
+        if len == 0
+            || !self.alive()
+            || !std::ptr::eq(&*claim.peer, self)
+            || !self.ring_drained()
+            || !q.grants.contains(AccessFlags::REMOTE_WRITE)
+            || !q.holds(&self.map, qps)
+        {
+            return false;
+        }
+        // The claim is ours alone (`claim_word`), borrowed exclusively for
+        // this call: nobody else uses its word meanwhile.
+        let word = self.word(claim.k);
+        self.announce(word, rkey);
+        let ok = match r
+            .holds(&self.map, rkey, q.pd)
+            .then(|| r.place(va, len, AccessFlags::REMOTE_WRITE))
+            .flatten()
+        {
+            Some(at) => {
+                // SAFETY: `at..at + len` lies in the arena extent of the live
+                // entry (`place`, its sequence number unchanged since it was
+                // read whole, and read after our word named the key), which
+                // stays mapped and is not freed while our word names it (the
+                // owner waits, see the crate docs); `src` per the caller.
+                unsafe { put(self.map.arena(at), src as *const u8, len) };
+                true
+            }
+            None => false,
+        };
+        word.store(0, Ordering::Release);
+        ok
+    }
+
     /// Carry out a SEND from `qps.local` by filling the next receive the
     /// peer's `qps.remote` published for it (see `seg::RecvArea`): the
     /// message's bytes, `local`'s spans in order, go straight into the
@@ -1758,6 +1828,88 @@ struct CheckedMr {
     off: u64,
 }
 
+impl CheckedQp {
+    /// The verdict is for `qps`, and the entry was not written since it
+    /// was read: it still holds.
+    #[inline(always)]
+    fn holds(&self, m: &Mapping, qps: &Qps) -> bool {
+        self.slot == qps.remote
+            && self.local == qps.local
+            && m.qp(qps.remote).seq.load(Ordering::Acquire) == self.seq
+    }
+}
+
+impl CheckedMr {
+    /// The verdict is for `rkey` and the responder's PD `pd`, and the entry
+    /// (its sequence number read after the caller's in-flight word named
+    /// the key, as the whole entry would be) is the live entry it was, with
+    /// the same fields.
+    #[inline(always)]
+    fn holds(&self, m: &Mapping, rkey: u32, pd: u32) -> bool {
+        self.rkey == rkey && self.pd == pd && m.mr(self.slot).seq.load(Ordering::SeqCst) == self.seq
+    }
+
+    /// The arena offset of `[va, va + len)` if the region grants `need` and
+    /// the range lies inside it.
+    #[inline(always)]
+    fn place(&self, va: u64, len: u64, need: AccessFlags) -> Option<u64> {
+        let rel = va.checked_sub(self.lo)?;
+        (self.grants.contains(need) && rel.checked_add(len).is_some_and(|end| end <= self.len))
+            .then_some(self.off + rel)
+    }
+}
+
+/// A WRITE of `len` bytes from one span: [`put_span`] of all of it.
+///
+/// # Safety
+/// As for [`put_span`] with `at` 0 and `n` = `len`.
+#[inline(always)]
+unsafe fn put(target: *mut u8, src: *const u8, len: u64) {
+    // SAFETY: forwarded.
+    unsafe { put_span(target, len, 0, src, len) }
+}
+
+/// Copy `n` bytes from `src` to `target + at`, one span of a WRITE of `len`
+/// bytes into `target`. The last 8 bytes land after all the others, so a
+/// target that polls the end of its buffer (perftest, most ping-pongs)
+/// sees the whole message once it sees its end.
+///
+/// # Safety
+/// `at + n <= len`; `target` valid for `len` bytes, `src` readable for `n`.
+#[inline(always)]
+unsafe fn put_span(target: *mut u8, len: u64, at: u64, src: *const u8, n: u64) {
+    let tail_from = len.saturating_sub(8);
+    // SAFETY: in bounds per the contract.
+    unsafe {
+        if at + n <= tail_from || at >= tail_from {
+            if at == tail_from && at > 0 {
+                // The tail's own span, after spans of the rest: keep the
+                // compiler from moving these stores ahead of the copies
+                // before them (the CPU orders them after a string copy's
+                // stores).
+                fence(Ordering::Release);
+            }
+            if n == 8 {
+                // One 8-byte move rather than a call into memcpy (a whole
+                // small WRITE: the message-rate and latency tests).
+                let v = std::ptr::read_unaligned(src.cast::<u64>());
+                std::ptr::write_unaligned(target.add(at as usize).cast::<u64>(), v);
+            } else {
+                std::ptr::copy_nonoverlapping(src, target.add(at as usize), n as usize);
+            }
+        } else {
+            let k = tail_from - at;
+            std::ptr::copy_nonoverlapping(src, target.add(at as usize), k as usize);
+            fence(Ordering::Release);
+            std::ptr::copy_nonoverlapping(
+                src.add(k as usize),
+                target.add(tail_from as usize),
+                (n - k) as usize,
+            );
+        }
+    }
+}
+
 /// Move the bytes (or run the atomic) between the target word/buffer and
 /// the local buffer.
 ///
@@ -1778,50 +1930,20 @@ unsafe fn execute(op: &SendOp, target: *mut u8, local: &OffloadLocal<'_>, len: u
     };
     match *op {
         SendOp::Write { .. } => {
-            // The last 8 bytes land after all the others, so a target that
-            // polls the end of its buffer (perftest, most ping-pongs) sees
-            // the whole message once it sees its end.
             let mut at = 0u64;
-            let mut put = |src: *const u8, n: u64| {
-                let tail_from = len.saturating_sub(8);
-                // SAFETY: `at + n <= len`: the spans add up to len.
-                unsafe {
-                    if at + n <= tail_from || at >= tail_from {
-                        if at == tail_from && at > 0 {
-                            // The tail's own span, after spans of the rest:
-                            // keep the compiler from moving these stores
-                            // ahead of the copies before them (the CPU
-                            // orders them after a string copy's stores).
-                            fence(Ordering::Release);
-                        }
-                        if n == 8 {
-                            // One 8-byte move rather than a call into memcpy
-                            // (a whole small WRITE: the message-rate test).
-                            let v = std::ptr::read_unaligned(src.cast::<u64>());
-                            std::ptr::write_unaligned(target.add(at as usize).cast::<u64>(), v);
-                        } else {
-                            std::ptr::copy_nonoverlapping(src, target.add(at as usize), n as usize);
-                        }
-                    } else {
-                        let k = tail_from - at;
-                        std::ptr::copy_nonoverlapping(src, target.add(at as usize), k as usize);
-                        fence(Ordering::Release);
-                        std::ptr::copy_nonoverlapping(
-                            src.add(k as usize),
-                            target.add(tail_from as usize),
-                            (n - k) as usize,
-                        );
-                    }
-                }
+            let mut span = |src: *const u8, n: u64| {
+                // SAFETY: `at + n <= len`: the spans add up to len; target
+                // and the local spans per the caller.
+                unsafe { put_span(target, len, at, src, n) };
                 at += n;
             };
             match *local {
                 OffloadLocal::Host(h) => {
                     for &(a, l) in h {
-                        put(a as *const u8, l as u64);
+                        span(a as *const u8, l as u64);
                     }
                 }
-                OffloadLocal::Inline(b) => put(b.as_ptr(), b.len() as u64),
+                OffloadLocal::Inline(b) => span(b.as_ptr(), b.len() as u64),
             }
         }
         SendOp::Read { .. } => {

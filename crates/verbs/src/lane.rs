@@ -56,7 +56,7 @@ use std::sync::Arc;
 use softrdma_core::cq::CqId;
 use softrdma_core::mr::Span;
 use softrdma_core::wc::Completion;
-use softrdma_core::wr::{SendFlags, SendOp, SendWr};
+use softrdma_core::wr::{SendFlags, SendOp, SendWr, Sge};
 use softrdma_core::{OffloadLocal, MAX_MSG_SIZE, MAX_SGE};
 use softrdma_shm::{barrier, RECV_SGES, RECV_SLOTS};
 
@@ -573,7 +573,100 @@ impl Lane {
 
     /// Carry `wr` out through the lane if it is open and `wr` is what it
     /// serves; false (nothing done) sends it the engine's way.
+    #[inline]
     pub(crate) fn try_post(&self, wr: &SendWr<'_>) -> bool {
+        if let (SendOp::Write { remote_addr, rkey }, [s]) = (wr.op, wr.sgl) {
+            if wr.flags.0 & !(SendFlags::SIGNALED.0 | SendFlags::INLINE.0) == 0 {
+                return self.write_one(wr, s, (remote_addr, rkey));
+            }
+        }
+        self.try_post_any(wr)
+    }
+
+    /// [`Lane::try_post`] of a WRITE from one SGE, signaled or not, inline
+    /// or not (a latency test's post, a message-rate test's): the same
+    /// checks as the general way below, in as few instructions as they
+    /// take — on a ping-pong every one before the copy is on the round
+    /// trip (see `Peer::write_remembered`).
+    #[inline(always)]
+    fn write_one(&self, wr: &SendWr<'_>, s: &Sge, remote: (u64, u32)) -> bool {
+        if !self.open.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Some(mut i) = self.inner.try_hold(true) else {
+            return false;
+        };
+        // After taking the lane, as in `try_post_any`.
+        if !self.open.load(Ordering::Acquire) || i.max_sge == 0 {
+            return false;
+        }
+        let len = s.length as u64;
+        // A zero-length WRITE moves nothing: the engine's way carries it.
+        let Some(host) = i
+            .keys
+            .iter()
+            .flatten()
+            .find(|k| k.lkey == s.lkey)
+            .and_then(|r| r.host_of(s.addr, len))
+        else {
+            return false;
+        };
+        if len == 0
+            || len > MAX_MSG_SIZE
+            || (wr.flags.contains(SendFlags::INLINE) && len > i.max_inline)
+        {
+            return false;
+        }
+        let Inner {
+            peer,
+            qps,
+            cq,
+            checked,
+            claim,
+            ..
+        } = &mut *i;
+        let Some(peer) = peer.as_ref() else {
+            return false;
+        };
+        // As in `try_post_any`: the CQ's queue held from before the copy
+        // until the completion is in.
+        let mut queue = None;
+        if wr.flags.contains(SendFlags::SIGNALED) {
+            let Some(q) = cq.as_ref().and_then(|c| c.reserve()) else {
+                return false;
+            };
+            queue = Some(q);
+        }
+        // SAFETY: `host..host + len` lies inside a region that was
+        // registered when the engine opened the lane and still is (as in
+        // `try_post_any`: a withdrawal closes the lane first, and closing
+        // waits for us, holding it until we return).
+        let done = unsafe {
+            claim
+                .as_mut()
+                .is_some_and(|c| peer.write_remembered(qps, host, len, remote, checked, c))
+                || peer.one_sided_checked(
+                    qps,
+                    &wr.op,
+                    &OffloadLocal::Host(&[(host, s.length)]),
+                    len,
+                    Some(checked),
+                    claim.as_mut(),
+                )
+        };
+        if done {
+            if let (Some(mut q), Some(cq)) = (queue, cq.as_ref()) {
+                cq.push(&mut q, wr.wr_id, &wr.op, qps.local, s.length);
+            }
+            let n = self.carried.load(Ordering::Relaxed);
+            self.carried.store(n + 1, Ordering::Relaxed);
+        }
+        done
+    }
+
+    /// [`Lane::try_post`] of anything else.
+    #[inline(never)]
+    fn try_post_any(&self, wr: &SendWr<'_>) -> bool {
         // A SEND may also be inline (its bytes are copied at post anyway,
         // from the remembered region its SGE names) or solicited (a lane
         // fills a receive only while the peer's CQ is not armed).
@@ -1311,6 +1404,7 @@ impl CqLane {
 
     /// Hold the queue if it is open and has room for one more completion
     /// (a signaled lane post, from before its copy to [`CqLane::push`]).
+    #[inline(always)]
     fn reserve(&self) -> Option<BiasedHolding<'_, CqInner>> {
         let mut h = self.inner.try_hold(true)?;
         h.bias();

@@ -1148,6 +1148,7 @@ impl Mr {
     /// If `offset` is not inside the region, or the region is implicit
     /// (whose bytes may not be mapped: [`Mr::read`] and [`Mr::write`] copy
     /// them checked).
+    #[inline]
     pub fn read_volatile_u8(&self, offset: usize) -> u8 {
         let a = self
             .range(offset, 1)
@@ -1171,6 +1172,7 @@ impl Mr {
     /// If `offset` is not inside the region, or the region is implicit
     /// (whose bytes may not be mapped: [`Mr::read`] and [`Mr::write`] copy
     /// them checked).
+    #[inline]
     pub fn write_volatile_u8(&self, offset: usize, v: u8) {
         let a = self
             .range(offset, 1)

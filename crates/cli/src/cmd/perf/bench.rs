@@ -898,6 +898,16 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
     // shared memory the peer's lane writes the byte itself: a pass per
     // look would only slow the look.
     let every = if r.qps[0].transport() == "shm" { 16 } else { 1 };
+    // The request is the same every time but for its id, built once as
+    // perftest builds its `wr`: on shared memory each instruction between
+    // the byte's arrival and the copy into the peer is on the round trip.
+    let sge = [r.mr.sge(src, size as u32)];
+    let op = op_for(r, p, 0, 0);
+    let flags = if p.inline > 0 && size <= p.inline as u64 {
+        SendFlags::SIGNALED | SendFlags::INLINE
+    } else {
+        SendFlags::SIGNALED
+    };
     let mut run = LatRun::new(p);
     let mut wcs = [Completion::default(); 1];
     let mut dog = Watchdog::new();
@@ -929,16 +939,10 @@ pub fn write_lat(r: &Res, p: &Params, size: u64, client: bool) -> R<LatResult> {
         if run.more(scnt) {
             scnt += 1;
             r.mr.write_volatile_u8(src + size as usize - 1, scnt as u8);
-            let sge = [r.mr.sge(src, size as u32)];
-            let flags = if p.inline > 0 && size <= p.inline as u64 {
-                SendFlags::SIGNALED | SendFlags::INLINE
-            } else {
-                SendFlags::SIGNALED
-            };
             run.stamp();
             r.qps[0].post_send(&SendWr {
                 wr_id: scnt,
-                op: op_for(r, p, 0, 0),
+                op,
                 sgl: &sge,
                 flags,
                 ud: None,

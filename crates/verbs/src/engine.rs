@@ -1753,6 +1753,9 @@ pub(crate) struct Engine {
     /// Watchdog ticks taken, for the crate's tests.
     #[cfg(test)]
     ticks: AtomicU64,
+    /// Stretches of work under the state's lock, by any thread (tests).
+    #[cfg(test)]
+    stretches: AtomicU64,
     /// Serialises changes of the socket's epoll registration, which
     /// follows `masked && !sock_kept || poller_masked || sleepers`, and
     /// holds whether the socket is in the engine's epoll set now, so an
@@ -1786,6 +1789,8 @@ impl<'a> Guard<'a> {
     /// The state, just taken: CQ lanes settle before anything else (see
     /// `State::settle_cq_lanes`).
     fn new(mut g: MutexGuard<'a, State>, eng: &'a Engine) -> Guard<'a> {
+        #[cfg(test)]
+        eng.stretches.fetch_add(1, Ordering::SeqCst);
         g.settle_cq_lanes(eng.masked.load(Ordering::Relaxed));
         Guard { g: Some(g), eng }
     }
@@ -1828,6 +1833,8 @@ impl Drop for Guard<'_> {
                 // Its owner will see the flag when it lets go.
                 Err(std::sync::TryLockError::WouldBlock) => return,
             }
+            #[cfg(test)]
+            self.eng.stretches.fetch_add(1, Ordering::SeqCst);
             g.settle_cq_lanes(self.eng.masked.load(Ordering::Relaxed));
         }
     }
@@ -1926,6 +1933,8 @@ impl Engine {
             lane_polled: AtomicBool::new(false),
             #[cfg(test)]
             ticks: AtomicU64::new(0),
+            #[cfg(test)]
+            stretches: AtomicU64::new(0),
             sock_events: Mutex::new(true),
             acks_deferred: AtomicBool::new(false),
         });
@@ -2021,6 +2030,12 @@ impl Engine {
 
     /// `app_served` and whether an application thread holds the socket,
     /// for the crate's tests.
+    /// Stretches of work under the state's lock so far, by any thread.
+    #[cfg(test)]
+    pub(crate) fn stretches(&self) -> u64 {
+        self.stretches.load(Ordering::SeqCst)
+    }
+
     #[cfg(test)]
     pub(crate) fn served(&self) -> (u64, bool) {
         (

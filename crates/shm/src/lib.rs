@@ -26,6 +26,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod barrier;
+pub mod hint;
 mod link;
 mod ring;
 mod seg;
@@ -1478,6 +1479,22 @@ impl Peer {
         ok
     }
 
+    /// Where the region `checked` last judged lies in our mapping of the
+    /// peer's segment — its rkey, iova, length and the address of its first
+    /// byte — for a prefetch hint ([`hint::prefetch_for_write`]) only: the
+    /// region may have changed since, which the next check finds.
+    pub fn remembered_region(&self, checked: &Checked) -> Option<RegionHint> {
+        let c = checked.mr?;
+        (c.off < seg::ARENA_LEN && c.grants.contains(AccessFlags::REMOTE_WRITE)).then(|| {
+            RegionHint {
+                rkey: c.rkey,
+                lo: c.lo,
+                len: c.len,
+                at: self.map.arena(c.off) as usize,
+            }
+        })
+    }
+
     /// Carry out a SEND from `qps.local` by filling the next receive the
     /// peer's `qps.remote` published for it (see `seg::RecvArea`): the
     /// message's bytes, `local`'s spans in order, go straight into the
@@ -1783,6 +1800,29 @@ impl Drop for Claim {
 impl std::fmt::Debug for Claim {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Claim").field("word", &self.k).finish()
+    }
+}
+
+/// A peer's region as [`Peer::remembered_region`] last found it: where to
+/// prefetch a WRITE's target, nothing more.
+#[derive(Debug, Clone, Copy)]
+pub struct RegionHint {
+    rkey: u32,
+    lo: u64,
+    len: u64,
+    /// The address of its first byte in our mapping of the segment.
+    at: usize,
+}
+
+impl RegionHint {
+    /// Prefetch for writing the line of `va` if it lies in this region
+    /// under `rkey` (a hint: see [`hint::prefetch_for_write`]).
+    #[inline(always)]
+    pub fn prefetch(&self, va: u64, rkey: u32) {
+        let rel = va.wrapping_sub(self.lo);
+        if rkey == self.rkey && rel < self.len {
+            hint::prefetch_for_write(self.at.wrapping_add(rel as usize) as *const u8);
+        }
     }
 }
 

@@ -422,6 +422,9 @@ struct Inner {
     /// the peer's word 0 with the engine and other lanes). Let go with the
     /// peer.
     claim: Option<softrdma_shm::Claim>,
+    /// Where the last WRITE's region lies in the peer's segment, for the
+    /// next one's prefetch (a hint only); cleared with the peer.
+    target: Option<softrdma_shm::RegionHint>,
 }
 
 /// One QP's lane (see the module docs).
@@ -470,6 +473,7 @@ impl Lane {
                 cq: None,
                 checked: softrdma_shm::Checked::default(),
                 claim: None,
+                target: None,
             }),
             carried: AtomicU64::new(0),
             pos: AtomicUsize::new(usize::MAX),
@@ -525,6 +529,7 @@ impl Lane {
         i.cq = None;
         i.checked = softrdma_shm::Checked::default();
         i.claim = None;
+        i.target = None;
         let n = self.carried.load(Ordering::Relaxed);
         self.carried.store(0, Ordering::Relaxed);
         n
@@ -545,6 +550,7 @@ impl Lane {
             i.next = 0;
             i.checked = softrdma_shm::Checked::default();
             i.claim = None;
+            i.target = None;
         }
         if i.claim.is_none() {
             i.claim = o.peer.claim_word();
@@ -596,6 +602,14 @@ impl Lane {
         let Some(mut i) = self.inner.try_hold(true) else {
             return false;
         };
+        // First of all, the target's line for writing: the copy into it
+        // waits for that transfer, which now runs beside the checks
+        // (`softrdma_shm::hint`). 8-byte `perf write_lat` over shared
+        // memory, the VM in its fast mode, alternated: one-way p50
+        // 0.055-0.060 -> 0.035-0.045 us, average 0.059-0.065 -> 0.042-0.048.
+        if let Some(h) = &i.target {
+            h.prefetch(remote.0, remote.1);
+        }
         // After taking the lane, as in `try_post_any`.
         if !self.open.load(Ordering::Acquire) || i.max_sge == 0 {
             return false;
@@ -623,6 +637,7 @@ impl Lane {
             cq,
             checked,
             claim,
+            target,
             ..
         } = &mut *i;
         let Some(peer) = peer.as_ref() else {
@@ -660,6 +675,7 @@ impl Lane {
             }
             let n = self.carried.load(Ordering::Relaxed);
             self.carried.store(n + 1, Ordering::Relaxed);
+            *target = peer.remembered_region(checked);
         }
         done
     }

@@ -210,6 +210,12 @@ unsafe fn post_send_fast(qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> Option<c_int>
         return None;
     }
     let q = Qp::lend(qp).ok()?;
+    if w.opcode == IBV_WR_RDMA_WRITE {
+        // As early as the QP is known: see `Qp::prefetch_write`.
+        // SAFETY: a WRITE's request carries `wr.rdma`.
+        let rdma = unsafe { w.wr.rdma };
+        q.sv.prefetch_write(rdma.remote_addr, rdma.rkey);
+    }
     // SAFETY: verbs' contract: sg_list holds num_sge (1) entries.
     let sgl = [sge_from(unsafe { *w.sg_list })];
     let swr = sv::SendWr {

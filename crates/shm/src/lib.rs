@@ -1814,14 +1814,51 @@ pub struct RegionHint {
     at: usize,
 }
 
-impl RegionHint {
-    /// Prefetch for writing the line of `va` if it lies in this region
+/// A [`RegionHint`] that any thread may read while one writes it: each
+/// field is an atomic of its own, so a reader may see a mix of two hints —
+/// and then prefetches a line it did not need, which is all a hint can
+/// do wrong ([`hint::prefetch_for_write`] touches no memory and never
+/// faults). Cleared, it prefetches nothing.
+#[derive(Debug, Default)]
+pub struct SharedRegionHint {
+    rkey: AtomicU32,
+    lo: AtomicU64,
+    /// 0: no hint.
+    len: AtomicU64,
+    at: AtomicUsize,
+}
+
+impl SharedRegionHint {
+    /// Hold `h` from now on (`None`: nothing).
+    #[inline(always)]
+    pub fn set(&self, h: Option<RegionHint>) {
+        match h {
+            Some(h) => {
+                // A post through the same region (every post of a test)
+                // finds it unchanged: no store dirties the line.
+                if self.at.load(Ordering::Relaxed) != h.at
+                    || self.lo.load(Ordering::Relaxed) != h.lo
+                    || self.len.load(Ordering::Relaxed) != h.len
+                    || self.rkey.load(Ordering::Relaxed) != h.rkey
+                {
+                    self.rkey.store(h.rkey, Ordering::Relaxed);
+                    self.lo.store(h.lo, Ordering::Relaxed);
+                    self.at.store(h.at, Ordering::Relaxed);
+                    self.len.store(h.len, Ordering::Relaxed);
+                }
+            }
+            None => self.len.store(0, Ordering::Relaxed),
+        }
+    }
+
+    /// Prefetch for writing the line of `va` if it lies in the region held
     /// under `rkey` (a hint: see [`hint::prefetch_for_write`]).
     #[inline(always)]
     pub fn prefetch(&self, va: u64, rkey: u32) {
-        let rel = va.wrapping_sub(self.lo);
-        if rkey == self.rkey && rel < self.len {
-            hint::prefetch_for_write(self.at.wrapping_add(rel as usize) as *const u8);
+        let rel = va.wrapping_sub(self.lo.load(Ordering::Relaxed));
+        if rel < self.len.load(Ordering::Relaxed) && rkey == self.rkey.load(Ordering::Relaxed) {
+            let at = self.at.load(Ordering::Relaxed);
+            hint::prefetch_for_write(at.wrapping_add(rel as usize) as *const u8);
         }
     }
 }

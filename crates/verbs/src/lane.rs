@@ -422,9 +422,6 @@ struct Inner {
     /// the peer's word 0 with the engine and other lanes). Let go with the
     /// peer.
     claim: Option<softrdma_shm::Claim>,
-    /// Where the last WRITE's region lies in the peer's segment, for the
-    /// next one's prefetch (a hint only); cleared with the peer.
-    target: Option<softrdma_shm::RegionHint>,
 }
 
 /// One QP's lane (see the module docs).
@@ -439,6 +436,11 @@ pub(crate) struct Lane {
     /// Where it is in the engine's list of open lanes (`usize::MAX`: not
     /// there). Read and written under the engine's lock only.
     pos: AtomicUsize,
+    /// Where the last WRITE's region lies in the peer's segment, for the
+    /// next one's prefetch: a hint, read without holding the lane (by a
+    /// caller with a fast path of its own too, `Qp::prefetch_write`),
+    /// written by the lane's holder; cleared with the peer.
+    target: softrdma_shm::SharedRegionHint,
 }
 
 /// What the engine fills a lane with when it opens it.
@@ -473,8 +475,8 @@ impl Lane {
                 cq: None,
                 checked: softrdma_shm::Checked::default(),
                 claim: None,
-                target: None,
             }),
+            target: softrdma_shm::SharedRegionHint::default(),
             carried: AtomicU64::new(0),
             pos: AtomicUsize::new(usize::MAX),
         }
@@ -529,7 +531,7 @@ impl Lane {
         i.cq = None;
         i.checked = softrdma_shm::Checked::default();
         i.claim = None;
-        i.target = None;
+        self.target.set(None);
         let n = self.carried.load(Ordering::Relaxed);
         self.carried.store(0, Ordering::Relaxed);
         n
@@ -550,7 +552,7 @@ impl Lane {
             i.next = 0;
             i.checked = softrdma_shm::Checked::default();
             i.claim = None;
-            i.target = None;
+            self.target.set(None);
         }
         if i.claim.is_none() {
             i.claim = o.peer.claim_word();
@@ -599,17 +601,15 @@ impl Lane {
         if !self.open.load(Ordering::Relaxed) {
             return false;
         }
-        let Some(mut i) = self.inner.try_hold(true) else {
-            return false;
-        };
         // First of all, the target's line for writing: the copy into it
         // waits for that transfer, which now runs beside the checks
         // (`softrdma_shm::hint`). 8-byte `perf write_lat` over shared
         // memory, the VM in its fast mode, alternated: one-way p50
         // 0.055-0.060 -> 0.035-0.045 us, average 0.059-0.065 -> 0.042-0.048.
-        if let Some(h) = &i.target {
-            h.prefetch(remote.0, remote.1);
-        }
+        self.prefetch_target(remote);
+        let Some(mut i) = self.inner.try_hold(true) else {
+            return false;
+        };
         // After taking the lane, as in `try_post_any`.
         if !self.open.load(Ordering::Acquire) || i.max_sge == 0 {
             return false;
@@ -637,7 +637,6 @@ impl Lane {
             cq,
             checked,
             claim,
-            target,
             ..
         } = &mut *i;
         let Some(peer) = peer.as_ref() else {
@@ -675,9 +674,17 @@ impl Lane {
             }
             let n = self.carried.load(Ordering::Relaxed);
             self.carried.store(n + 1, Ordering::Relaxed);
-            *target = peer.remembered_region(checked);
+            self.target.set(peer.remembered_region(checked));
         }
         done
+    }
+
+    /// Prefetch for writing the line a WRITE to `(va, rkey)` would store
+    /// into, if it lies in the region the lane's last WRITE went to (a
+    /// hint: it reads and writes nothing, whatever the lane's state).
+    #[inline(always)]
+    pub(crate) fn prefetch_target(&self, (va, rkey): (u64, u32)) {
+        self.target.prefetch(va, rkey);
     }
 
     /// [`Lane::try_post`] of anything else.

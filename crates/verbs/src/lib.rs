@@ -2315,6 +2315,19 @@ impl Qp {
         !self.eng.acks_deferred() && self.lane.try_post(wr)
     }
 
+    /// Prefetch, for writing, the line an RDMA WRITE to `remote_addr` under
+    /// `rkey` would store into first, if the QP's lane last wrote to that
+    /// region of its peer's shared memory (`Lane::write_one` does it
+    /// itself). For a caller with a fast path of its own (the C ABI's
+    /// `ibv_post_send`) to call as early as it can: the copy of a WRITE
+    /// into a peer that spins on its buffer waits for that line, and
+    /// everything before the lane's own prefetch delays it. A hint: it
+    /// reads and writes nothing.
+    #[inline]
+    pub fn prefetch_write(&self, remote_addr: u64, rkey: u32) {
+        self.lane.prefetch_target((remote_addr, rkey));
+    }
+
     /// Post several send work requests in order, as `ibv_post_send` posts
     /// a chain: each is checked as [`Qp::post_send`] checks it, posting
     /// stops at the first refused (its index and why, `ibv_post_send`'s

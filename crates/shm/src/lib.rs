@@ -1495,6 +1495,19 @@ impl Peer {
         })
     }
 
+    /// Prefetch, for writing, the slot of the receive a SEND from
+    /// `qps.local` would fill next (a hint: see
+    /// [`hint::prefetch_for_write`]): the line the receiver's poll spins
+    /// on, whose transfer the fill waits for.
+    #[inline(always)]
+    pub fn prefetch_receive(&self, qps: &Qps) {
+        let a = self.map.recv(qps.remote);
+        // Wrapping, as `next_receive`: the owner writes `taken` too.
+        let t = a.taken.load(Ordering::Relaxed);
+        let slot: *const seg::RecvSlot = &a.slots[t as usize % seg::RECV_SLOTS];
+        hint::prefetch_for_write(slot.cast());
+    }
+
     /// Carry out a SEND from `qps.local` by filling the next receive the
     /// peer's `qps.remote` published for it (see `seg::RecvArea`): the
     /// message's bytes, `local`'s spans in order, go straight into the

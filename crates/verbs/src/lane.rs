@@ -722,6 +722,15 @@ impl Lane {
         let Some(mut i) = self.inner.try_hold(true) else {
             return false;
         };
+        // A message into a receive the peer published: first of all, the
+        // line of that receive's slot for writing — the peer's poll spins
+        // on it, and the fill waits for its transfer, which now runs beside
+        // the checks (as `write_one`'s prefetch of a WRITE's target).
+        if let (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::WriteWithImm { .. }, Some(p)) =
+            (wr.op, &i.peer)
+        {
+            p.prefetch_receive(&i.qps);
+        }
         // Read after taking the lane: a close that began before we took
         // it has stored false already (it then waits for us), and one
         // after finds us holding it.

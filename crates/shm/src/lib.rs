@@ -1414,43 +1414,53 @@ impl Peer {
         }
     }
 
-    /// [`Peer::one_sided_checked`] for the request a lane repeats most — a
-    /// WRITE of `len` bytes from `src`, to the responder QP and region the
-    /// last call remembered in `checked`, through `claim`'s in-flight word
-    /// — in the fewest instructions it can: on a ping-pong every
-    /// instruction before the copy lies on the round trip (each cycle of
-    /// work added before the copy of an 8-byte `perf write_lat` over shared
-    /// memory added a cycle to its one-way time, measured with 0-80 cycles
-    /// of filler). The checks are the general call's with its remembered
-    /// verdicts: the peer alive, nothing of ours in its ring, the QP's and
-    /// the region's entries unchanged since `checked` read them (their
-    /// sequence numbers, the region's read after our word names the key),
-    /// the access and extent they granted. False, with nothing touched,
-    /// where any does not hold, nothing is remembered yet or `claim` is
-    /// another peer's: the caller then makes the general call, which reads
-    /// the entries afresh (and refuses, or carries the request out).
+    /// [`Peer::one_sided_checked`] for the requests a lane repeats most — a
+    /// WRITE (`read` false) or a READ of `len` bytes from or into `local`,
+    /// one span, at the responder QP and region the last call remembered in
+    /// `checked`, through `claim`'s in-flight word — in the fewest
+    /// instructions it can: on a ping-pong every instruction before the
+    /// copy lies on the round trip (each cycle of work added before the
+    /// copy of an 8-byte `perf write_lat` over shared memory added a cycle
+    /// to its one-way time, measured with 20-80 cycles of filler). The
+    /// checks are the general call's with its remembered verdicts: the peer
+    /// alive, nothing of ours in its ring, the QP's and the region's
+    /// entries unchanged since `checked` read them (their sequence numbers,
+    /// the region's read after our word names the key), the access,
+    /// responder resources (a READ) and extent they granted. False, with
+    /// nothing touched, where any does not hold, nothing is remembered yet
+    /// or `claim` is another peer's: the caller then makes the general
+    /// call, which reads the entries afresh (and refuses, or carries the
+    /// request out).
     ///
     /// # Safety
-    /// `src..src + len` must be readable for the call (as `local`'s spans
-    /// for [`Peer::one_sided`]).
+    /// `local..local + len` must be readable for a WRITE, writable for a
+    /// READ, for the call (as `local`'s spans for [`Peer::one_sided`]).
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    pub unsafe fn write_remembered(
+    pub unsafe fn one_sge_remembered(
         &self,
         qps: &Qps,
-        src: u64,
+        local: u64,
         len: u64,
         (va, rkey): (u64, u32),
+        read: bool,
         checked: &Checked,
         claim: &mut Claim,
     ) -> bool {
         let (Some(q), Some(r)) = (checked.qp, checked.mr) else {
             return false;
         };
+        let need = if read {
+            AccessFlags::REMOTE_READ
+        } else {
+            AccessFlags::REMOTE_WRITE
+        };
         if len == 0
             || !self.alive()
             || !std::ptr::eq(&*claim.peer, self)
             || !self.ring_drained()
-            || !q.grants.contains(AccessFlags::REMOTE_WRITE)
+            || !q.grants.contains(need)
+            || (read && !q.reads)
             || !q.holds(&self.map, qps)
         {
             return false;
@@ -1461,16 +1471,23 @@ impl Peer {
         self.announce(word, rkey);
         let ok = match r
             .holds(&self.map, rkey, q.pd)
-            .then(|| r.place(va, len, AccessFlags::REMOTE_WRITE))
+            .then(|| r.place(va, len, need))
             .flatten()
         {
             Some(at) => {
+                let target = self.map.arena(at);
                 // SAFETY: `at..at + len` lies in the arena extent of the live
                 // entry (`place`, its sequence number unchanged since it was
                 // read whole, and read after our word named the key), which
                 // stays mapped and is not freed while our word names it (the
-                // owner waits, see the crate docs); `src` per the caller.
-                unsafe { put(self.map.arena(at), src as *const u8, len) };
+                // owner waits, see the crate docs); `local` per the caller.
+                unsafe {
+                    if read {
+                        copy_bytes(target, local as *mut u8, len as usize);
+                    } else {
+                        put(target, local as *const u8, len);
+                    }
+                }
                 true
             }
             None => false,
@@ -2041,10 +2058,9 @@ unsafe fn execute(op: &SendOp, target: *mut u8, local: &OffloadLocal<'_>, len: u
             if let OffloadLocal::Host(h) = *local {
                 for &(a, l) in h {
                     // SAFETY: `at + l <= len` (the spans add up to len); the
-                    // local span is writable (caller).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(target.add(at), a as *mut u8, l as usize)
-                    };
+                    // local span is writable (caller). Small ones without a
+                    // call into memcpy (a latency test's READ).
+                    unsafe { copy_bytes(target.add(at), a as *mut u8, l as usize) };
                     at += l as usize;
                 }
             }

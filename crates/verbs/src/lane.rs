@@ -583,44 +583,57 @@ impl Lane {
     /// serves; false (nothing done) sends it the engine's way.
     #[inline]
     pub(crate) fn try_post(&self, wr: &SendWr<'_>) -> bool {
-        if let (SendOp::Write { remote_addr, rkey }, [s]) = (wr.op, wr.sgl) {
-            if wr.flags.0 & !(SendFlags::SIGNALED.0 | SendFlags::INLINE.0) == 0 {
-                return self.write_one(wr, s, (remote_addr, rkey));
+        if let [s] = wr.sgl {
+            // A WRITE may be inline (its bytes are copied at post either
+            // way); a READ with any flag but SIGNALED goes the engine's way.
+            let f = wr.flags.0 & !SendFlags::SIGNALED.0;
+            match wr.op {
+                SendOp::Write { remote_addr, rkey } if f & !SendFlags::INLINE.0 == 0 => {
+                    return self.one_sge(wr, s, (remote_addr, rkey), false);
+                }
+                SendOp::Read { remote_addr, rkey } if f == 0 => {
+                    return self.one_sge(wr, s, (remote_addr, rkey), true);
+                }
+                _ => {}
             }
         }
         self.try_post_any(wr)
     }
 
-    /// [`Lane::try_post`] of a WRITE from one SGE, signaled or not, inline
-    /// or not (a latency test's post, a message-rate test's): the same
-    /// checks as the general way below, in as few instructions as they
-    /// take — on a ping-pong every one before the copy is on the round
-    /// trip (see `Peer::write_remembered`).
+    /// [`Lane::try_post`] of a WRITE (`read` false: signaled or not,
+    /// inline or not) or a READ (signaled or not) of one SGE — a latency
+    /// test's post, a message-rate test's: the same checks as the general
+    /// way below, in as few instructions as they take (see
+    /// `Peer::one_sge_remembered`; on a ping-pong every instruction before
+    /// the copy is on the round trip).
     #[inline(always)]
-    fn write_one(&self, wr: &SendWr<'_>, s: &Sge, remote: (u64, u32)) -> bool {
+    fn one_sge(&self, wr: &SendWr<'_>, s: &Sge, remote: (u64, u32), read: bool) -> bool {
         if !self.open.load(Ordering::Relaxed) {
             return false;
         }
-        // First of all, the target's line for writing: the copy into it
-        // waits for that transfer, which now runs beside the checks
+        // First of all, a WRITE's target line for writing: the copy into
+        // it waits for that transfer, which now runs beside the checks
         // (`softrdma_shm::hint`). 8-byte `perf write_lat` over shared
         // memory, the VM in its fast mode, alternated: one-way p50
         // 0.055-0.060 -> 0.035-0.045 us, average 0.059-0.065 -> 0.042-0.048.
-        self.prefetch_target(remote);
+        if !read {
+            self.prefetch_target(remote);
+        }
         let Some(mut i) = self.inner.try_hold(true) else {
             return false;
         };
-        // After taking the lane, as in `try_post_any`.
-        if !self.open.load(Ordering::Acquire) || i.max_sge == 0 {
+        // After taking the lane, as in `try_post_any`; a READ needs the
+        // QP's READ credits and a locally writable region.
+        if !self.open.load(Ordering::Acquire) || i.max_sge == 0 || (read && !i.reads) {
             return false;
         }
         let len = s.length as u64;
-        // A zero-length WRITE moves nothing: the engine's way carries it.
+        // A zero-length request moves nothing: the engine's way carries it.
         let Some(host) = i
             .keys
             .iter()
             .flatten()
-            .find(|k| k.lkey == s.lkey)
+            .find(|k| k.lkey == s.lkey && (k.local_write || !read))
             .and_then(|r| r.host_of(s.addr, len))
         else {
             return false;
@@ -652,13 +665,14 @@ impl Lane {
             queue = Some(q);
         }
         // SAFETY: `host..host + len` lies inside a region that was
-        // registered when the engine opened the lane and still is (as in
-        // `try_post_any`: a withdrawal closes the lane first, and closing
-        // waits for us, holding it until we return).
+        // registered (for a READ: locally writable) when the engine opened
+        // the lane and still is (as in `try_post_any`: a withdrawal closes
+        // the lane first, and closing waits for us, holding it until we
+        // return).
         let done = unsafe {
             claim
                 .as_mut()
-                .is_some_and(|c| peer.write_remembered(qps, host, len, remote, checked, c))
+                .is_some_and(|c| peer.one_sge_remembered(qps, host, len, remote, read, checked, c))
                 || peer.one_sided_checked(
                     qps,
                     &wr.op,
@@ -674,7 +688,9 @@ impl Lane {
             }
             let n = self.carried.load(Ordering::Relaxed);
             self.carried.store(n + 1, Ordering::Relaxed);
-            self.target.set(peer.remembered_region(checked));
+            if !read {
+                self.target.set(peer.remembered_region(checked));
+            }
         }
         done
     }

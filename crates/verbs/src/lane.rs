@@ -424,6 +424,55 @@ struct Inner {
     claim: Option<softrdma_shm::Claim>,
 }
 
+/// What a post through the lane uses of what it holds, borrowed apart.
+struct Posting<'a> {
+    peer: &'a Arc<softrdma_shm::Peer>,
+    qps: &'a softrdma_shm::Qps,
+    cq: &'a Option<Arc<CqLane>>,
+    checked: &'a mut softrdma_shm::Checked,
+    claim: &'a mut Option<softrdma_shm::Claim>,
+    /// For a signaled post, its CQ's queue, held from before the copy
+    /// until the completion is in (the engine cannot hand the queue back
+    /// to the CQ, and arm it, say, between the two).
+    queue: Option<BiasedHolding<'a, CqInner>>,
+}
+
+impl Inner {
+    /// The view of the lane of a post of `len` bytes, `inline` or not,
+    /// `signaled` or not; `None` — the post takes the engine's way, which
+    /// says what is wrong — if the message is longer than any may be or
+    /// than the QP's inline limit, there is no peer, or a signaled post
+    /// finds its CQ's queue closed, full or held.
+    #[inline(always)]
+    fn posting(&mut self, len: u64, inline: bool, signaled: bool) -> Option<Posting<'_>> {
+        if len > MAX_MSG_SIZE || (inline && len > self.max_inline) {
+            return None;
+        }
+        let Inner {
+            peer,
+            qps,
+            cq,
+            checked,
+            claim,
+            ..
+        } = self;
+        let peer = peer.as_ref()?;
+        let queue = if signaled {
+            Some(cq.as_ref()?.reserve()?)
+        } else {
+            None
+        };
+        Some(Posting {
+            peer,
+            qps,
+            cq,
+            checked,
+            claim,
+            queue,
+        })
+    }
+}
+
 /// One QP's lane (see the module docs).
 pub(crate) struct Lane {
     open: AtomicBool,
@@ -638,58 +687,35 @@ impl Lane {
         else {
             return false;
         };
-        if len == 0
-            || len > MAX_MSG_SIZE
-            || (wr.flags.contains(SendFlags::INLINE) && len > i.max_inline)
-        {
+        if len == 0 {
             return false;
         }
-        let Inner {
-            peer,
-            qps,
-            cq,
-            checked,
-            claim,
-            ..
-        } = &mut *i;
-        let Some(peer) = peer.as_ref() else {
+        let inline = wr.flags.contains(SendFlags::INLINE);
+        let Some(p) = i.posting(len, inline, wr.flags.contains(SendFlags::SIGNALED)) else {
             return false;
         };
-        // As in `try_post_any`: the CQ's queue held from before the copy
-        // until the completion is in.
-        let mut queue = None;
-        if wr.flags.contains(SendFlags::SIGNALED) {
-            let Some(q) = cq.as_ref().and_then(|c| c.reserve()) else {
-                return false;
-            };
-            queue = Some(q);
-        }
+        let (peer, qps) = (p.peer, p.qps);
         // SAFETY: `host..host + len` lies inside a region that was
         // registered (for a READ: locally writable) when the engine opened
         // the lane and still is (as in `try_post_any`: a withdrawal closes
         // the lane first, and closing waits for us, holding it until we
         // return).
         let done = unsafe {
-            claim
-                .as_mut()
-                .is_some_and(|c| peer.one_sge_remembered(qps, host, len, remote, read, checked, c))
-                || peer.one_sided_checked(
-                    qps,
-                    &wr.op,
-                    &OffloadLocal::Host(&[(host, s.length)]),
-                    len,
-                    Some(checked),
-                    claim.as_mut(),
-                )
+            p.claim.as_mut().is_some_and(|c| {
+                peer.one_sge_remembered(qps, host, len, remote, read, p.checked, c)
+            }) || peer.one_sided_checked(
+                qps,
+                &wr.op,
+                &OffloadLocal::Host(&[(host, s.length)]),
+                len,
+                Some(p.checked),
+                p.claim.as_mut(),
+            )
         };
         if done {
-            if let (Some(mut q), Some(cq)) = (queue, cq.as_ref()) {
-                cq.push(&mut q, wr.wr_id, &wr.op, qps.local, s.length);
-            }
-            let n = self.carried.load(Ordering::Relaxed);
-            self.carried.store(n + 1, Ordering::Relaxed);
+            self.carried_out(p.queue, p.cq, wr, qps.local, len);
             if !read {
-                self.target.set(peer.remembered_region(checked));
+                self.target.set(peer.remembered_region(p.checked));
             }
         }
         done
@@ -799,33 +825,13 @@ impl Lane {
         // A zero-length WRITE with immediate is a notification: it fills
         // a receive and moves nothing.
         let notice = matches!(wr.op, SendOp::WriteWithImm { .. });
-        if (spans.is_empty() && !notice)
-            || total > MAX_MSG_SIZE
-            || (wr.flags.contains(SendFlags::INLINE) && total > i.max_inline)
-        {
+        if spans.is_empty() && !notice {
             return false;
         }
-        let Inner {
-            peer,
-            qps,
-            cq,
-            checked,
-            claim,
-            ..
-        } = &mut *i;
-        let Some(peer) = peer.as_ref() else {
+        let Some(p) = i.posting(total, wr.flags.contains(SendFlags::INLINE), signaled) else {
             return false;
         };
-        // A signaled post completes into its CQ's queue, held from before
-        // the copy until the completion is in: the engine cannot hand the
-        // queue back to the CQ (and arm it, say) between the two.
-        let mut queue = None;
-        if signaled {
-            let Some(q) = cq.as_ref().and_then(|c| c.reserve()) else {
-                return false;
-            };
-            queue = Some(q);
-        }
+        let (peer, qps, checked, claim) = (p.peer, p.qps, p.checked, p.claim);
         // SAFETY: each span lies inside a region that was registered, of
         // this QP's PD and (for a READ) locally writable when the engine
         // opened the lane, and still is: anything that would change that
@@ -869,14 +875,29 @@ impl Lane {
             }
         };
         if done {
-            if let (Some(mut q), Some(cq)) = (queue, cq.as_ref()) {
-                cq.push(&mut q, wr.wr_id, &wr.op, qps.local, total as u32);
-            }
-            // One writer at a time (we hold the lane): no locked increment.
-            let n = self.carried.load(Ordering::Relaxed);
-            self.carried.store(n + 1, Ordering::Relaxed);
+            self.carried_out(p.queue, p.cq, wr, qps.local, total);
         }
         done
+    }
+
+    /// A post carried out: its completion into the queue held for it (a
+    /// signaled post's), and the count.
+    #[inline(always)]
+    fn carried_out(
+        &self,
+        queue: Option<BiasedHolding<'_, CqInner>>,
+        cq: &Option<Arc<CqLane>>,
+        wr: &SendWr<'_>,
+        qp: u32,
+        len: u64,
+    ) {
+        if let (Some(mut q), Some(cq)) = (queue, cq.as_ref()) {
+            cq.push(&mut q, wr.wr_id, &wr.op, qp, len as u32);
+        }
+        // One writer at a time (the caller holds the lane): no locked
+        // increment.
+        let n = self.carried.load(Ordering::Relaxed);
+        self.carried.store(n + 1, Ordering::Relaxed);
     }
 }
 

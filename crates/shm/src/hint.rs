@@ -10,8 +10,6 @@
 //! transfer while the checks run. It is only a hint: if the checks refuse
 //! the request, nothing was read or written.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-
 /// Ask for the cache line holding `p` in this core's cache, owned for
 /// writing (x86's `PREFETCHW`), where the CPU has the instruction; nothing
 /// elsewhere. It reads and writes no memory and never faults, whatever
@@ -45,6 +43,7 @@ pub fn prefetch_for_write(p: *const u8) {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn has_prefetchw() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
     static HAS: AtomicU8 = AtomicU8::new(0);
     match HAS.load(Ordering::Relaxed) {
         0 => {

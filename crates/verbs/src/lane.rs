@@ -700,21 +700,28 @@ impl Lane {
         // the lane and still is (as in `try_post_any`: a withdrawal closes
         // the lane first, and closing waits for us, holding it until we
         // return).
-        let done = unsafe {
+        let remembered = unsafe {
             p.claim.as_mut().is_some_and(|c| {
                 peer.one_sge_remembered(qps, host, len, remote, read, p.checked, c)
-            }) || peer.one_sided_checked(
-                qps,
-                &wr.op,
-                &OffloadLocal::Host(&[(host, s.length)]),
-                len,
-                Some(p.checked),
-                p.claim.as_mut(),
-            )
+            })
         };
+        // SAFETY: as above.
+        let done = remembered
+            || unsafe {
+                peer.one_sided_checked(
+                    qps,
+                    &wr.op,
+                    &OffloadLocal::Host(&[(host, s.length)]),
+                    len,
+                    Some(p.checked),
+                    p.claim.as_mut(),
+                )
+            };
         if done {
             self.carried_out(p.queue, p.cq, wr, qps.local, len);
-            if !read {
+            // The region remembered changes only on the general way: a
+            // stream through one region sets the hint once.
+            if !read && !remembered {
                 self.target.set(peer.remembered_region(p.checked));
             }
         }

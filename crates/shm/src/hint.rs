@@ -90,7 +90,7 @@ mod tests {
             prefetch_for_write(a as *const u8);
         }
         // And a line this test owns, which it then reads unchanged.
-        let v = vec![7u8; 128];
+        let v = [7u8; 128];
         prefetch_for_write(v.as_ptr());
         assert!(v.iter().all(|&b| b == 7));
     }

@@ -1612,10 +1612,9 @@ impl Peer {
     /// tagged, then untagged): a [`Peer::write_imm`] whose WRITE would
     /// otherwise be placed twice, here and by the message sent instead.
     fn receive_ready(&self, qps: &Qps, word: usize) -> bool {
-        let m = &self.map;
-        let w = &m.active(self.active as usize).words[word % seg::WORDS].word;
+        let w = self.word(word);
         w.store(seg::recv_tag(qps.remote), Ordering::SeqCst);
-        let ready = next_receive(m.recv(qps.remote), qps).is_some();
+        let ready = next_receive(self.map.recv(qps.remote), qps).is_some();
         w.store(0, Ordering::Release);
         ready
     }
@@ -1669,16 +1668,15 @@ impl Peer {
         rdma: Option<u32>,
         word: usize,
     ) -> Option<u64> {
-        let m = &self.map;
         // Nothing of ours may wait in the peer's ring: it would be executed
         // after this message though posted before it.
-        let ours = m.ring(self.active as usize);
-        if ours.hdr.tail.load(Ordering::Acquire) != self.tx_head.load(Ordering::Relaxed) {
+        if !self.ring_drained() {
             return None;
         }
+        let m = &self.map;
         let len: u64 = local.iter().map(|&(_, l)| l as u64).sum();
         let a = m.recv(qps.remote);
-        let w = &m.active(self.active as usize).words[word % seg::WORDS].word;
+        let w = self.word(word);
         w.store(seg::recv_tag(qps.remote), Ordering::SeqCst);
         let r = 'fill: {
             let Some((t, slot)) = next_receive(a, qps) else {

@@ -2028,14 +2028,14 @@ impl Engine {
         )
     }
 
-    /// `app_served` and whether an application thread holds the socket,
-    /// for the crate's tests.
     /// Stretches of work under the state's lock so far, by any thread.
     #[cfg(test)]
     pub(crate) fn stretches(&self) -> u64 {
         self.stretches.load(Ordering::SeqCst)
     }
 
+    /// `app_served` and whether an application thread holds the socket,
+    /// for the crate's tests.
     #[cfg(test)]
     pub(crate) fn served(&self) -> (u64, bool) {
         (

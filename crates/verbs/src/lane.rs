@@ -677,7 +677,6 @@ impl Lane {
             return false;
         }
         let len = s.length as u64;
-        // A zero-length request moves nothing: the engine's way carries it.
         let Some(host) = i
             .keys
             .iter()
@@ -687,6 +686,7 @@ impl Lane {
         else {
             return false;
         };
+        // A zero-length request moves nothing: the engine's way carries it.
         if len == 0 {
             return false;
         }
@@ -774,7 +774,7 @@ impl Lane {
         // A message into a receive the peer published: first of all, the
         // line of that receive's slot for writing — the peer's poll spins
         // on it, and the fill waits for its transfer, which now runs beside
-        // the checks (as `write_one`'s prefetch of a WRITE's target).
+        // the checks (as `one_sge`'s prefetch of a WRITE's target).
         if let (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::WriteWithImm { .. }, Some(p)) =
             (wr.op, &i.peer)
         {

@@ -2317,7 +2317,7 @@ impl Qp {
 
     /// Prefetch, for writing, the line an RDMA WRITE to `remote_addr` under
     /// `rkey` would store into first, if the QP's lane last wrote to that
-    /// region of its peer's shared memory (`Lane::write_one` does it
+    /// region of its peer's shared memory (`Lane::one_sge` does it
     /// itself). For a caller with a fast path of its own (the C ABI's
     /// `ibv_post_send`) to call as early as it can: the copy of a WRITE
     /// into a peer that spins on its buffer waits for that line, and
